@@ -1,0 +1,115 @@
+"""One error tree: everything the library raises on purpose derives from ``PikkuError``."""
+
+from __future__ import annotations
+
+
+class PikkuError(Exception):
+    """Root of every error pikku-celery raises on purpose."""
+
+
+class WorkflowStepSupersededError(PikkuError):
+    """A write came from an attempt that no longer owns the step; nothing was changed."""
+
+    def __init__(self, run_id: str, step_name: str, attempt: int, current_attempt: int | None = None):
+        self.run_id = run_id
+        self.step_name = step_name
+        self.attempt = attempt
+        self.current_attempt = current_attempt
+        now = f", current attempt {current_attempt}" if current_attempt is not None else ""
+        super().__init__(
+            f"step {step_name!r} of run {run_id}: attempt {attempt} was superseded{now}; "
+            "its write was refused"
+        )
+
+
+class WorkflowStepLeaseExpiredError(PikkuError):
+    """The step's worker stopped renewing its lease and no attempts are left."""
+
+    def __init__(self, run_id: str, step_name: str, attempt: int):
+        self.run_id = run_id
+        self.step_name = step_name
+        self.attempt = attempt
+        super().__init__(
+            f"step {step_name!r} of run {run_id} lost its worker on attempt {attempt} "
+            "(lease expired) and has no attempts left"
+        )
+
+
+class WorkflowStepFunctionMismatchError(PikkuError):
+    """A step message named a different function than the workflow dispatched."""
+
+    def __init__(self, run_id: str, step_name: str, expected: str | None, got: str | None):
+        self.run_id = run_id
+        self.step_name = step_name
+        self.expected = expected
+        self.got = got
+        super().__init__(
+            f"step {step_name!r} of run {run_id} was dispatched as {expected!r} "
+            f"but the message names {got!r}; refused before any write"
+        )
+
+
+class WorkflowNotFoundError(PikkuError):
+    """No workflow is registered under this name."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"no workflow named {name!r} is registered")
+
+
+class WorkflowRunNotFoundError(PikkuError):
+    """No run has this id."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        super().__init__(f"no workflow run with id {run_id!r}")
+
+
+class WorkflowStepNotFoundError(PikkuError):
+    """The run has no step with this name."""
+
+    def __init__(self, run_id: str, step_name: str):
+        self.run_id = run_id
+        self.step_name = step_name
+        super().__init__(f"run {run_id} has no step named {step_name!r}")
+
+
+class WorkflowRunFailedError(PikkuError):
+    """Raised into a workflow (or to a caller) when a step or child run failed for good."""
+
+    def __init__(self, message: str, *, error: dict[str, object] | None = None):
+        self.error = error or {}
+        super().__init__(message)
+
+
+class WorkflowCancelledError(PikkuError):
+    """The run was cancelled; raised to bodies that check their context and to waiters."""
+
+    def __init__(self, run_id: str, reason: str | None = None):
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"run {run_id} was cancelled" + (f": {reason}" if reason else ""))
+
+
+class WorkflowReplayError(PikkuError):
+    """A replay met a recorded step that the workflow code no longer reaches the same way."""
+
+
+class LeaseTakenError(PikkuError):
+    """Another holder has the lease; the caller does not wait."""
+
+    def __init__(self, key: str):
+        self.key = key
+        super().__init__(f"lease {key!r} is held by another holder")
+
+
+class LeaseLostError(PikkuError):
+    """The lease was lost (refused renewal, or unconfirmed past its expiry)."""
+
+    def __init__(self, key: str):
+        self.key = key
+        super().__init__(f"lease {key!r} was lost")
+
+
+class InvalidInputError(PikkuError, ValueError):
+    """Input that can never be stored: a bad name, key, value or option."""

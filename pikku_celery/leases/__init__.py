@@ -1,0 +1,1 @@
+"""Leases: fenced, renewable ownership of a key (step leases, run leases)."""

@@ -1,0 +1,87 @@
+"""Frozen read models handed to users; the store's documents never leak out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+RUN_RUNNING = "running"
+RUN_SUSPENDED = "suspended"
+RUN_COMPLETED = "completed"
+RUN_FAILED = "failed"
+RUN_CANCELLED = "cancelled"
+RUN_STATUSES = (RUN_RUNNING, RUN_SUSPENDED, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
+RUN_TERMINAL = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
+
+STEP_PENDING = "pending"
+STEP_SCHEDULED = "scheduled"
+STEP_RUNNING = "running"
+STEP_SUCCEEDED = "succeeded"
+STEP_FAILED = "failed"
+STEP_STATUSES = (STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING, STEP_SUCCEEDED, STEP_FAILED)
+
+
+@dataclass(frozen=True)
+class WorkflowRun:
+    """One execution of a workflow. Times are aware UTC datetimes."""
+
+    run_id: str
+    workflow: str
+    status: str
+    input: Any
+    output: Any
+    error: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    version: str | None = None
+    parent_run_id: str | None = None
+    parent_step_name: str | None = None
+    cancel_reason: str | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in RUN_TERMINAL
+
+
+@dataclass(frozen=True)
+class StepState:
+    """The current state of one step; ``attempt`` is the fencing token (1-based)."""
+
+    run_id: str
+    step_name: str
+    status: str
+    attempt: int
+    max_attempts: int
+    function: str | None
+    data: Any
+    result: Any
+    error: dict[str, Any] | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    invocation_id: str
+    due_at: datetime | None = None
+    child_run_id: str | None = None
+    retry_delay_ms: int = 0
+    on_error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def attempts_left(self) -> int:
+        return max(0, self.max_attempts - self.attempt)
+
+
+@dataclass(frozen=True)
+class StepAttempt:
+    """One attempt of one step, as recorded in the history."""
+
+    run_id: str
+    step_name: str
+    attempt: int
+    status: str
+    result: Any
+    error: dict[str, Any] | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    worker: str | None = None

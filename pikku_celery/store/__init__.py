@@ -1,0 +1,1 @@
+"""Workflow stores: where runs, steps, attempt history and versions live."""
