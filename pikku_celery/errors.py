@@ -10,7 +10,9 @@ class PikkuError(Exception):
 class WorkflowStepSupersededError(PikkuError):
     """A write came from an attempt that no longer owns the step; nothing was changed."""
 
-    def __init__(self, run_id: str, step_name: str, attempt: int, current_attempt: int | None = None):
+    def __init__(
+        self, run_id: str, step_name: str, attempt: int, current_attempt: int | None = None
+    ):
         self.run_id = run_id
         self.step_name = step_name
         self.attempt = attempt

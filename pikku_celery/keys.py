@@ -36,3 +36,70 @@ HISTORY = "workflow_step_history"
 VERSIONS = "workflow_versions"
 RESULTS = "celery_task_results"
 DEFAULT_DATABASE = "pikku"
+
+
+class RunField:
+    """Fields of a ``workflow_runs`` document (``_id`` is the run id)."""
+
+    ID = "_id"
+    WORKFLOW = "workflow"
+    STATUS = "status"
+    INPUT = "input"
+    OUTPUT = "output"
+    ERROR = "error"
+    VERSION = "version"
+    PARENT_RUN = "parent_run_id"
+    PARENT_STEP = "parent_step_name"
+    CANCEL_REASON = "cancel_reason"
+    CREATED = "created_ms"
+    UPDATED = "updated_ms"
+
+
+class StepField:
+    """Fields of a ``workflow_steps`` document (``_id`` is the step's invocation id)."""
+
+    ID = "_id"
+    RUN = "run_id"
+    NAME = "step_name"
+    FUNCTION = "function"
+    DATA = "data"
+    STATUS = "status"
+    ATTEMPT = "attempt"
+    MAX_ATTEMPTS = "max_attempts"
+    RETRY_DELAY = "retry_delay_ms"
+    RESULT = "result"
+    ERROR = "error"
+    LEASE = "lease_expires_ms"
+    DUE = "due_ms"
+    STARTED = "started_ms"
+    WORKER = "worker"
+    CHILD_RUN = "child_run_id"
+    ON_ERROR = "on_error"
+    CREATED = "created_ms"
+    UPDATED = "updated_ms"
+
+
+class HistoryField:
+    """Fields of a ``workflow_step_history`` document (``_id`` is ``<step id>:<attempt>``)."""
+
+    ID = "_id"
+    STEP = "step_id"
+    RUN = "run_id"
+    NAME = "step_name"
+    ATTEMPT = "attempt"
+    STATUS = "status"
+    RESULT = "result"
+    ERROR = "error"
+    STARTED = "started_ms"
+    ENDED = "ended_ms"
+    WORKER = "worker"
+
+
+class VersionField:
+    """Fields of a ``workflow_versions`` document (``_id`` is ``<workflow>:<version>``)."""
+
+    ID = "_id"
+    WORKFLOW = "workflow"
+    VERSION = "version"
+    SOURCE = "source"
+    CREATED = "created_ms"

@@ -1,0 +1,242 @@
+"""The document layout shared by every store, and its conversion to read models.
+
+Both stores keep the same dicts (the in-memory store as Python objects, MongoDB as BSON), so
+the decision logic in ``_decide`` and the read models are written once. Times are integer
+epoch milliseconds on the lease service's clock: they compare the same on MongoDB, the wire
+stand-in and mongomock, and they never depend on a worker's own wall clock.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from pikku_celery.keys import HistoryField as H
+from pikku_celery.keys import RunField as R
+from pikku_celery.keys import StepField as S
+from pikku_celery.records import (
+    STEP_FAILED,
+    STEP_RUNNING,
+    STEP_SUCCEEDED,
+    StepAttempt,
+    StepState,
+    WorkflowRun,
+)
+from pikku_celery.store.base import NewRun, NewStep
+
+# Fixed namespace: invocation ids must be the same on every machine and across versions.
+INVOCATION_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0001")
+
+Doc = dict[str, Any]
+
+
+def invocation_id(run_id: str, step_name: str) -> str:
+    """The step's id and idempotency key: stable across attempts, stores and machines."""
+    return str(uuid.uuid5(INVOCATION_NAMESPACE, f"{run_id}:{step_name}"))
+
+
+def history_id(step_id: str, attempt: int) -> str:
+    return f"{step_id}:{attempt}"
+
+
+def to_datetime(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def new_run_doc(run: NewRun, now_ms: int) -> Doc:
+    return {
+        R.ID: run.run_id,
+        R.WORKFLOW: run.workflow,
+        R.STATUS: "running",
+        R.INPUT: run.input,
+        R.OUTPUT: None,
+        R.ERROR: None,
+        R.VERSION: run.version,
+        R.PARENT_RUN: run.parent_run_id,
+        R.PARENT_STEP: run.parent_step_name,
+        R.CANCEL_REASON: None,
+        R.CREATED: now_ms,
+        R.UPDATED: now_ms,
+    }
+
+
+def new_step_doc(step: NewStep, now_ms: int) -> Doc:
+    return {
+        S.ID: invocation_id(step.run_id, step.step_name),
+        S.RUN: step.run_id,
+        S.NAME: step.step_name,
+        S.FUNCTION: step.function,
+        S.DATA: step.data,
+        S.STATUS: step.status,
+        S.ATTEMPT: 1,
+        S.MAX_ATTEMPTS: step.max_attempts,
+        S.RETRY_DELAY: step.retry_delay_ms,
+        S.RESULT: None,
+        S.ERROR: None,
+        S.LEASE: None,
+        S.DUE: step.due_ms,
+        S.STARTED: now_ms if step.status == STEP_RUNNING else None,
+        S.WORKER: None,
+        S.CHILD_RUN: step.child_run_id,
+        S.ON_ERROR: step.on_error,
+        S.CREATED: now_ms,
+        S.UPDATED: now_ms,
+    }
+
+
+def run_from_doc(doc: Doc) -> WorkflowRun:
+    return WorkflowRun(
+        run_id=doc[R.ID],
+        workflow=doc[R.WORKFLOW],
+        status=doc[R.STATUS],
+        input=doc.get(R.INPUT),
+        output=doc.get(R.OUTPUT),
+        error=doc.get(R.ERROR),
+        created_at=_dt(doc[R.CREATED]),
+        updated_at=_dt(doc[R.UPDATED]),
+        version=doc.get(R.VERSION),
+        parent_run_id=doc.get(R.PARENT_RUN),
+        parent_step_name=doc.get(R.PARENT_STEP),
+        cancel_reason=doc.get(R.CANCEL_REASON),
+    )
+
+
+def step_from_doc(doc: Doc) -> StepState:
+    return StepState(
+        run_id=doc[S.RUN],
+        step_name=doc[S.NAME],
+        status=doc[S.STATUS],
+        attempt=doc[S.ATTEMPT],
+        max_attempts=doc[S.MAX_ATTEMPTS],
+        function=doc.get(S.FUNCTION),
+        data=doc.get(S.DATA),
+        result=doc.get(S.RESULT),
+        error=doc.get(S.ERROR),
+        lease_expires_at=to_datetime(doc.get(S.LEASE)),
+        created_at=_dt(doc[S.CREATED]),
+        updated_at=_dt(doc[S.UPDATED]),
+        invocation_id=doc[S.ID],
+        due_at=to_datetime(doc.get(S.DUE)),
+        child_run_id=doc.get(S.CHILD_RUN),
+        retry_delay_ms=doc.get(S.RETRY_DELAY) or 0,
+        on_error=doc.get(S.ON_ERROR),
+    )
+
+
+def history_doc(step: Doc, attempt: int, status: str, *, result: Any = None,
+                error: dict[str, Any] | None = None, ended_ms: int | None = None,
+                started_ms: int | None = None) -> Doc:
+    """The history entry of one attempt; written after the step document, as a timeline."""
+    return {
+        H.ID: history_id(step[S.ID], attempt),
+        H.STEP: step[S.ID],
+        H.RUN: step[S.RUN],
+        H.NAME: step[S.NAME],
+        H.ATTEMPT: attempt,
+        H.STATUS: status,
+        H.RESULT: result,
+        H.ERROR: error,
+        H.STARTED: started_ms if started_ms is not None else step.get(S.STARTED),
+        H.ENDED: ended_ms,
+        H.WORKER: step.get(S.WORKER),
+    }
+
+
+def settled_history(step: Doc) -> Doc:
+    """History entry for the attempt a settled step document describes."""
+    status = step[S.STATUS]
+    return history_doc(
+        step, step[S.ATTEMPT], status,
+        result=step.get(S.RESULT) if status == STEP_SUCCEEDED else None,
+        error=step.get(S.ERROR) if status == STEP_FAILED else None,
+        ended_ms=step[S.UPDATED],
+    )
+
+
+def merge_history(steps: list[Doc], history: list[Doc]) -> list[StepAttempt]:
+    """Join history entries with step documents.
+
+    The step document wins for its current attempt: it is written first, so it is never
+    behind the history. An earlier attempt still recorded ``running`` (or not recorded at
+    all, if its reclaimer died between the two writes) lost its lease: it is reported
+    ``failed`` with a lease-expired error, never ``running`` forever.
+    """
+    by_step: dict[str, dict[int, Doc]] = {}
+    for entry in history:
+        by_step.setdefault(entry[H.STEP], {})[entry[H.ATTEMPT]] = entry
+    out: list[StepAttempt] = []
+    for step in steps:
+        entries = by_step.get(step[S.ID], {})
+        current = step[S.ATTEMPT]
+        for attempt in range(1, current):
+            out.append(_attempt_from_entry(_earlier_entry(step, attempt, entries.get(attempt))))
+        if step.get(S.STARTED) is not None or step[S.STATUS] in (STEP_SUCCEEDED, STEP_FAILED):
+            out.append(_attempt_from_entry(_current_entry(step, entries.get(current))))
+    return out
+
+
+def lease_lost_error(run_id: str, step_name: str, attempt: int) -> dict[str, Any]:
+    return {
+        "type": "WorkflowStepLeaseExpiredError",
+        "message": f"attempt {attempt} of step {step_name!r} of run {run_id} lost its lease "
+        "(its worker died or stalled) and was superseded",
+    }
+
+
+def _earlier_entry(step: Doc, attempt: int, recorded: Doc | None) -> Doc:
+    if recorded is None:
+        entry = history_doc(step, attempt, STEP_FAILED,
+                            error=lease_lost_error(step[S.RUN], step[S.NAME], attempt))
+        entry[H.STARTED] = entry[H.WORKER] = None  # nothing is known of that attempt
+        return entry
+    if recorded[H.STATUS] == STEP_RUNNING:
+        entry = dict(recorded)
+        entry[H.STATUS] = STEP_FAILED
+        entry[H.ERROR] = lease_lost_error(step[S.RUN], step[S.NAME], attempt)
+        return entry
+    return recorded
+
+
+def _current_entry(step: Doc, recorded: Doc | None) -> Doc:
+    status = step[S.STATUS]
+    if status in (STEP_SUCCEEDED, STEP_FAILED):
+        entry = settled_history(step)
+    else:
+        entry = history_doc(step, step[S.ATTEMPT], status)
+    if recorded is not None and recorded.get(H.STARTED) is not None:
+        entry[H.STARTED] = recorded[H.STARTED]
+    return entry
+
+
+def _attempt_from_entry(entry: Doc) -> StepAttempt:
+    return StepAttempt(
+        run_id=entry[H.RUN],
+        step_name=entry[H.NAME],
+        attempt=entry[H.ATTEMPT],
+        status=entry[H.STATUS],
+        result=entry.get(H.RESULT),
+        error=entry.get(H.ERROR),
+        started_at=to_datetime(entry.get(H.STARTED)),
+        ended_at=to_datetime(entry.get(H.ENDED)),
+        worker=entry.get(H.WORKER),
+    )
+
+
+def _dt(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def lease_expired_error(step: Doc) -> dict[str, Any]:
+    """The error of a step failed for good because its last attempt lost its worker."""
+    from pikku_celery.errors import WorkflowStepLeaseExpiredError
+
+    exc = WorkflowStepLeaseExpiredError(step[S.RUN], step[S.NAME], step[S.ATTEMPT])
+    return {"type": type(exc).__name__, "message": str(exc), "attempt": step[S.ATTEMPT]}
+
+
+def superseded_history(previous: Doc) -> Doc:
+    """The entry of an attempt that a reclaim just fenced out: it lost its lease."""
+    attempt = previous[S.ATTEMPT]
+    return history_doc(previous, attempt, STEP_FAILED,
+                       error=lease_lost_error(previous[S.RUN], previous[S.NAME], attempt))

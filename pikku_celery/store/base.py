@@ -1,0 +1,220 @@
+"""The workflow store contract.
+
+A store keeps runs, steps, one history entry per step attempt, and workflow versions. The
+step document is the authority on a step: history is a timeline for people, written after
+the step, and readers fill in the current attempt from the step itself, so a crash between
+the two writes never misreports a step.
+
+Every method that *decides* something (a claim, a fenced write, a guarded transition) is one
+atomic compare-and-set on the step or run; none reads and then writes unguarded. Callers pass
+``now_ms`` from the lease service's clock (the Redis server's ``TIME``), so lease deadlines
+are written and compared on one clock whatever the worker's own clock says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+
+
+@dataclass(frozen=True)
+class NewRun:
+    run_id: str
+    workflow: str
+    input: Any
+    version: str | None = None
+    parent_run_id: str | None = None
+    parent_step_name: str | None = None
+
+
+@dataclass(frozen=True)
+class NewStep:
+    """A step as the orchestrator first records it.
+
+    ``status`` is ``pending`` (a message is on its way), ``scheduled`` (due at ``due_ms``:
+    a sleep or a delayed start) or ``running`` with ``child_run_id`` set (parked on a child
+    run: no lease, never reclaimed, settled when the child ends).
+    """
+
+    run_id: str
+    step_name: str
+    function: str | None
+    data: Any = None
+    max_attempts: int = 1
+    retry_delay_ms: int = 0
+    status: str = "pending"
+    due_ms: int | None = None
+    child_run_id: str | None = None
+    on_error: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """What a claim did. ``state`` is the claimed step, or ``None`` for "not yours".
+
+    ``wake_run`` is set when the claim failed the step for a lapsed lease with no attempts
+    left: the caller must wake the run's orchestrator so it can fail or compensate.
+    """
+
+    state: StepState | None
+    wake_run: bool = False
+
+
+@runtime_checkable
+class WorkflowStore(Protocol):
+    # --- runs -------------------------------------------------------------------------
+
+    def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:
+        """Insert a ``running`` run; idempotent by ``run_id``. Returns ``(run, created)``.
+        Atomic (insert with a unique id). A different workflow under an existing id raises
+        ``InvalidInputError`` and changes nothing."""
+        ...
+
+    def get_run(self, run_id: str) -> WorkflowRun | None: ...
+
+    def transition_run(
+        self,
+        run_id: str,
+        from_statuses: Iterable[str],
+        to_status: str,
+        now_ms: int,
+        *,
+        output: Any = None,
+        error: dict[str, Any] | None = None,
+        cancel_reason: str | None = None,
+    ) -> bool:
+        """Move a run from one of ``from_statuses`` to ``to_status``; one guarded write.
+        Returns ``False`` (and writes nothing) if the run was in another status."""
+        ...
+
+    def touch_run(self, run_id: str, now_ms: int) -> None:
+        """Record that a pass looked at the run (for the stalled-run sweep)."""
+        ...
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        created_before_ms: int | None = None,
+    ) -> list[WorkflowRun]:
+        """Newest first, at most ``limit``; page with ``created_before_ms``."""
+        ...
+
+    # --- steps ------------------------------------------------------------------------
+
+    def insert_step(self, step: NewStep, now_ms: int) -> tuple[StepState, bool]:
+        """Insert a step; idempotent under a concurrent insert of the same
+        ``(run_id, step_name)`` (the loser reads the winner's). Returns ``(state, created)``."""
+        ...
+
+    def get_step(self, run_id: str, step_name: str) -> StepState | None: ...
+
+    def list_steps(self, run_id: str) -> list[StepState]:
+        """Every step of the run in creation order; one read."""
+        ...
+
+    def claim_step(
+        self, run_id: str, step_name: str, function: str | None, now_ms: int, lease_ms: int,
+        worker: str | None = None,
+    ) -> ClaimResult:
+        """Claim the step for execution: one guarded write (contract invariants 2, 3, 6, 8).
+
+        - ``function`` differs from the recorded one: ``WorkflowStepFunctionMismatchError``
+          before any write;
+        - ``pending``, or ``scheduled`` and due: first claim, attempt unchanged;
+        - ``failed`` with attempts left and its retry due, or ``running`` with a lapsed lease
+          and attempts left: reclaim as attempt + 1, in the same write that grants the lease;
+        - ``running`` with a lapsed lease and no attempts left: fail it with
+          ``WorkflowStepLeaseExpiredError`` and return ``wake_run=True``;
+        - anything else (live lease, settled, spent, not due, lost race): ``state=None``.
+        Unknown run or step: ``WorkflowStepNotFoundError``."""
+        ...
+
+    def set_result(
+        self, run_id: str, step_name: str, attempt: int, result: Any, now_ms: int
+    ) -> StepState:
+        """Record success, fenced to ``attempt`` of a ``running`` step; otherwise raise
+        ``WorkflowStepSupersededError`` and change nothing."""
+        ...
+
+    def set_error(
+        self,
+        run_id: str,
+        step_name: str,
+        attempt: int,
+        error: dict[str, Any],
+        now_ms: int,
+        *,
+        retry_at_ms: int | None = None,
+    ) -> StepState:
+        """Record failure of ``attempt``, fenced like ``set_result``. ``retry_at_ms`` is when
+        the next attempt may be claimed (ignored when no attempts are left)."""
+        ...
+
+    def renew_leases(
+        self, held: Sequence[tuple[str, str, int]], now_ms: int, lease_ms: int
+    ) -> set[tuple[str, str]]:
+        """Extend the lease of each ``(run_id, step_name, attempt)`` still running under that
+        attempt; a constant number of round trips however many. Returns the
+        ``(run_id, step_name)`` pairs whose renewal was refused (superseded or settled)."""
+        ...
+
+    def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
+        """Clear the lease of a running step (it waits on a child); fenced, ``False`` if not
+        the current attempt."""
+        ...
+
+    def settle_waiting_step(
+        self,
+        run_id: str,
+        step_name: str,
+        now_ms: int,
+        *,
+        result: Any = None,
+        error: dict[str, Any] | None = None,
+        child_run_id: str | None = None,
+    ) -> bool:
+        """Settle a step nobody claims: a due sleep (``scheduled`` with ``due_ms <= now``) or
+        a step parked on ``child_run_id``. One guarded write; ``False`` if it no longer
+        waits (already settled, not yet due, another child)."""
+        ...
+
+    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
+        """Fence every unsettled step of a cancelled run: advance its attempt (so in-flight
+        writes and renewals are refused), fail it with ``error`` and spend its attempts."""
+        ...
+
+    # --- history ----------------------------------------------------------------------
+
+    def get_history(self, run_id: str) -> list[StepAttempt]:
+        """One entry per attempt of every step, ordered by step creation then attempt; the
+        current attempt always reflects the step document."""
+        ...
+
+    # --- versions ---------------------------------------------------------------------
+
+    def record_version(self, workflow: str, version: str, source: str, now_ms: int) -> bool:
+        """Record a workflow definition; the first writer wins. ``True`` if this call wrote."""
+        ...
+
+    def get_version(self, workflow: str, version: str) -> dict[str, Any] | None: ...
+
+    # --- sweeps (each bounded by ``limit``) -------------------------------------------
+
+    def find_lapsed_steps(self, now_ms: int, limit: int) -> list[StepState]:
+        """``running`` steps whose lease deadline has passed (parked steps have none)."""
+        ...
+
+    def find_due_steps(self, now_ms: int, dispatched_before_ms: int, limit: int) -> list[StepState]:
+        """Steps that should be running but nobody picked up: ``pending`` since before
+        ``dispatched_before_ms``, ``scheduled`` or retryable ``failed`` whose due time passed."""
+        ...
+
+    def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
+        """``running`` runs no pass has touched since ``idle_since_ms``."""
+        ...

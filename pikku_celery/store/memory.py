@@ -1,0 +1,304 @@
+"""The reference store: the full contract in one process, every operation under one lock.
+
+Not a mock: it keeps the same documents as the MongoDB store and takes the same decisions
+(``_decide``), so the contract suite runs unchanged on both. Values are deep-copied in and
+out, as a database would, so callers can never alias stored state.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pikku_celery.errors import (
+    InvalidInputError,
+    WorkflowStepNotFoundError,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.keys import HistoryField as H
+from pikku_celery.keys import RunField as R
+from pikku_celery.keys import StepField as S
+from pikku_celery.records import (
+    RUN_RUNNING,
+    STEP_FAILED,
+    STEP_PENDING,
+    STEP_RUNNING,
+    STEP_SCHEDULED,
+    STEP_SUCCEEDED,
+    StepAttempt,
+    StepState,
+    WorkflowRun,
+)
+from pikku_celery.store import _docs
+from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
+from pikku_celery.store.base import ClaimResult, NewRun, NewStep
+from pikku_celery.validate import check_name, check_value
+
+Doc = dict[str, Any]
+_UNSETTLED = (STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING)
+
+
+class InMemoryWorkflowStore:
+    """A complete ``WorkflowStore`` for tests and single-process use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, Doc] = {}
+        self._steps: dict[str, Doc] = {}
+        self._history: dict[str, Doc] = {}
+        self._versions: dict[str, Doc] = {}
+
+    # --- runs -------------------------------------------------------------------------
+
+    def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:
+        check_name("run id", run.run_id)
+        check_name("workflow name", run.workflow)
+        check_value("workflow input", run.input)
+        with self._lock:
+            existing = self._runs.get(run.run_id)
+            if existing is not None:
+                if existing[R.WORKFLOW] != run.workflow:
+                    raise InvalidInputError(
+                        f"run id {run.run_id!r} already belongs to workflow "
+                        f"{existing[R.WORKFLOW]!r}, not {run.workflow!r}"
+                    )
+                return _docs.run_from_doc(copy.deepcopy(existing)), False
+            doc = copy.deepcopy(_docs.new_run_doc(run, now_ms))
+            self._runs[run.run_id] = doc
+            return _docs.run_from_doc(copy.deepcopy(doc)), True
+
+    def get_run(self, run_id: str) -> WorkflowRun | None:
+        with self._lock:
+            doc = self._runs.get(run_id)
+            return None if doc is None else _docs.run_from_doc(copy.deepcopy(doc))
+
+    def transition_run(self, run_id: str, from_statuses: Iterable[str], to_status: str,
+                       now_ms: int, *, output: Any = None, error: dict[str, Any] | None = None,
+                       cancel_reason: str | None = None) -> bool:
+        check_value("workflow output", output)
+        check_value("workflow error", error)
+        with self._lock:
+            doc = self._runs.get(run_id)
+            if doc is None or doc[R.STATUS] not in set(from_statuses):
+                return False
+            doc.update({R.STATUS: to_status, R.OUTPUT: copy.deepcopy(output),
+                        R.ERROR: copy.deepcopy(error), R.UPDATED: now_ms})
+            if cancel_reason is not None:
+                doc[R.CANCEL_REASON] = cancel_reason
+            return True
+
+    def touch_run(self, run_id: str, now_ms: int) -> None:
+        with self._lock:
+            doc = self._runs.get(run_id)
+            if doc is not None:
+                doc[R.UPDATED] = max(doc[R.UPDATED], now_ms)
+
+    def list_runs(self, *, workflow: str | None = None, status: str | None = None,
+                  limit: int = 50, created_before_ms: int | None = None) -> list[WorkflowRun]:
+        with self._lock:
+            docs = [d for d in self._runs.values()
+                    if (workflow is None or d[R.WORKFLOW] == workflow)
+                    and (status is None or d[R.STATUS] == status)
+                    and (created_before_ms is None or d[R.CREATED] < created_before_ms)]
+            docs.sort(key=lambda d: (d[R.CREATED], d[R.ID]), reverse=True)
+            return [_docs.run_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
+
+    # --- steps ------------------------------------------------------------------------
+
+    def insert_step(self, step: NewStep, now_ms: int) -> tuple[StepState, bool]:
+        check_name("step name", step.step_name)
+        check_value(f"data of step {step.step_name!r}", step.data)
+        with self._lock:
+            if step.run_id not in self._runs:
+                raise InvalidInputError(f"cannot add step {step.step_name!r}: no run "
+                                        f"{step.run_id!r}")
+            doc = _docs.new_step_doc(step, now_ms)
+            existing = self._steps.get(doc[S.ID])
+            if existing is not None:
+                return _docs.step_from_doc(copy.deepcopy(existing)), False
+            self._steps[doc[S.ID]] = copy.deepcopy(doc)
+            return _docs.step_from_doc(doc), True
+
+    def get_step(self, run_id: str, step_name: str) -> StepState | None:
+        with self._lock:
+            doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+            return None if doc is None else _docs.step_from_doc(copy.deepcopy(doc))
+
+    def list_steps(self, run_id: str) -> list[StepState]:
+        with self._lock:
+            return [_docs.step_from_doc(copy.deepcopy(d)) for d in self._run_steps(run_id)]
+
+    def claim_step(self, run_id: str, step_name: str, function: str | None, now_ms: int,
+                   lease_ms: int, worker: str | None = None) -> ClaimResult:
+        with self._lock:
+            doc = self._step_doc(run_id, step_name)
+            decision = decide_claim(doc, function, now_ms)
+            if decision.action is Action.NONE:
+                return ClaimResult(None)
+            if decision.action is Action.EXPIRE:
+                self._expire(doc, now_ms)
+                return ClaimResult(None, wake_run=True)
+            previous = copy.deepcopy(doc)
+            doc.update(running_fields(now_ms, lease_ms, worker))
+            if decision.action is Action.RECLAIM:
+                doc[S.ATTEMPT] += 1
+                self._record_superseded(previous)
+            return ClaimResult(_docs.step_from_doc(copy.deepcopy(doc)))
+
+    def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
+                   now_ms: int) -> StepState:
+        check_value(f"result of step {step_name!r}", result)
+        with self._lock:
+            doc = self._fenced(run_id, step_name, attempt)
+            doc.update({S.STATUS: STEP_SUCCEEDED, S.RESULT: copy.deepcopy(result),
+                        S.ERROR: None, S.LEASE: None, S.DUE: None, S.UPDATED: now_ms})
+            self._put_history(_docs.settled_history(doc))
+            return _docs.step_from_doc(copy.deepcopy(doc))
+
+    def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
+                  now_ms: int, *, retry_at_ms: int | None = None) -> StepState:
+        check_value(f"error of step {step_name!r}", error)
+        with self._lock:
+            doc = self._fenced(run_id, step_name, attempt)
+            spent = attempt >= doc[S.MAX_ATTEMPTS]
+            doc.update({S.STATUS: STEP_FAILED, S.ERROR: copy.deepcopy(error), S.RESULT: None,
+                        S.LEASE: None, S.DUE: None if spent else (retry_at_ms or now_ms),
+                        S.UPDATED: now_ms})
+            self._put_history(_docs.settled_history(doc))
+            return _docs.step_from_doc(copy.deepcopy(doc))
+
+    def renew_leases(self, held: Sequence[tuple[str, str, int]], now_ms: int,
+                     lease_ms: int) -> set[tuple[str, str]]:
+        refused: set[tuple[str, str]] = set()
+        with self._lock:
+            for run_id, step_name, attempt in held:
+                doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+                if (doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING
+                        or doc[S.LEASE] is None):
+                    refused.add((run_id, step_name))
+                    continue
+                doc[S.LEASE] = now_ms + lease_ms
+        return refused
+
+    def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
+        with self._lock:
+            doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+            if doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING:
+                return False
+            doc[S.LEASE] = None
+            return True
+
+    def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
+                            result: Any = None, error: dict[str, Any] | None = None,
+                            child_run_id: str | None = None) -> bool:
+        check_value(f"result of step {step_name!r}", result)
+        with self._lock:
+            doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+            if doc is None or not _is_waiting(doc, now_ms, child_run_id):
+                return False
+            status = STEP_FAILED if error is not None else STEP_SUCCEEDED
+            doc.update({S.STATUS: status, S.RESULT: copy.deepcopy(result),
+                        S.ERROR: copy.deepcopy(error), S.LEASE: None, S.DUE: None,
+                        S.UPDATED: now_ms})
+            if doc.get(S.STARTED) is None:
+                doc[S.STARTED] = now_ms
+            self._put_history(_docs.settled_history(doc))
+            return True
+
+    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
+        with self._lock:
+            docs = [d for d in self._run_steps(run_id) if d[S.STATUS] in _UNSETTLED
+                    or (d[S.STATUS] == STEP_FAILED and d[S.DUE] is not None)]
+            for doc in docs:
+                doc.update({S.STATUS: STEP_FAILED, S.ERROR: copy.deepcopy(error),
+                            S.RESULT: None, S.LEASE: None, S.DUE: None, S.UPDATED: now_ms})
+                if doc.get(S.STARTED) is not None:
+                    self._put_history(_docs.settled_history(doc))
+            return len(docs)
+
+    # --- history ----------------------------------------------------------------------
+
+    def get_history(self, run_id: str) -> list[StepAttempt]:
+        with self._lock:
+            steps = copy.deepcopy(self._run_steps(run_id))
+            ids = {s[S.ID] for s in steps}
+            entries = [copy.deepcopy(h) for h in self._history.values() if h[H.STEP] in ids]
+        return _docs.merge_history(steps, entries)
+
+    # --- versions ---------------------------------------------------------------------
+
+    def record_version(self, workflow: str, version: str, source: str, now_ms: int) -> bool:
+        key = f"{workflow}:{version}"
+        with self._lock:
+            if key in self._versions:
+                return False
+            self._versions[key] = {"workflow": workflow, "version": version, "source": source,
+                                   "created_ms": now_ms}
+            return True
+
+    def get_version(self, workflow: str, version: str) -> dict[str, Any] | None:
+        with self._lock:
+            doc = self._versions.get(f"{workflow}:{version}")
+            return None if doc is None else dict(doc)
+
+    # --- sweeps -----------------------------------------------------------------------
+
+    def find_lapsed_steps(self, now_ms: int, limit: int) -> list[StepState]:
+        with self._lock:
+            docs = [d for d in self._steps.values()
+                    if d[S.STATUS] == STEP_RUNNING and lease_lapsed(d, now_ms)]
+            return [_docs.step_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
+
+    def find_due_steps(self, now_ms: int, dispatched_before_ms: int,
+                       limit: int) -> list[StepState]:
+        with self._lock:
+            docs = [d for d in self._steps.values()
+                    if (d[S.STATUS] == STEP_PENDING and d[S.UPDATED] < dispatched_before_ms)
+                    or (d[S.STATUS] in (STEP_SCHEDULED, STEP_FAILED) and is_due(d, now_ms))]
+            return [_docs.step_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
+
+    def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
+        with self._lock:
+            docs = [d for d in self._runs.values()
+                    if d[R.STATUS] == RUN_RUNNING and d[R.UPDATED] < idle_since_ms]
+            return [_docs.run_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
+
+    # --- internals (call with the lock held) --------------------------------------------
+
+    def _run_steps(self, run_id: str) -> list[Doc]:
+        docs = [d for d in self._steps.values() if d[S.RUN] == run_id]
+        docs.sort(key=lambda d: (d[S.CREATED], d[S.NAME]))
+        return docs
+
+    def _step_doc(self, run_id: str, step_name: str) -> Doc:
+        doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+        if doc is None:
+            raise WorkflowStepNotFoundError(run_id, step_name)
+        return doc
+
+    def _fenced(self, run_id: str, step_name: str, attempt: int) -> Doc:
+        doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+        if doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING:
+            current = None if doc is None else doc[S.ATTEMPT]
+            raise WorkflowStepSupersededError(run_id, step_name, attempt, current)
+        return doc
+
+    def _expire(self, doc: Doc, now_ms: int) -> None:
+        doc.update({S.STATUS: STEP_FAILED, S.LEASE: None, S.DUE: None, S.RESULT: None,
+                    S.ERROR: _docs.lease_expired_error(doc), S.UPDATED: now_ms})
+        self._put_history(_docs.settled_history(doc))
+
+    def _record_superseded(self, previous: Doc) -> None:
+        if previous[S.STATUS] == STEP_RUNNING:
+            self._put_history(_docs.superseded_history(previous))
+
+    def _put_history(self, entry: Doc) -> None:
+        self._history[entry[H.ID]] = copy.deepcopy(entry)
+
+
+def _is_waiting(doc: Doc, now_ms: int, child_run_id: str | None) -> bool:
+    if child_run_id is not None:
+        return doc[S.STATUS] == STEP_RUNNING and doc.get(S.CHILD_RUN) == child_run_id
+    return doc[S.STATUS] == STEP_SCHEDULED and doc.get(S.FUNCTION) is None and is_due(doc, now_ms)

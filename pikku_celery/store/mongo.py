@@ -1,0 +1,370 @@
+"""The MongoDB store (pymongo).
+
+Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease clock):
+
+``workflow_runs``   ``_id`` run id, ``workflow``, ``status``, ``input``, ``output``, ``error``,
+                    ``version``, ``parent_run_id``, ``parent_step_name``, ``cancel_reason``,
+                    ``created_ms``, ``updated_ms``.
+                    Indexes: ``(status, updated_ms)`` for the stalled sweep,
+                    ``(workflow, created_ms desc)`` and ``(created_ms desc)`` for listing.
+``workflow_steps``  ``_id`` invocation id (uuid5 of run id and step name: the same across
+                    attempts), ``run_id``, ``step_name``, ``function``, ``data``, ``status``,
+                    ``attempt`` (the fencing token, 1-based), ``max_attempts``,
+                    ``retry_delay_ms``, ``result``, ``error``, ``lease_expires_ms`` (null when
+                    not running, or parked on a child run), ``due_ms`` (when a scheduled step
+                    or a failed step's next attempt may start; null when never), ``started_ms``,
+                    ``worker``, ``child_run_id``, ``on_error``, ``created_ms``, ``updated_ms``.
+                    Indexes: unique ``(run_id, step_name)``; ``(status, lease_expires_ms)``
+                    and ``(status, due_ms)`` and ``(status, updated_ms)`` for the sweeps.
+``workflow_step_history``  ``_id`` ``<step id>:<attempt>`` (so an entry is written at most
+                    once per attempt, by upsert), ``step_id``, ``run_id``, ``step_name``,
+                    ``attempt``, ``status``, ``result``, ``error``, ``started_ms``,
+                    ``ended_ms``, ``worker``. Index: unique ``(step_id, attempt)``, ``run_id``.
+``workflow_versions``  ``_id`` ``<workflow>:<version>``, ``workflow``, ``version``,
+                    ``source``, ``created_ms``; first writer wins (insert, duplicate ignored).
+
+Atomicity: every claim, fenced write and run transition is one ``update_one`` or
+``find_one_and_update`` whose filter repeats what the decision read. A step in steady state
+costs three commands: the claim (one optimistic ``find_one_and_update``), the settle, and
+the history entry. History is written after the step and never decides anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING, MongoClient, ReturnDocument
+from pymongo.database import Database
+from pymongo.errors import DuplicateKeyError
+
+from pikku_celery import keys
+from pikku_celery.errors import (
+    InvalidInputError,
+    WorkflowStepNotFoundError,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.keys import HistoryField as H
+from pikku_celery.keys import RunField as R
+from pikku_celery.keys import StepField as S
+from pikku_celery.keys import VersionField as V
+from pikku_celery.records import (
+    RUN_RUNNING,
+    STEP_FAILED,
+    STEP_PENDING,
+    STEP_RUNNING,
+    STEP_SCHEDULED,
+    STEP_SUCCEEDED,
+    StepAttempt,
+    StepState,
+    WorkflowRun,
+)
+from pikku_celery.store import _docs
+from pikku_celery.store._decide import (
+    Action,
+    decide_claim,
+    first_claim_filter,
+    guard_for,
+    running_fields,
+)
+from pikku_celery.store.base import ClaimResult, NewRun, NewStep
+from pikku_celery.validate import check_name, check_value
+
+Doc = dict[str, Any]
+_AFTER = ReturnDocument.AFTER
+_UNSETTLED: Doc = {"$or": [{S.STATUS: {"$in": [STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING]}},
+                           {S.STATUS: STEP_FAILED, S.DUE: {"$ne": None}}]}
+
+
+class MongoWorkflowStore:
+    """A ``WorkflowStore`` on a pymongo ``Database``; safe from any number of processes."""
+
+    def __init__(self, db: Database[Doc], *, create_indexes: bool = True) -> None:
+        self.db = db
+        self._runs = db[keys.RUNS]
+        self._steps = db[keys.STEPS]
+        self._history = db[keys.HISTORY]
+        self._versions = db[keys.VERSIONS]
+        if create_indexes:
+            self.create_indexes()
+
+    @classmethod
+    def from_url(cls, url: str, **client_options: Any) -> MongoWorkflowStore:
+        """Connect to ``url``; the database is the URL's path, ``pikku`` when it is empty."""
+        client: MongoClient[Doc] = MongoClient(url, **client_options)
+        return cls(client.get_default_database(default=keys.DEFAULT_DATABASE))
+
+    def create_indexes(self) -> None:
+        self._runs.create_index([(R.STATUS, ASCENDING), (R.UPDATED, ASCENDING)])
+        self._runs.create_index([(R.WORKFLOW, ASCENDING), (R.CREATED, DESCENDING)])
+        self._runs.create_index([(R.CREATED, DESCENDING)])
+        self._steps.create_index([(S.RUN, ASCENDING), (S.NAME, ASCENDING)], unique=True)
+        for field in (S.LEASE, S.DUE, S.UPDATED):
+            self._steps.create_index([(S.STATUS, ASCENDING), (field, ASCENDING)])
+        self._history.create_index([(H.STEP, ASCENDING), (H.ATTEMPT, ASCENDING)], unique=True)
+        self._history.create_index([(H.RUN, ASCENDING)])
+
+    # --- runs -------------------------------------------------------------------------
+
+    def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:
+        check_name("run id", run.run_id)
+        check_name("workflow name", run.workflow)
+        check_value("workflow input", run.input)
+        doc = _docs.new_run_doc(run, now_ms)
+        try:
+            self._runs.insert_one(doc)
+            return _docs.run_from_doc(doc), True
+        except DuplicateKeyError:
+            existing = self._runs.find_one({R.ID: run.run_id})
+            if existing is None:  # pragma: no cover - runs are never deleted
+                raise
+            if existing[R.WORKFLOW] != run.workflow:
+                raise InvalidInputError(
+                    f"run id {run.run_id!r} already belongs to workflow "
+                    f"{existing[R.WORKFLOW]!r}, not {run.workflow!r}"
+                ) from None
+            return _docs.run_from_doc(existing), False
+
+    def get_run(self, run_id: str) -> WorkflowRun | None:
+        doc = self._runs.find_one({R.ID: run_id})
+        return None if doc is None else _docs.run_from_doc(doc)
+
+    def transition_run(self, run_id: str, from_statuses: Iterable[str], to_status: str,
+                       now_ms: int, *, output: Any = None, error: dict[str, Any] | None = None,
+                       cancel_reason: str | None = None) -> bool:
+        check_value("workflow output", output)
+        check_value("workflow error", error)
+        fields: Doc = {R.STATUS: to_status, R.OUTPUT: output, R.ERROR: error,
+                       R.UPDATED: now_ms}
+        if cancel_reason is not None:
+            fields[R.CANCEL_REASON] = cancel_reason
+        found = self._runs.update_one(
+            {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields})
+        return found.matched_count == 1
+
+    def touch_run(self, run_id: str, now_ms: int) -> None:
+        self._runs.update_one({R.ID: run_id, R.UPDATED: {"$lt": now_ms}},
+                              {"$set": {R.UPDATED: now_ms}})
+
+    def list_runs(self, *, workflow: str | None = None, status: str | None = None,
+                  limit: int = 50, created_before_ms: int | None = None) -> list[WorkflowRun]:
+        query: Doc = {}
+        if workflow is not None:
+            query[R.WORKFLOW] = workflow
+        if status is not None:
+            query[R.STATUS] = status
+        if created_before_ms is not None:
+            query[R.CREATED] = {"$lt": created_before_ms}
+        cursor = self._runs.find(query).sort([(R.CREATED, DESCENDING), (R.ID, DESCENDING)])
+        return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
+
+    # --- steps ------------------------------------------------------------------------
+
+    def insert_step(self, step: NewStep, now_ms: int) -> tuple[StepState, bool]:
+        check_name("step name", step.step_name)
+        check_value(f"data of step {step.step_name!r}", step.data)
+        if self._runs.count_documents({R.ID: step.run_id}, limit=1) == 0:
+            raise InvalidInputError(f"cannot add step {step.step_name!r}: no run "
+                                    f"{step.run_id!r}")
+        doc = _docs.new_step_doc(step, now_ms)
+        try:
+            self._steps.insert_one(doc)
+            return _docs.step_from_doc(doc), True
+        except DuplicateKeyError:
+            existing = self._steps.find_one({S.ID: doc[S.ID]})
+            if existing is None:  # pragma: no cover - steps are never deleted
+                raise
+            return _docs.step_from_doc(existing), False
+
+    def get_step(self, run_id: str, step_name: str) -> StepState | None:
+        doc = self._steps.find_one({S.ID: _docs.invocation_id(run_id, step_name)})
+        return None if doc is None else _docs.step_from_doc(doc)
+
+    def list_steps(self, run_id: str) -> list[StepState]:
+        return [_docs.step_from_doc(d) for d in self._run_steps(run_id)]
+
+    def claim_step(self, run_id: str, step_name: str, function: str | None, now_ms: int,
+                   lease_ms: int, worker: str | None = None) -> ClaimResult:
+        step_id = _docs.invocation_id(run_id, step_name)
+        # Steady state: a fresh step is claimed by one write, with no read before it.
+        claimed = self._steps.find_one_and_update(
+            first_claim_filter(step_id, function, now_ms),
+            {"$set": running_fields(now_ms, lease_ms, worker)}, return_document=_AFTER)
+        if claimed is not None:
+            return ClaimResult(_docs.step_from_doc(claimed))
+        doc = self._steps.find_one({S.ID: step_id})
+        if doc is None:
+            raise WorkflowStepNotFoundError(run_id, step_name)
+        decision = decide_claim(doc, function, now_ms)
+        guard = guard_for(decision, step_id, now_ms)
+        if decision.action is Action.NONE:
+            return ClaimResult(None)
+        if decision.action is Action.EXPIRE:
+            return self._expire(guard, doc, now_ms)
+        update: Doc = {"$set": running_fields(now_ms, lease_ms, worker)}
+        if decision.action is Action.RECLAIM:
+            update["$inc"] = {S.ATTEMPT: 1}
+        claimed = self._steps.find_one_and_update(guard, update, return_document=_AFTER)
+        if claimed is None:
+            return ClaimResult(None)  # lost the race to another claimer
+        if decision.action is Action.RECLAIM and doc[S.STATUS] == STEP_RUNNING:
+            self._put_history(_docs.superseded_history(doc))
+        return ClaimResult(_docs.step_from_doc(claimed))
+
+    def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
+                   now_ms: int) -> StepState:
+        check_value(f"result of step {step_name!r}", result)
+        state = self._settle(run_id, step_name, attempt, {
+            S.STATUS: STEP_SUCCEEDED, S.RESULT: result, S.ERROR: None, S.LEASE: None,
+            S.DUE: None, S.UPDATED: now_ms})
+        assert state is not None  # _settle raises when it must match and does not
+        return state
+
+    def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
+                  now_ms: int, *, retry_at_ms: int | None = None) -> StepState:
+        check_value(f"error of step {step_name!r}", error)
+        fields: Doc = {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
+                       S.DUE: retry_at_ms or now_ms, S.UPDATED: now_ms}
+        # With attempts left the next one is due at retry_at_ms; with none left the step is
+        # failed for good and never due again. Try the common case first.
+        state = self._settle(run_id, step_name, attempt, fields,
+                             extra_guard={S.MAX_ATTEMPTS: {"$gt": attempt}}, must_match=False)
+        if state is None:
+            fields[S.DUE] = None
+            state = self._settle(run_id, step_name, attempt, fields)
+        assert state is not None  # _settle raises when it must match and does not
+        return state
+
+    def renew_leases(self, held: Sequence[tuple[str, str, int]], now_ms: int,
+                     lease_ms: int) -> set[tuple[str, str]]:
+        if not held:
+            return set()
+        ids = {_docs.invocation_id(run, name): (run, name, attempt) for run, name, attempt in held}
+        found = self._steps.update_many(
+            {"$or": [{S.ID: sid, S.ATTEMPT: a} for sid, (_, _, a) in ids.items()],
+             S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None}},
+            {"$set": {S.LEASE: now_ms + lease_ms}})
+        if found.matched_count == len(ids):
+            return set()
+        # Rare path: find out which renewals were refused.
+        live = {d[S.ID] for d in self._steps.find(
+            {S.ID: {"$in": list(ids)}, S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None}},
+            {S.ID: 1, S.ATTEMPT: 1}) if d[S.ATTEMPT] == ids[d[S.ID]][2]}
+        return {(run, name) for sid, (run, name, _) in ids.items() if sid not in live}
+
+    def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
+        found = self._steps.update_one(
+            {S.ID: _docs.invocation_id(run_id, step_name), S.ATTEMPT: attempt,
+             S.STATUS: STEP_RUNNING},
+            {"$set": {S.LEASE: None}})
+        return found.matched_count == 1
+
+    def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
+                            result: Any = None, error: dict[str, Any] | None = None,
+                            child_run_id: str | None = None) -> bool:
+        check_value(f"result of step {step_name!r}", result)
+        guard: Doc = {S.ID: _docs.invocation_id(run_id, step_name)}
+        if child_run_id is not None:
+            guard.update({S.STATUS: STEP_RUNNING, S.CHILD_RUN: child_run_id})
+        else:
+            guard.update({S.STATUS: STEP_SCHEDULED, S.FUNCTION: None,
+                          S.DUE: {"$ne": None, "$lte": now_ms}})
+        status = STEP_FAILED if error is not None else STEP_SUCCEEDED
+        doc = self._steps.find_one_and_update(guard, {"$set": {
+            S.STATUS: status, S.RESULT: result, S.ERROR: error, S.LEASE: None, S.DUE: None,
+            S.UPDATED: now_ms}}, return_document=_AFTER)
+        if doc is None:
+            return False
+        if doc.get(S.STARTED) is None:
+            doc[S.STARTED] = now_ms
+        self._put_history(_docs.settled_history(doc))
+        return True
+
+    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
+        docs = list(self._steps.find({S.RUN: run_id, **_UNSETTLED}))
+        if not docs:
+            return 0
+        self._steps.update_many(
+            {S.ID: {"$in": [d[S.ID] for d in docs]}, **_UNSETTLED},
+            {"$set": {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
+                      S.DUE: None, S.UPDATED: now_ms}})
+        for doc in docs:
+            if doc.get(S.STARTED) is not None:
+                doc.update({S.STATUS: STEP_FAILED, S.ERROR: error, S.UPDATED: now_ms})
+                self._put_history(_docs.settled_history(doc))
+        return len(docs)
+
+    # --- history ----------------------------------------------------------------------
+
+    def get_history(self, run_id: str) -> list[StepAttempt]:
+        steps = self._run_steps(run_id)
+        entries = list(self._history.find({H.RUN: run_id}))
+        return _docs.merge_history(steps, entries)
+
+    # --- versions ---------------------------------------------------------------------
+
+    def record_version(self, workflow: str, version: str, source: str, now_ms: int) -> bool:
+        try:
+            self._versions.insert_one({V.ID: f"{workflow}:{version}", V.WORKFLOW: workflow,
+                                       V.VERSION: version, V.SOURCE: source,
+                                       V.CREATED: now_ms})
+            return True
+        except DuplicateKeyError:
+            return False
+
+    def get_version(self, workflow: str, version: str) -> dict[str, Any] | None:
+        doc = self._versions.find_one({V.ID: f"{workflow}:{version}"})
+        return None if doc is None else {k: v for k, v in doc.items() if k != V.ID}
+
+    # --- sweeps -----------------------------------------------------------------------
+
+    def find_lapsed_steps(self, now_ms: int, limit: int) -> list[StepState]:
+        cursor = self._steps.find({S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None, "$lt": now_ms}})
+        return [_docs.step_from_doc(d) for d in cursor.limit(limit)]
+
+    def find_due_steps(self, now_ms: int, dispatched_before_ms: int,
+                       limit: int) -> list[StepState]:
+        cursor = self._steps.find({"$or": [
+            {S.STATUS: STEP_PENDING, S.UPDATED: {"$lt": dispatched_before_ms}},
+            {S.STATUS: {"$in": [STEP_SCHEDULED, STEP_FAILED]},
+             S.DUE: {"$ne": None, "$lte": now_ms}},
+        ]})
+        return [_docs.step_from_doc(d) for d in cursor.limit(limit)]
+
+    def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
+        cursor = self._runs.find({R.STATUS: RUN_RUNNING, R.UPDATED: {"$lt": idle_since_ms}})
+        return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
+
+    # --- internals --------------------------------------------------------------------
+
+    def _run_steps(self, run_id: str) -> list[Doc]:
+        return list(self._steps.find({S.RUN: run_id}).sort([(S.CREATED, ASCENDING),
+                                                            (S.NAME, ASCENDING)]))
+
+    def _settle(self, run_id: str, step_name: str, attempt: int, fields: Doc, *,
+                extra_guard: Doc | None = None, must_match: bool = True) -> StepState | None:
+        step_id = _docs.invocation_id(run_id, step_name)
+        guard: Doc = {S.ID: step_id, S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING,
+                      **(extra_guard or {})}
+        doc = self._steps.find_one_and_update(guard, {"$set": fields}, return_document=_AFTER)
+        if doc is None and not must_match:
+            return None
+        if doc is None:
+            current = self._steps.find_one({S.ID: step_id}, {S.ATTEMPT: 1})
+            raise WorkflowStepSupersededError(run_id, step_name, attempt,
+                                              None if current is None else current[S.ATTEMPT])
+        self._put_history(_docs.settled_history(doc))
+        return _docs.step_from_doc(doc)
+
+    def _expire(self, guard: Doc, doc: Doc, now_ms: int) -> ClaimResult:
+        error = _docs.lease_expired_error(doc)
+        found = self._steps.find_one_and_update(guard, {"$set": {
+            S.STATUS: STEP_FAILED, S.LEASE: None, S.DUE: None, S.RESULT: None, S.ERROR: error,
+            S.UPDATED: now_ms}}, return_document=_AFTER)
+        if found is None:
+            return ClaimResult(None)  # renewed (or claimed) since we read it
+        self._put_history(_docs.settled_history(found))
+        return ClaimResult(None, wake_run=True)
+
+    def _put_history(self, entry: Doc) -> None:
+        self._history.replace_one({H.ID: entry[H.ID]}, entry, upsert=True)

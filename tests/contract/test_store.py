@@ -1,0 +1,564 @@
+"""One store contract suite, run on every store: in-memory, MongoDB on mongomock
+(single-threaded semantics), MongoDB over the wire on nx-27017, and real MongoDB when
+``PIKKU_TEST_MONGO_URL`` is set. Numbers in test names refer to the upstream scenarios of
+section 7 of ``shared/reference/upstream-semantics.md``.
+
+Time is passed explicitly (``now_ms``), as the engine passes the lease service's clock, so
+lapses are exact and the suite never sleeps.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from pikku_celery.errors import (
+    InvalidInputError,
+    WorkflowStepFunctionMismatchError,
+    WorkflowStepNotFoundError,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
+from pikku_celery.store.memory import InMemoryWorkflowStore
+from pikku_celery.store.mongo import MongoWorkflowStore
+from tests.conftest import REAL_MONGO_URL, mongo_database
+
+KINDS = ["memory", "mongomock", "wire"] + (["real"] if REAL_MONGO_URL else [])
+T0 = 1_700_000_000_000
+LEASE = 60_000
+FN = "charge:card"
+
+
+@pytest.fixture(params=KINDS)
+def store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
+    yield from _make_store(request)
+
+
+@pytest.fixture(params=[k for k in KINDS if k != "mongomock"])
+def atomic_store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
+    """Stores whose writes are atomic across threads: mongomock's are not
+    (test-infrastructure.md), so thread races never run on it."""
+    yield from _make_store(request)
+
+
+def _make_store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
+    if request.param == "memory":
+        yield InMemoryWorkflowStore()
+        return
+    nx = request.getfixturevalue("nx_server") if request.param == "wire" else None
+    db, client = mongo_database(request.param, nx)
+    yield MongoWorkflowStore(db)
+    client.drop_database(db.name)  # type: ignore[attr-defined]
+
+
+def new_run(store: WorkflowStore, **kw: object) -> str:
+    run_id = str(uuid.uuid4())
+    store.create_run(NewRun(run_id=run_id, workflow="order", input={"n": 1}), T0)
+    return run_id
+
+
+def add_step(store: WorkflowStore, run_id: str, name: str = "charge", *, retries: int = 5,
+             **kw: object) -> None:
+    store.insert_step(NewStep(run_id=run_id, step_name=name, function=kw.pop("function", FN),
+                              max_attempts=retries + 1, **kw), T0)  # type: ignore[arg-type]
+
+
+def supersede(store: WorkflowStore, run_id: str, name: str = "charge") -> tuple[int, int]:
+    """Claim, let the lease lapse, claim again: returns (stale attempt, current attempt)."""
+    first = store.claim_step(run_id, name, FN, T0, LEASE).state
+    second = store.claim_step(run_id, name, FN, T0 + LEASE + 1, LEASE).state
+    assert first is not None and second is not None
+    return first.attempt, second.attempt
+
+
+# --- runs ------------------------------------------------------------------------------
+
+
+def test_create_run_is_idempotent_by_id(store: WorkflowStore) -> None:
+    run = NewRun(run_id="r-1", workflow="order", input={"a": 1})
+    first, created = store.create_run(run, T0)
+    again, created_again = store.create_run(NewRun("r-1", "order", {"a": 2}), T0 + 5)
+    assert created and not created_again
+    assert again.input == {"a": 1} and again.created_at == first.created_at
+
+
+def test_create_run_refuses_the_same_id_for_another_workflow(store: WorkflowStore) -> None:
+    store.create_run(NewRun("r-2", "order", None), T0)
+    with pytest.raises(InvalidInputError, match="already belongs to workflow 'order'"):
+        store.create_run(NewRun("r-2", "refund", None), T0)
+    run = store.get_run("r-2")
+    assert run is not None and run.workflow == "order"
+
+
+def test_transition_run_is_guarded_and_keeps_output(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    assert store.transition_run(run_id, ["running"], "completed", T0 + 1, output={"ok": 0})
+    assert not store.transition_run(run_id, ["running"], "failed", T0 + 2,
+                                    error={"message": "late"})
+    run = store.get_run(run_id)
+    assert run is not None and run.status == "completed" and run.output == {"ok": 0}
+    assert run.error is None
+
+
+def test_list_runs_newest_first_filtered_and_bounded(store: WorkflowStore) -> None:
+    ids = []
+    for i in range(5):
+        run_id = f"run-{i}"
+        store.create_run(NewRun(run_id, "order" if i % 2 == 0 else "refund", i), T0 + i)
+        ids.append(run_id)
+    store.transition_run("run-4", ["running"], "completed", T0 + 10)
+    assert [r.run_id for r in store.list_runs(limit=3)] == ["run-4", "run-3", "run-2"]
+    assert [r.run_id for r in store.list_runs(workflow="order")] == ["run-4", "run-2", "run-0"]
+    assert [r.run_id for r in store.list_runs(status="completed")] == ["run-4"]
+    page = store.list_runs(limit=2, created_before_ms=T0 + 3)
+    assert [r.run_id for r in page] == ["run-2", "run-1"]
+
+
+def test_unknown_run_reads_none(store: WorkflowStore) -> None:
+    assert store.get_run("nope") is None
+    assert store.list_steps("nope") == []
+    assert store.get_history("nope") == []
+
+
+# --- steps and the claim -----------------------------------------------------------------
+
+
+def test_insert_step_is_idempotent_under_concurrent_insert(atomic_store: WorkflowStore) -> None:
+    store = atomic_store
+    run_id = new_run(store)
+    created = []
+
+    def insert() -> None:
+        _, was_created = store.insert_step(
+            NewStep(run_id=run_id, step_name="charge", function=FN, max_attempts=6), T0)
+        created.append(was_created)
+
+    threads = [threading.Thread(target=insert) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(created) == [False, False, False, True]
+    assert [s.step_name for s in store.list_steps(run_id)] == ["charge"]
+
+
+def test_invocation_id_is_stable_and_distinct_per_step(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, "charge")
+    add_step(store, run_id, "charge#2")
+    one, two = store.list_steps(run_id)
+    assert one.invocation_id != two.invocation_id
+    supersede(store, run_id, "charge")
+    again = store.get_step(run_id, "charge")
+    assert again is not None and again.invocation_id == one.invocation_id and again.attempt == 2
+
+
+def test_first_claim_grants_a_lease_and_keeps_attempt_1(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    state = store.claim_step(run_id, "charge", FN, T0, LEASE, worker="w1").state
+    assert state is not None and state.status == "running" and state.attempt == 1
+    assert state.lease_expires_at is not None
+    assert int(state.lease_expires_at.timestamp() * 1000) == T0 + LEASE
+
+
+def test_17_a_live_lease_refuses_a_second_claim(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    assert store.claim_step(run_id, "charge", FN, T0, LEASE).state is not None
+    assert store.claim_step(run_id, "charge", FN, T0 + LEASE - 1, LEASE).state is None
+    state = store.get_step(run_id, "charge")
+    assert state is not None and state.attempt == 1
+
+
+def test_18_a_lapsed_lease_is_reclaimed_as_attempt_2(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    stale, current = supersede(store, run_id)
+    assert (stale, current) == (1, 2)
+
+
+def test_19_a_renewed_lease_is_not_reclaimed(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    assert store.renew_leases([(run_id, "charge", 1)], T0 + LEASE - 10, LEASE) == set()
+    assert store.claim_step(run_id, "charge", FN, T0 + LEASE + 1, LEASE).state is None
+
+
+def test_21_lapsed_leases_use_up_attempts_then_fail_with_lease_expired(
+        store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, retries=1)
+    supersede(store, run_id)
+    outcome = store.claim_step(run_id, "charge", FN, T0 + 3 * LEASE, LEASE)
+    assert outcome.state is None and outcome.wake_run
+    state = store.get_step(run_id, "charge")
+    assert state is not None and state.status == "failed" and state.attempt == 2
+    assert state.error is not None and state.error["type"] == "WorkflowStepLeaseExpiredError"
+    # A redelivered message never buys a settled step another attempt.
+    later = store.claim_step(run_id, "charge", FN, T0 + 9 * LEASE, LEASE)
+    assert later.state is None and not later.wake_run
+
+
+def test_24_concurrent_first_claims_have_one_winner(atomic_store: WorkflowStore) -> None:
+    store = atomic_store
+    run_id = new_run(store)
+    add_step(store, run_id)
+    assert _race(store, run_id, T0) == 1
+
+
+def test_25_concurrent_reclaims_of_a_failed_step_advance_the_attempt_once(
+        atomic_store: WorkflowStore) -> None:
+    store = atomic_store
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    store.set_error(run_id, "charge", 1, {"message": "boom"}, T0 + 1)
+    assert _race(store, run_id, T0 + 2) == 1
+    state = store.get_step(run_id, "charge")
+    assert state is not None and state.attempt == 2 and state.status == "running"
+
+
+def _race(store: WorkflowStore, run_id: str, now_ms: int, n: int = 6) -> int:
+    barrier = threading.Barrier(n)
+    wins: list[int] = []
+
+    def claim() -> None:
+        barrier.wait()
+        if store.claim_step(run_id, "charge", FN, now_ms, LEASE).state is not None:
+            wins.append(1)
+
+    threads = [threading.Thread(target=claim) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(wins)
+
+
+def test_26_succeeded_and_claimed_steps_are_not_claimable(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    assert store.claim_step(run_id, "charge", FN, T0 + 1, LEASE).state is None
+    store.set_result(run_id, "charge", 1, {"ok": True}, T0 + 2)
+    assert store.claim_step(run_id, "charge", FN, T0 + 10 * LEASE, LEASE).state is None
+
+
+def test_27_a_failed_attempt_is_reclaimed_as_attempt_2(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    store.set_error(run_id, "charge", 1, {"message": "boom"}, T0 + 1, retry_at_ms=T0 + 1000)
+    assert store.claim_step(run_id, "charge", FN, T0 + 999, LEASE).state is None  # not due
+    state = store.claim_step(run_id, "charge", FN, T0 + 1000, LEASE).state
+    assert state is not None and state.attempt == 2 and state.status == "running"
+    assert state.error is None
+
+
+def test_a_failed_step_with_no_attempts_left_is_never_reclaimed(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, retries=0)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    failed = store.set_error(run_id, "charge", 1, {"message": "boom"}, T0 + 1,
+                             retry_at_ms=T0 + 2)
+    assert failed.due_at is None and failed.attempts_left == 0
+    assert store.claim_step(run_id, "charge", FN, T0 + 10 * LEASE, LEASE).state is None
+
+
+def test_28_a_claim_naming_another_function_is_refused_before_any_write(
+        store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    before = store.get_step(run_id, "charge")
+    with pytest.raises(WorkflowStepFunctionMismatchError, match="charge:card"):
+        store.claim_step(run_id, "charge", "refund:all", T0, LEASE)
+    assert store.get_step(run_id, "charge") == before
+
+
+def test_claim_of_an_unknown_step_names_it(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    with pytest.raises(WorkflowStepNotFoundError, match="ghost"):
+        store.claim_step(run_id, "ghost", FN, T0, LEASE)
+
+
+def test_a_scheduled_step_is_claimable_once_due_and_only_once(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, status="scheduled", due_ms=T0 + 500)
+    assert store.claim_step(run_id, "charge", FN, T0 + 499, LEASE).state is None
+    assert store.claim_step(run_id, "charge", FN, T0 + 500, LEASE).state is not None
+    assert store.claim_step(run_id, "charge", FN, T0 + 501, LEASE).state is None
+
+
+def test_a_step_parked_on_a_child_is_never_reclaimed(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, "child", function="workflow:refund", status="running",
+             child_run_id="child-1")
+    assert store.claim_step(run_id, "child", "workflow:refund", T0 + 10**9, LEASE).state is None
+    assert store.find_lapsed_steps(T0 + 10**9, 10) == []
+    assert not store.settle_waiting_step(run_id, "child", T0, result=1, child_run_id="other")
+    assert store.settle_waiting_step(run_id, "child", T0, result={"ok": 1},
+                                     child_run_id="child-1")
+    state = store.get_step(run_id, "child")
+    assert state is not None and state.status == "succeeded" and state.result == {"ok": 1}
+
+
+def test_a_released_lease_parks_the_step(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    assert not store.release_lease(run_id, "charge", 2)
+    assert store.release_lease(run_id, "charge", 1)
+    assert store.claim_step(run_id, "charge", FN, T0 + 10 * LEASE, LEASE).state is None
+
+
+# --- fencing (scenarios 1-7) ---------------------------------------------------------------
+
+
+def test_1_a_superseded_result_is_refused_and_history_keeps_both(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    stale, current = supersede(store, run_id)
+    with pytest.raises(WorkflowStepSupersededError) as info:
+        store.set_result(run_id, "charge", stale, {"stale": True}, T0 + LEASE + 2)
+    assert info.value.attempt == 1 and info.value.current_attempt == 2
+    store.set_result(run_id, "charge", current, {"fresh": True}, T0 + LEASE + 3)
+    state = store.get_step(run_id, "charge")
+    assert state is not None and state.result == {"fresh": True}
+    history = store.get_history(run_id)
+    assert [(h.attempt, h.status) for h in history] == [(1, "failed"), (2, "succeeded")]
+    assert history[0].result is None
+    assert history[0].error is not None
+    assert history[0].error["type"] == "WorkflowStepLeaseExpiredError"
+
+
+def test_2_a_superseded_error_is_refused(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    stale, current = supersede(store, run_id)
+    before = store.get_step(run_id, "charge")
+    with pytest.raises(WorkflowStepSupersededError):
+        store.set_error(run_id, "charge", stale, {"message": "stale"}, T0 + LEASE + 2)
+    assert store.get_step(run_id, "charge") == before
+    assert before is not None and before.status == "running" and before.attempt == current
+
+
+def test_3_superseded_renewals_and_releases_return_false(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    stale, current = supersede(store, run_id)
+    before = store.get_step(run_id, "charge")
+    assert store.renew_leases([(run_id, "charge", stale)], T0 + 5 * LEASE, LEASE) == {
+        (run_id, "charge")}
+    assert not store.release_lease(run_id, "charge", stale)
+    assert store.get_step(run_id, "charge") == before
+    assert store.renew_leases([(run_id, "charge", current)], T0 + 5 * LEASE, LEASE) == set()
+
+
+def test_4_a_stale_write_cannot_touch_a_succeeded_step(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    stale, current = supersede(store, run_id)
+    store.set_result(run_id, "charge", current, "fresh", T0 + LEASE + 2)
+    for write in (lambda: store.set_result(run_id, "charge", stale, "stale", T0 + LEASE + 3),
+                  lambda: store.set_error(run_id, "charge", stale, {"m": 1}, T0 + LEASE + 3)):
+        with pytest.raises(WorkflowStepSupersededError):
+            write()
+    state = store.get_step(run_id, "charge")
+    assert state is not None and state.status == "succeeded" and state.result == "fresh"
+
+
+def test_5_a_stale_result_cannot_touch_a_failed_step(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    stale, current = supersede(store, run_id)
+    store.set_error(run_id, "charge", current, {"message": "fresh"}, T0 + LEASE + 2)
+    with pytest.raises(WorkflowStepSupersededError):
+        store.set_result(run_id, "charge", stale, "stale", T0 + LEASE + 3)
+    state = store.get_step(run_id, "charge")
+    assert state is not None and state.status == "failed" and state.error == {"message": "fresh"}
+
+
+def test_6_concurrent_stale_and_current_writes(atomic_store: WorkflowStore) -> None:
+    store = atomic_store
+    rng = random.Random(6)
+    for round_no in range(25):
+        run_id = new_run(store)
+        add_step(store, run_id)
+        stale, current = supersede(store, run_id)
+        outcomes: dict[str, object] = {}
+
+        def write(attempt: int, who: str, as_error: bool) -> None:
+            try:
+                if as_error:
+                    store.set_error(run_id, "charge", attempt, {"who": who}, T0 + 5 * LEASE)
+                else:
+                    store.set_result(run_id, "charge", attempt, who, T0 + 5 * LEASE)
+                outcomes[who] = "ok"
+            except WorkflowStepSupersededError:
+                outcomes[who] = "refused"
+
+        pair = [threading.Thread(target=write, args=(stale, "stale", rng.random() < 0.5)),
+                threading.Thread(target=write, args=(current, "current", rng.random() < 0.5))]
+        rng.shuffle(pair)
+        for t in pair:
+            t.start()
+        for t in pair:
+            t.join()
+        assert outcomes == {"stale": "refused", "current": "ok"}, round_no
+
+
+def test_7_a_third_claim_fences_out_both_earlier_attempts(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    supersede(store, run_id)
+    third = store.claim_step(run_id, "charge", FN, T0 + 3 * LEASE, LEASE).state
+    assert third is not None and third.attempt == 3
+    for stale in (1, 2):
+        with pytest.raises(WorkflowStepSupersededError):
+            store.set_result(run_id, "charge", stale, "x", T0 + 3 * LEASE + 1)
+        with pytest.raises(WorkflowStepSupersededError):
+            store.set_error(run_id, "charge", stale, {"m": 1}, T0 + 3 * LEASE + 1)
+        assert store.renew_leases([(run_id, "charge", stale)], T0 + 3 * LEASE + 1, LEASE)
+    store.set_result(run_id, "charge", 3, "third", T0 + 3 * LEASE + 2)
+    assert [h.attempt for h in store.get_history(run_id)] == [1, 2, 3]
+
+
+def test_a_double_settle_of_the_same_attempt_is_refused(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    store.set_result(run_id, "charge", 1, "first", T0 + 1)
+    with pytest.raises(WorkflowStepSupersededError):
+        store.set_result(run_id, "charge", 1, "second", T0 + 2)
+    state = store.get_step(run_id, "charge")
+    assert state is not None and state.result == "first"
+
+
+# --- history (scenarios 22-23) -------------------------------------------------------------
+
+
+def test_22_23_history_has_one_entry_per_attempt_with_times(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0 + 10, LEASE, worker="w1")
+    store.set_error(run_id, "charge", 1, {"message": "boom"}, T0 + 20)
+    store.claim_step(run_id, "charge", FN, T0 + 30, LEASE, worker="w2")
+    store.set_result(run_id, "charge", 2, {"ok": True}, T0 + 40)
+    history = store.get_history(run_id)
+    assert [(h.attempt, h.status) for h in history] == [(1, "failed"), (2, "succeeded")]
+    assert history[0].error == {"message": "boom"} and history[0].result is None
+    assert history[1].result == {"ok": True} and history[1].error is None
+    assert history[0].worker == "w1" and history[1].worker == "w2"
+    assert history[1].started_at is not None and history[1].ended_at is not None
+    assert int(history[1].started_at.timestamp() * 1000) == T0 + 30
+    state = store.get_step(run_id, "charge")
+    assert state is not None and state.result == {"ok": True} and state.error is None
+
+
+def test_history_reports_the_current_attempt_from_the_step(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    assert store.get_history(run_id) == []  # never claimed: no attempt yet
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    assert [(h.attempt, h.status) for h in store.get_history(run_id)] == [(1, "running")]
+
+
+# --- cancellation, versions, sweeps ------------------------------------------------------
+
+
+def test_cancel_steps_fences_in_flight_attempts(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, "a")
+    add_step(store, run_id, "b")
+    store.claim_step(run_id, "a", FN, T0, LEASE)
+    assert store.cancel_steps(run_id, {"type": "WorkflowCancelledError"}, T0 + 1) == 2
+    with pytest.raises(WorkflowStepSupersededError):
+        store.set_result(run_id, "a", 1, "late", T0 + 2)
+    assert store.renew_leases([(run_id, "a", 1)], T0 + 2, LEASE) == {(run_id, "a")}
+    assert store.claim_step(run_id, "b", FN, T0 + 3, LEASE).state is None
+    assert {s.status for s in store.list_steps(run_id)} == {"failed"}
+
+
+def test_versions_first_writer_wins(store: WorkflowStore) -> None:
+    assert store.record_version("order", "abc", "def order(): ...", T0)
+    assert not store.record_version("order", "abc", "something else", T0 + 1)
+    version = store.get_version("order", "abc")
+    assert version is not None and version["source"] == "def order(): ..."
+    assert store.get_version("order", "zzz") is None
+
+
+def test_sweeps_find_lapsed_due_and_stalled(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, "lapsed")
+    add_step(store, run_id, "fresh")
+    add_step(store, run_id, "sleep", function=None, status="scheduled", due_ms=T0 + 100)
+    store.claim_step(run_id, "lapsed", FN, T0, 50)
+    lapsed = store.find_lapsed_steps(T0 + 51, 10)
+    assert [s.step_name for s in lapsed] == ["lapsed"]
+    due = store.find_due_steps(T0 + 100, T0 + 1, 10)
+    assert sorted(s.step_name for s in due) == ["fresh", "sleep"]
+    assert store.find_due_steps(T0 + 99, T0, 10) == []
+    assert [r.run_id for r in store.find_stalled_runs(T0 + 1, 10)] == [run_id]
+    store.touch_run(run_id, T0 + 5)
+    assert store.find_stalled_runs(T0 + 1, 10) == []
+    assert len(store.find_due_steps(T0 + 100, T0 + 1, 1)) == 1  # bounded by limit
+
+
+def test_a_due_sleep_settles_once(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, "nap", function=None, status="scheduled", due_ms=T0 + 100)
+    assert not store.settle_waiting_step(run_id, "nap", T0 + 99)
+    assert store.settle_waiting_step(run_id, "nap", T0 + 100)
+    assert not store.settle_waiting_step(run_id, "nap", T0 + 101)
+    state = store.get_step(run_id, "nap")
+    assert state is not None and state.status == "succeeded"
+
+
+# --- bad input: a clear error and no write -------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["$where", "", " padded", "x" * 201, 7])
+def test_bad_step_names_are_refused_without_a_write(store: WorkflowStore, name: object) -> None:
+    run_id = new_run(store)
+    with pytest.raises(InvalidInputError, match="step name"):
+        store.insert_step(NewStep(run_id=run_id, step_name=name, function=FN), T0)  # type: ignore[arg-type]
+    assert store.list_steps(run_id) == []
+
+
+@pytest.mark.parametrize("data", [{"$where": "1"}, {"a.b": 1}, {"ok": {"$gt": 1}},
+                                  {"x": object()}, {"n": float("nan")}, {1: "int key"},
+                                  {"big": 2**70}])
+def test_bad_data_is_refused_without_a_write(store: WorkflowStore, data: object) -> None:
+    run_id = new_run(store)
+    with pytest.raises(InvalidInputError, match="data of step 'charge'"):
+        store.insert_step(NewStep(run_id=run_id, step_name="charge", function=FN, data=data), T0)
+    assert store.list_steps(run_id) == []
+
+
+def test_bad_results_are_refused_and_the_step_is_unchanged(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    before = store.get_step(run_id, "charge")
+    with pytest.raises(InvalidInputError, match="result of step 'charge'"):
+        store.set_result(run_id, "charge", 1, {"$set": 1}, T0 + 1)
+    with pytest.raises(InvalidInputError, match="over the"):
+        store.set_result(run_id, "charge", 1, "x" * (16 * 1024 * 1024), T0 + 1)
+    assert store.get_step(run_id, "charge") == before
+
+
+def test_a_step_for_an_unknown_run_is_refused(store: WorkflowStore) -> None:
+    with pytest.raises(InvalidInputError, match="no run 'ghost'"):
+        store.insert_step(NewStep(run_id="ghost", step_name="a", function=FN), T0)
+
+
+def test_bad_run_input_is_refused_without_a_write(store: WorkflowStore) -> None:
+    with pytest.raises(InvalidInputError, match="workflow input"):
+        store.create_run(NewRun("r-bad", "order", {"$where": "x"}), T0)
+    assert store.get_run("r-bad") is None

@@ -1,0 +1,1 @@
+"""Helpers that start and reach the real services tests run against."""
