@@ -393,7 +393,8 @@ def test_6_concurrent_stale_and_current_writes(atomic_store: WorkflowStore) -> N
         stale, current = supersede(store, run_id)
         outcomes: dict[str, object] = {}
 
-        def write(attempt: int, who: str, as_error: bool) -> None:
+        def write(attempt: int, who: str, as_error: bool, run_id: str = run_id,
+                  outcomes: dict[str, object] = outcomes) -> None:
             try:
                 if as_error:
                     store.set_error(run_id, "charge", attempt, {"who": who}, T0 + 5 * LEASE)
