@@ -1,0 +1,139 @@
+"""Single-process leases: the reference implementation of the lease contract.
+
+Schema (all guarded by one ``threading.Lock``, so every method is one atomic step):
+
+* ``_leases[key]``  -> the last lease granted on ``key`` (holder, token, expiry); an entry
+  whose ``expires_at_ms`` is not after ``now`` is lapsed and treated as absent.
+* ``_tokens[key]``  -> the last token handed out for ``key``. Never deleted, so tokens keep
+  rising across lapses and releases, exactly like the Redis token counter.
+
+Time comes from the injected ``clock_ms`` (default: wall-clock epoch ms), so tests can make
+a lease lapse without sleeping. Full semantics, not a mock: ``RedisLeaseService`` must
+behave the same way and the contract suite runs on both.
+
+The argument checks at the bottom are shared with ``RedisLeaseService``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from pikku_celery.leases.base import Lease
+
+
+def wall_clock_ms() -> int:
+    """The process wall clock in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+class InMemoryLeaseService:
+    """Leases held in this process only; share one instance between threads to contend."""
+
+    def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
+        self._clock_ms = clock_ms or wall_clock_ms
+        self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}
+        self._tokens: dict[str, int] = {}
+
+    def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
+        """Grant ``key`` to ``holder`` for ``ttl_ms`` ms; ``None`` if another holder is live.
+
+        A fresh grant gets the key's next token; the live holder re-acquiring keeps its token.
+        Raises ``ValueError`` for an empty key or holder or a non-positive ``ttl_ms``.
+        """
+        check_key(key)
+        check_holder(holder)
+        check_ttl_ms(ttl_ms)
+        with self._lock:
+            now = self._clock_ms()
+            current = self._live(key, now)
+            if current is not None and current.holder != holder:
+                return None
+            token = current.token if current is not None else self._next_token(key)
+            lease = Lease(key, holder, token, now + ttl_ms, now)
+            self._leases[key] = lease
+            return lease
+
+    def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        """Extend ``lease`` to ``now + ttl_ms`` if it is live and still ours; else ``None``."""
+        return self.refresh_many([(lease, ttl_ms)])[0]
+
+    def refresh_many(self, leases: Sequence[tuple[Lease, int]]) -> list[Lease | None]:
+        """Refresh each ``(lease, ttl_ms)`` pair atomically as a batch; results in order."""
+        for _, ttl_ms in leases:
+            check_ttl_ms(ttl_ms)
+        with self._lock:
+            now = self._clock_ms()
+            return [self._refresh_locked(lease, ttl_ms, now) for lease, ttl_ms in leases]
+
+    def release(self, lease: Lease) -> bool:
+        """Free the key if ``lease`` is live and its holder and token still match.
+
+        Returns whether anything was freed; a stale lease never frees its successor.
+        """
+        with self._lock:
+            current = self._live(lease.key, self._clock_ms())
+            if current is None or not _same_grant(current, lease):
+                return False
+            del self._leases[lease.key]
+            return True
+
+    def get(self, key: str) -> Lease | None:
+        """The live lease on ``key`` or ``None``; ``granted_at_ms`` is the read time."""
+        check_key(key)
+        with self._lock:
+            now = self._clock_ms()
+            current = self._live(key, now)
+            if current is None:
+                return None
+            return Lease(key, current.holder, current.token, current.expires_at_ms, now)
+
+    def now_ms(self) -> int:
+        """The injected clock: the one clock every deadline of this service uses."""
+        return self._clock_ms()
+
+    def _live(self, key: str, now: int) -> Lease | None:
+        lease = self._leases.get(key)
+        if lease is None or lease.expires_at_ms > now:
+            return lease
+        del self._leases[key]  # lapsed: forget it, the token counter remembers
+        return None
+
+    def _next_token(self, key: str) -> int:
+        token = self._tokens.get(key, 0) + 1
+        self._tokens[key] = token
+        return token
+
+    def _refresh_locked(self, lease: Lease, ttl_ms: int, now: int) -> Lease | None:
+        current = self._live(lease.key, now)
+        if current is None or not _same_grant(current, lease):
+            return None
+        renewed = Lease(lease.key, lease.holder, lease.token, now + ttl_ms, now)
+        self._leases[lease.key] = renewed
+        return renewed
+
+
+def _same_grant(current: Lease, lease: Lease) -> bool:
+    # Holder alone is not enough: after a lapse the same holder may have been granted
+    # the key again under a newer token, and the old handle must not act for it.
+    return current.holder == lease.holder and current.token == lease.token
+
+
+def check_key(key: object) -> None:
+    """Refuse anything but a non-empty ``str`` as a lease key."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"invalid lease key: {key!r} (must be a non-empty str)")
+
+
+def check_holder(holder: object) -> None:
+    """Refuse anything but a non-empty ``str`` as a lease holder."""
+    if not isinstance(holder, str) or not holder:
+        raise ValueError(f"invalid lease holder: {holder!r} (must be a non-empty str)")
+
+
+def check_ttl_ms(ttl_ms: object) -> None:
+    """Refuse anything but a positive ``int`` number of milliseconds (bools included)."""
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+        raise ValueError(f"invalid lease ttl_ms: {ttl_ms!r} (must be a positive int)")

@@ -1,0 +1,237 @@
+"""Redis leases: every decision is one Lua script judged on the Redis server's clock.
+
+Keys (see ``pikku_celery.keys``; ``<prefix>`` is the service's ``key_prefix``):
+
+* ``<prefix>:lease:{<key>}``        hash ``{holder, token}`` with a ``PEXPIRE`` of the TTL.
+  The key exists exactly while the lease is live: Redis expiry *is* the lease deadline.
+* ``<prefix>:lease-token:{<key>}``  integer counter, ``INCR``-ed for every fresh grant and
+  never deleted or expired, so tokens keep rising across lapses and releases.
+
+The ``{<key>}`` hash tag puts both keys of one lease in one cluster slot, so ACQUIRE may
+touch both. (``refresh_many`` passes many leases to one script; on Redis Cluster those must
+share a slot, so it is meant for a single Redis server.)
+
+Atomicity: ACQUIRE, REFRESH_MANY, RELEASE and GET are each one script, so each is atomic
+and one round trip. No method reads the local clock: the scripts take ``TIME`` from the
+server and expiry is Redis's own TTL, so a worker whose clock is skewed by an hour can
+neither steal a live lease nor extend one past its TTL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from pikku_celery.keys import LEASE_HASH_FMT, LEASE_TOKEN_FMT
+from pikku_celery.leases.base import Lease
+from pikku_celery.leases.memory import check_holder, check_key, check_ttl_ms
+
+# Shared by every script: server time in epoch ms.
+_NOW_MS = """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+ACQUIRE = (
+    """
+-- ACQUIRE: grant a lease unless another holder's lease is live.
+-- KEYS[1]  lease hash {holder, token}; exists only while the lease is live
+-- KEYS[2]  token counter; INCR-ed on every fresh grant, never deleted
+-- ARGV[1]  holder
+-- ARGV[2]  ttl_ms
+-- returns  {token, server_now_ms}, or nil when another holder's lease is live
+"""
+    + _NOW_MS
+    + """
+local current = redis.call('HGET', KEYS[1], 'holder')
+if current and current ~= ARGV[1] then
+  return nil
+end
+local token
+if current then
+  token = tonumber(redis.call('HGET', KEYS[1], 'token'))
+else
+  token = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', string.format('%d', token))
+end
+redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[2])))
+return {token, now_ms}
+"""
+)
+
+REFRESH_MANY = (
+    """
+-- REFRESH_MANY: extend every lease whose holder and token still match, in one call.
+-- KEYS[i]      lease hash of lease i (i = 1..n)
+-- ARGV[3i-2]   holder of lease i
+-- ARGV[3i-1]   token of lease i
+-- ARGV[3i]     ttl_ms for lease i
+-- returns      {server_now_ms, flag_1, ..., flag_n}; flag 1 = extended, 0 = refused
+"""
+    + _NOW_MS
+    + """
+local out = {now_ms}
+for i = 1, #KEYS do
+  local held = redis.call('HMGET', KEYS[i], 'holder', 'token')
+  local flag = 0
+  if held[1] == ARGV[3 * i - 2] and held[2] == ARGV[3 * i - 1] then
+    redis.call('PEXPIRE', KEYS[i], math.max(1, tonumber(ARGV[3 * i])))
+    flag = 1
+  end
+  out[i + 1] = flag
+end
+return out
+"""
+)
+
+RELEASE = """
+-- RELEASE: delete the lease only if holder and token still match.
+-- KEYS[1]  lease hash
+-- ARGV[1]  holder
+-- ARGV[2]  token
+-- returns  1 when deleted, 0 when the lease is gone or belongs to another grant
+local held = redis.call('HMGET', KEYS[1], 'holder', 'token')
+if held[1] == ARGV[1] and held[2] == ARGV[2] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+GET = (
+    """
+-- GET: read the live lease on a key.
+-- KEYS[1]  lease hash
+-- (no ARGV)
+-- returns  {holder, token, pttl_ms, server_now_ms}, or nil when absent or lapsed
+"""
+    + _NOW_MS
+    + """
+local held = redis.call('HMGET', KEYS[1], 'holder', 'token')
+local pttl = redis.call('PTTL', KEYS[1])
+if not held[1] or not held[2] or pttl <= 0 then
+  return nil
+end
+return {held[1], held[2], pttl, now_ms}
+"""
+)
+
+# Why the holder *and* token compare happens inside Lua, never as GET-then-act in Python:
+#
+#   t0  worker A holds the lease (token 7) and stalls (GC pause, slow network)
+#   t1  the lease expires; worker B acquires it: token 8
+#   t2  A wakes, reads the hash in Python, is about to compare
+#   t3  B releases; A, B or C re-acquires with token 9 ...
+#   t4  A's unconditional PEXPIRE / DEL now extends or deletes someone else's lease
+#
+# A holder check alone is not enough either: if A re-acquires after its own lapse it gets a
+# new token, and a stale handle from the old grant must not act for the new one.
+
+
+class RedisLeaseService:
+    """Fenced leases in Redis; every operation is one Lua script and one round trip."""
+
+    def __init__(self, client: redis.Redis, *, key_prefix: str = "pikku") -> None:
+        _check_prefix(key_prefix)
+        self._client = client
+        self._key_prefix = key_prefix
+        self._acquire = client.register_script(ACQUIRE)
+        self._refresh_many = client.register_script(REFRESH_MANY)
+        self._release = client.register_script(RELEASE)
+        self._get = client.register_script(GET)
+
+    @classmethod
+    def from_url(cls, url: str, key_prefix: str = "pikku") -> RedisLeaseService:
+        """A service on a new client for ``url``; nothing connects until the first call."""
+        return cls(redis.Redis.from_url(url), key_prefix=key_prefix)
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix in front of every key this service writes."""
+        return self._key_prefix
+
+    def lease_hash_key(self, key: str) -> str:
+        """The physical Redis key of the lease hash for logical ``key``."""
+        return LEASE_HASH_FMT.format(prefix=self._key_prefix, key=key)
+
+    def token_counter_key(self, key: str) -> str:
+        """The physical Redis key of the token counter for logical ``key``."""
+        return LEASE_TOKEN_FMT.format(prefix=self._key_prefix, key=key)
+
+    def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
+        """Grant ``key`` to ``holder`` for ``ttl_ms`` ms; ``None`` if another holder is live.
+
+        A fresh grant gets the key's next token; the live holder re-acquiring keeps its token
+        and gets a new expiry. Raises ``ValueError`` for an empty key or holder or a
+        non-positive ``ttl_ms``; Redis errors propagate.
+        """
+        check_key(key)
+        check_holder(holder)
+        check_ttl_ms(ttl_ms)
+        keys = [self.lease_hash_key(key), self.token_counter_key(key)]
+        reply = self._acquire(keys=keys, args=[holder, ttl_ms])
+        if reply is None:
+            return None
+        token, now_ms = (int(part) for part in reply)
+        return Lease(key, holder, token, now_ms + ttl_ms, now_ms)
+
+    def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        """Extend ``lease`` to server-now + ``ttl_ms`` if it is live and still ours."""
+        return self.refresh_many([(lease, ttl_ms)])[0]
+
+    def refresh_many(self, leases: Sequence[tuple[Lease, int]]) -> list[Lease | None]:
+        """Refresh every ``(lease, ttl_ms)`` pair in one script call; results in order.
+
+        ``None`` marks a lease that lapsed, was released or passed to another grant.
+        """
+        if not leases:
+            return []
+        keys: list[str] = []
+        args: list[str | int] = []
+        for lease, ttl_ms in leases:
+            check_ttl_ms(ttl_ms)
+            keys.append(self.lease_hash_key(lease.key))
+            args.extend((lease.holder, str(lease.token), ttl_ms))
+        now_ms, *flags = (int(part) for part in self._refresh_many(keys=keys, args=args))
+        return [
+            _renewed(lease, ttl_ms, now_ms) if flag else None
+            for (lease, ttl_ms), flag in zip(leases, flags, strict=True)
+        ]
+
+    def release(self, lease: Lease) -> bool:
+        """Delete the lease if holder and token still match; whether anything was freed."""
+        keys = [self.lease_hash_key(lease.key)]
+        return bool(self._release(keys=keys, args=[lease.holder, str(lease.token)]))
+
+    def get(self, key: str) -> Lease | None:
+        """The live lease on ``key`` or ``None``; ``granted_at_ms`` is the server read time."""
+        check_key(key)
+        reply = self._get(keys=[self.lease_hash_key(key)])
+        if reply is None:
+            return None
+        holder, token, pttl_ms, now_ms = reply
+        return Lease(key, _text(holder), int(token), int(now_ms) + int(pttl_ms), int(now_ms))
+
+    def now_ms(self) -> int:
+        """The Redis server clock (``TIME``) in epoch ms, never the local clock."""
+        seconds, micros = self._client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _renewed(lease: Lease, ttl_ms: int, now_ms: int) -> Lease:
+    return Lease(lease.key, lease.holder, lease.token, now_ms + ttl_ms, now_ms)
+
+
+def _text(value: Any) -> str:
+    # The client may or may not decode responses; holders are always str to callers.
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _check_prefix(key_prefix: object) -> None:
+    # A brace in the prefix would become the cluster hash tag and split a lease's two keys
+    # across slots.
+    if not isinstance(key_prefix, str) or not key_prefix or "{" in key_prefix or "}" in key_prefix:
+        raise ValueError(
+            f"invalid key_prefix: {key_prefix!r} (must be a non-empty str without braces)"
+        )

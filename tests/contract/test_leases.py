@@ -1,0 +1,603 @@
+"""The lease contract (upstream scenarios 29-38), run on every lease service.
+
+``lease_service`` is parametrized over the in-memory and the Redis service; ``let_time_pass``
+makes leases lapse: the memory service's clock jumps (deterministic), Redis really waits
+(short TTLs). Tests at the bottom check what only Redis has: the server clock, the physical
+key layout and key prefixes. Redis must be reachable: an unreachable server fails the
+Redis-backed tests, it never skips them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+import time_machine
+from redis.crc import key_slot
+
+from pikku_celery.errors import LeaseLostError, LeaseTakenError
+from pikku_celery.leases import (
+    HeldLease,
+    InMemoryLeaseService,
+    Lease,
+    LeaseService,
+    RedisLeaseService,
+    hold_lease,
+)
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+SHORT_TTL_MS = 200  # lapses for real on Redis; long enough to stay live between two calls
+LONG_TTL_MS = 60_000
+
+
+class ShiftableClock:
+    """Wall clock plus a manual offset: real time still flows (renewal threads need it),
+    and ``advance`` makes a lease lapse without sleeping."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def __call__(self) -> int:
+        return time.time_ns() // 1_000_000 + self.offset_ms
+
+    def advance(self, ms: int) -> None:
+        self.offset_ms += ms
+
+
+class FlakyRefresh:
+    """Wraps a lease service; ``refresh`` raises ConnectionError while ``failing`` is set,
+    as when the store is briefly unreachable."""
+
+    def __init__(self, inner: LeaseService) -> None:
+        self.inner = inner
+        self.failing = threading.Event()
+        self.failures = 0
+
+    def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
+        return self.inner.acquire(key, holder, ttl_ms)
+
+    def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        if self.failing.is_set():
+            self.failures += 1
+            raise redis.ConnectionError("store unreachable (injected)")
+        return self.inner.refresh(lease, ttl_ms)
+
+    def refresh_many(self, leases: Sequence[tuple[Lease, int]]) -> list[Lease | None]:
+        return self.inner.refresh_many(leases)
+
+    def release(self, lease: Lease) -> bool:
+        return self.inner.release(lease)
+
+    def get(self, key: str) -> Lease | None:
+        return self.inner.get(key)
+
+    def now_ms(self) -> int:
+        return self.inner.now_ms()
+
+
+# --- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.ping()  # an unreachable Redis raises here: the test errors, it is never skipped
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_prefix(redis_client: redis.Redis) -> Iterator[str]:
+    """A prefix no other test or user shares; every key under it is deleted afterwards."""
+    prefix = f"pikku-test-{uuid.uuid4().hex}"
+    yield prefix
+    keys = list(redis_client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        redis_client.delete(*keys)
+
+
+@pytest.fixture
+def redis_service(redis_client: redis.Redis, redis_prefix: str) -> RedisLeaseService:
+    return RedisLeaseService(redis_client, key_prefix=redis_prefix)
+
+
+@pytest.fixture
+def clock() -> ShiftableClock:
+    return ShiftableClock()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def lease_service(request: pytest.FixtureRequest, clock: ShiftableClock) -> LeaseService:
+    if request.param == "memory":
+        return InMemoryLeaseService(clock_ms=clock)
+    service: RedisLeaseService = request.getfixturevalue("redis_service")
+    return service
+
+
+@pytest.fixture
+def let_time_pass(lease_service: LeaseService, clock: ShiftableClock) -> Callable[[int], None]:
+    def let_pass(ms: int) -> None:
+        if isinstance(lease_service, InMemoryLeaseService):
+            clock.advance(ms)
+        else:
+            time.sleep(ms / 1000)
+
+    return let_pass
+
+
+def server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def expect(lease: Lease | None) -> Lease:
+    assert lease is not None
+    return lease
+
+
+# --- scenario 29: one holder at a time, tokens start at 1, keys independent ---------------
+
+
+def test_one_holder_at_a_time_and_tokens_start_at_one(lease_service: LeaseService) -> None:
+    first = expect(lease_service.acquire("job", "a", LONG_TTL_MS))
+    assert (first.key, first.holder, first.token) == ("job", "a", 1)
+    assert first.expires_at_ms - first.granted_at_ms == LONG_TTL_MS
+    assert lease_service.acquire("job", "b", LONG_TTL_MS) is None
+    assert expect(lease_service.get("job")).holder == "a"
+
+
+def test_keys_are_independent(lease_service: LeaseService) -> None:
+    assert expect(lease_service.acquire("job-1", "a", LONG_TTL_MS)).token == 1
+    second = expect(lease_service.acquire("job-2", "b", LONG_TTL_MS))
+    assert (second.holder, second.token) == ("b", 1)
+    assert lease_service.get("job-3") is None
+
+
+def test_get_reports_the_live_lease(lease_service: LeaseService) -> None:
+    lease = expect(lease_service.acquire("job", "a", LONG_TTL_MS))
+    seen = expect(lease_service.get("job"))
+    assert (seen.key, seen.holder, seen.token) == ("job", "a", 1)
+    assert lease.expires_at_ms - 50 <= seen.expires_at_ms <= lease.expires_at_ms
+    assert abs(seen.granted_at_ms - lease_service.now_ms()) < 1000
+
+
+# --- scenario 30: the same holder re-acquires with its token and a later expiry ----------
+
+
+def test_same_holder_reacquires_with_same_token_and_later_expiry(
+    lease_service: LeaseService, let_time_pass: Callable[[int], None]
+) -> None:
+    first = expect(lease_service.acquire("job", "a", LONG_TTL_MS))
+    let_time_pass(20)
+    again = expect(lease_service.acquire("job", "a", LONG_TTL_MS))
+    assert again.token == first.token == 1
+    assert again.expires_at_ms > first.expires_at_ms
+
+
+# --- scenario 31: a lapsed lease passes on with token + 1; the old one cannot refresh -----
+
+
+def test_lapsed_lease_passes_to_next_holder_with_next_token(
+    lease_service: LeaseService, let_time_pass: Callable[[int], None]
+) -> None:
+    old = expect(lease_service.acquire("job", "a", SHORT_TTL_MS))
+    let_time_pass(SHORT_TTL_MS + 50)
+    assert lease_service.get("job") is None
+    new = expect(lease_service.acquire("job", "b", LONG_TTL_MS))
+    assert new.token == old.token + 1
+    assert lease_service.refresh(old, LONG_TTL_MS) is None
+    assert lease_service.acquire("job", "a", LONG_TTL_MS) is None
+    assert expect(lease_service.get("job")).holder == "b"
+
+
+def test_same_holder_after_lapse_gets_new_token_and_old_handle_is_stale(
+    lease_service: LeaseService, let_time_pass: Callable[[int], None]
+) -> None:
+    old = expect(lease_service.acquire("job", "a", SHORT_TTL_MS))
+    let_time_pass(SHORT_TTL_MS + 50)
+    new = expect(lease_service.acquire("job", "a", LONG_TTL_MS))
+    assert new.token == old.token + 1
+    assert lease_service.refresh(old, LONG_TTL_MS) is None
+    assert lease_service.release(old) is False
+    assert expect(lease_service.get("job")).token == new.token
+
+
+# --- scenario 32: release frees the key; a stale lease cannot release the new holder ------
+
+
+def test_release_frees_key_and_next_grant_gets_next_token(lease_service: LeaseService) -> None:
+    first = expect(lease_service.acquire("job", "a", LONG_TTL_MS))
+    assert lease_service.release(first) is True
+    assert lease_service.get("job") is None
+    second = expect(lease_service.acquire("job", "b", LONG_TTL_MS))
+    assert second.token == 2
+    assert lease_service.release(first) is False
+    assert expect(lease_service.get("job")).holder == "b"
+    assert lease_service.release(second) is True
+    assert lease_service.get("job") is None
+
+
+def test_stale_lease_cannot_release_holder_after_lapse(
+    lease_service: LeaseService, let_time_pass: Callable[[int], None]
+) -> None:
+    old = expect(lease_service.acquire("job", "a", SHORT_TTL_MS))
+    let_time_pass(SHORT_TTL_MS + 50)
+    expect(lease_service.acquire("job", "b", LONG_TTL_MS))
+    assert lease_service.release(old) is False
+    assert expect(lease_service.get("job")).holder == "b"
+
+
+# --- scenario 33: refresh extends a live lease; 5 concurrent acquirers admit one ---------
+
+
+def test_refresh_extends_a_live_lease(
+    lease_service: LeaseService, let_time_pass: Callable[[int], None]
+) -> None:
+    ttl_ms = 400
+    lease = expect(lease_service.acquire("job", "a", ttl_ms))
+    let_time_pass(250)
+    renewed = expect(lease_service.refresh(lease, ttl_ms))
+    assert (renewed.holder, renewed.token) == ("a", lease.token)
+    assert renewed.expires_at_ms >= lease.expires_at_ms + 200
+    let_time_pass(250)  # past the first expiry, inside the renewed one
+    assert expect(lease_service.get("job")).token == lease.token
+    assert lease_service.acquire("job", "b", ttl_ms) is None
+
+
+def race_to_acquire(service: LeaseService, key: str, contenders: int) -> list[Lease | None]:
+    """``contenders`` threads released together by a barrier, each acquiring ``key``."""
+    barrier = threading.Barrier(contenders)
+    results: list[Lease | None] = [None] * contenders
+
+    def contend(i: int) -> None:
+        barrier.wait()
+        results[i] = service.acquire(key, f"holder-{i}", LONG_TTL_MS)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_concurrent_acquirers_admit_exactly_one(lease_service: LeaseService) -> None:
+    for round_no in range(5):
+        key = f"race-{round_no}"
+        winners = [lease for lease in race_to_acquire(lease_service, key, 5) if lease]
+        assert len(winners) == 1
+        assert winners[0].token == 1
+        assert expect(lease_service.get(key)).holder == winners[0].holder
+
+
+# --- refresh_many: per-lease results, one round trip ---------------------------------------
+
+
+def make_leases(service: LeaseService, n: int) -> tuple[list[Lease], dict[int, Lease]]:
+    """``n`` leases held by ``worker``; every index ``i % 3 != 0`` is made stale: ``1`` taken
+    over by another holder, ``2`` re-granted to the same holder under a newer token."""
+    leases = [expect(service.acquire(f"k{i}", "worker", LONG_TTL_MS)) for i in range(n)]
+    successors: dict[int, Lease] = {}
+    for i, lease in enumerate(leases):
+        if i % 3 == 0:
+            continue
+        assert service.release(lease)
+        holder = "other" if i % 3 == 1 else "worker"
+        successors[i] = expect(service.acquire(lease.key, holder, LONG_TTL_MS))
+    return leases, successors
+
+
+class CommandLog:
+    """Counts the commands a Redis client sends by wrapping its ``execute_command``."""
+
+    def __init__(self, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.commands: list[str] = []
+        original: Callable[..., Any] = client.execute_command
+
+        def counting(*args: Any, **options: Any) -> Any:
+            self.commands.append(str(args[0]))
+            return original(*args, **options)
+
+        monkeypatch.setattr(client, "execute_command", counting)
+
+
+@pytest.mark.parametrize("n", [1, 10, 100])
+def test_refresh_many_refreshes_live_leases_and_refuses_stale_ones(
+    lease_service: LeaseService,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    n: int,
+) -> None:
+    leases, successors = make_leases(lease_service, n)
+    log = None
+    if isinstance(lease_service, RedisLeaseService):
+        lease_service.refresh_many([(leases[0], LONG_TTL_MS)])  # load the script first
+        log = CommandLog(request.getfixturevalue("redis_client"), monkeypatch)
+    results = lease_service.refresh_many([(lease, 2 * LONG_TTL_MS) for lease in leases])
+    if log is not None:
+        assert log.commands == ["EVALSHA"]  # one round trip, however many leases
+    assert len(results) == n
+    for i, (lease, result) in enumerate(zip(leases, results, strict=True)):
+        current = expect(lease_service.get(lease.key))
+        if i in successors:
+            assert result is None
+            assert current.token == successors[i].token  # the successor is untouched
+            assert current.expires_at_ms <= successors[i].expires_at_ms + 5
+        else:
+            assert result is not None
+            assert (result.key, result.holder, result.token) == (lease.key, "worker", 1)
+            assert result.expires_at_ms - result.granted_at_ms == 2 * LONG_TTL_MS
+            assert current.expires_at_ms > lease.expires_at_ms + LONG_TTL_MS // 2
+
+
+def test_refresh_many_of_nothing_is_nothing(lease_service: LeaseService) -> None:
+    assert lease_service.refresh_many([]) == []
+
+
+# --- scenario 34: hold_lease frees the key; refuses a taken key --------------------------
+
+
+def test_hold_lease_frees_key_after_success_and_after_a_throw(
+    lease_service: LeaseService,
+) -> None:
+    with hold_lease(lease_service, "job", 10) as held:
+        assert isinstance(held, HeldLease)
+        assert expect(lease_service.get("job")).holder == held.lease.holder
+        assert lease_service.acquire("job", "other", LONG_TTL_MS) is None
+        held.check()
+    assert not held.is_lost
+    assert lease_service.get("job") is None
+
+    with pytest.raises(RuntimeError, match="boom"), hold_lease(lease_service, "job", "10s"):
+        raise RuntimeError("boom")
+    assert lease_service.get("job") is None
+
+
+def test_hold_lease_refuses_a_taken_key_without_waiting(lease_service: LeaseService) -> None:
+    expect(lease_service.acquire("job", "other", LONG_TTL_MS))
+    started = time.monotonic()
+    with pytest.raises(LeaseTakenError) as raised, hold_lease(lease_service, "job", 10):
+        pytest.fail("the body must not run")
+    assert raised.value.key == "job"
+    assert time.monotonic() - started < 0.5
+    assert expect(lease_service.get("job")).holder == "other"
+
+
+def test_hold_lease_uses_the_given_holder(lease_service: LeaseService) -> None:
+    with hold_lease(lease_service, "job", 10, holder="me") as held:
+        assert held.lease.holder == "me"
+        assert expect(lease_service.get("job")).holder == "me"
+
+
+# --- scenario 35: a lost lease is reported and leaving the block raises ------------------
+
+
+def test_hold_lease_reports_a_lease_lost_mid_body(lease_service: LeaseService) -> None:
+    calls: list[str] = []
+    with (
+        pytest.raises(LeaseLostError) as raised,
+        hold_lease(lease_service, "job", "300ms", on_lost=lambda: calls.append("lost")) as held,
+    ):
+        assert lease_service.release(held.lease)  # the lease is gone ...
+        expect(lease_service.acquire("job", "thief", LONG_TTL_MS))  # ... and taken
+        assert held.lost.wait(2.0), "the renewal thread never noticed the loss"
+        assert held.is_lost
+        with pytest.raises(LeaseLostError):
+            held.check()
+    assert raised.value.key == "job"
+    assert calls == ["lost"]
+    assert expect(lease_service.get("job")).holder == "thief"  # not released by the loser
+
+
+def test_hold_lease_final_renewal_catches_a_loss_no_renewal_saw(
+    lease_service: LeaseService,
+) -> None:
+    with pytest.raises(LeaseLostError), hold_lease(lease_service, "job", 30) as held:
+        assert lease_service.release(held.lease)
+        expect(lease_service.acquire("job", "thief", LONG_TTL_MS))
+        assert not held.is_lost  # no renewal has run yet (ttl 30 s)
+    assert held.is_lost
+    assert expect(lease_service.get("job")).holder == "thief"
+
+
+def test_hold_lease_final_renewal_that_raises_is_a_loss(lease_service: LeaseService) -> None:
+    flaky = FlakyRefresh(lease_service)
+    with pytest.raises(LeaseLostError) as raised, hold_lease(flaky, "job", 30) as held:
+        flaky.failing.set()
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    assert held.is_lost
+    assert lease_service.get("job") is None  # still released
+
+
+def test_hold_lease_body_exception_wins_over_a_lost_lease(lease_service: LeaseService) -> None:
+    with pytest.raises(KeyError), hold_lease(lease_service, "job", 30) as held:
+        assert lease_service.release(held.lease)
+        raise KeyError("body failed")
+
+
+# --- scenario 36: the lease outlives its TTL while the body runs -------------------------
+
+
+def test_hold_lease_keeps_the_lease_alive_past_its_ttl(lease_service: LeaseService) -> None:
+    with hold_lease(lease_service, "job", "300ms") as held:
+        first_expiry = held.lease.expires_at_ms
+        time.sleep(1.0)
+        assert lease_service.acquire("job", "other", LONG_TTL_MS) is None
+        time.sleep(0.2)
+        assert not held.is_lost
+        assert held.lease.expires_at_ms > first_expiry + 700
+    assert lease_service.get("job") is None
+
+
+# --- scenario 37: an unreachable store is tolerated until held_until, not after ---------
+
+
+def test_transient_refresh_errors_keep_the_lease_within_held_until(
+    lease_service: LeaseService,
+) -> None:
+    flaky = FlakyRefresh(lease_service)
+    with hold_lease(flaky, "job", "900ms") as held:  # renewals every 300 ms
+        flaky.failing.set()
+        time.sleep(0.45)
+        assert flaky.failures >= 1
+        assert not held.is_lost
+        flaky.failing.clear()
+        time.sleep(0.9)  # past the first grant's expiry: renewals resumed in time
+        assert not held.is_lost
+        assert lease_service.acquire("job", "other", LONG_TTL_MS) is None
+    assert lease_service.get("job") is None
+
+
+def test_refresh_errors_past_held_until_tell_the_body(lease_service: LeaseService) -> None:
+    flaky = FlakyRefresh(lease_service)
+    calls: list[str] = []
+    started = time.monotonic()
+    with (
+        pytest.raises(LeaseLostError),
+        hold_lease(flaky, "job", "600ms", on_lost=lambda: calls.append("lost")) as held,
+    ):
+        flaky.failing.set()
+        time.sleep(0.3)
+        assert flaky.failures >= 1
+        assert not held.lost.is_set()  # unconfirmed, but still within held_until
+        assert held.lost.wait(1.5), "the body was never told"
+        assert time.monotonic() - started >= 0.55
+        with pytest.raises(LeaseLostError):
+            held.check()
+    assert calls == ["lost"]
+
+
+def test_hold_lease_refuses_a_bad_ttl(lease_service: LeaseService) -> None:
+    for ttl in (0, "soon", -1.0):
+        with pytest.raises(ValueError, match="ttl"), hold_lease(lease_service, "job", ttl):
+            pytest.fail("the body must not run")
+    assert lease_service.get("job") is None
+
+
+# --- input validation -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ttl_ms", [0, -5, 1.5, True, "100", None])
+def test_bad_ttl_is_a_value_error_naming_it(lease_service: LeaseService, ttl_ms: Any) -> None:
+    with pytest.raises(ValueError, match=f"ttl_ms: {ttl_ms!r}"):
+        lease_service.acquire("job", "a", ttl_ms)
+    lease = expect(lease_service.acquire("job", "a", LONG_TTL_MS))
+    with pytest.raises(ValueError, match="ttl_ms"):
+        lease_service.refresh(lease, ttl_ms)
+    with pytest.raises(ValueError, match="ttl_ms"):
+        lease_service.refresh_many([(lease, LONG_TTL_MS), (lease, ttl_ms)])
+
+
+@pytest.mark.parametrize(("key", "holder"), [("", "a"), (None, "a"), ("job", ""), ("job", 7)])
+def test_bad_key_or_holder_is_a_value_error(
+    lease_service: LeaseService, key: Any, holder: Any
+) -> None:
+    bad = key if key in ("", None) else holder
+    with pytest.raises(ValueError, match=f"{bad!r}"):
+        lease_service.acquire(key, holder, LONG_TTL_MS)
+    assert lease_service.get("job") is None
+
+
+def test_memory_service_judges_expiry_on_its_injected_clock(clock: ShiftableClock) -> None:
+    service = InMemoryLeaseService(clock_ms=clock)
+    lease = expect(service.acquire("job", "a", 1_000))
+    assert abs(service.now_ms() - clock()) <= 1
+    clock.advance(999)
+    assert expect(service.refresh(lease, 1_000)).token == 1
+    clock.advance(1_000)
+    assert service.get("job") is None
+    assert expect(service.acquire("job", "b", 1_000)).token == 2
+
+
+# --- Redis only (scenario 38): server clock, key layout, prefixes --------------------------
+
+
+def test_a_fast_local_clock_can_neither_steal_nor_overextend(
+    redis_service: RedisLeaseService, redis_client: redis.Redis
+) -> None:
+    expect(redis_service.acquire("held", "honest", LONG_TTL_MS))
+    mine_key = redis_service.lease_hash_key("mine")
+    one_hour_ahead = datetime.now(timezone.utc) + timedelta(hours=1)
+    with time_machine.travel(one_hour_ahead, tick=True):
+        assert time.time() * 1000 > server_ms(redis_client) + 3_500_000  # really skewed
+        assert redis_service.acquire("held", "skewed", 500) is None
+        assert abs(redis_service.now_ms() - server_ms(redis_client)) < 1000
+
+        mine = expect(redis_service.acquire("mine", "skewed", 500))
+        assert mine.expires_at_ms - server_ms(redis_client) <= 500
+        assert 0 < redis_client.pttl(mine_key) <= 500
+        renewed = expect(redis_service.refresh(mine, 500))
+        assert renewed.expires_at_ms - server_ms(redis_client) <= 500
+        assert 0 < redis_client.pttl(mine_key) <= 500
+
+        time.sleep(0.6)
+        assert redis_client.exists(mine_key) == 0
+        assert redis_service.refresh(renewed, 500) is None
+        assert redis_service.get("mine") is None
+    assert expect(redis_service.get("held")).holder == "honest"
+
+
+def test_token_counter_survives_release_and_shares_the_lease_slot(
+    redis_service: RedisLeaseService, redis_client: redis.Redis
+) -> None:
+    hash_key = redis_service.lease_hash_key("job")
+    counter_key = redis_service.token_counter_key("job")
+    assert key_slot(hash_key.encode()) == key_slot(counter_key.encode())
+    first = expect(redis_service.acquire("job", "a", LONG_TTL_MS))
+    assert redis_service.release(first)
+    assert redis_client.exists(hash_key) == 0
+    assert int(redis_client.get(counter_key) or 0) == 1
+    assert redis_client.pttl(counter_key) == -1  # the counter never expires
+    assert expect(redis_service.acquire("job", "b", LONG_TTL_MS)).token == 2
+
+
+def test_key_prefix_isolates_services(redis_client: redis.Redis, redis_prefix: str) -> None:
+    ours = RedisLeaseService(redis_client, key_prefix=f"{redis_prefix}-a")
+    theirs = RedisLeaseService(redis_client, key_prefix=f"{redis_prefix}-b")
+    assert expect(ours.acquire("job", "a", LONG_TTL_MS)).token == 1
+    assert theirs.get("job") is None
+    assert expect(theirs.acquire("job", "b", LONG_TTL_MS)).token == 1
+    assert expect(ours.get("job")).holder == "a"
+    assert len(list(redis_client.scan_iter(match=f"{redis_prefix}-a:*"))) == 2
+    assert len(list(redis_client.scan_iter(match=f"{redis_prefix}-b:*"))) == 2
+
+
+def test_every_key_lives_under_the_prefix(
+    redis_service: RedisLeaseService, redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    expect(redis_service.acquire("job", "a", LONG_TTL_MS))
+    keys = sorted(redis_client.scan_iter(match=f"{redis_prefix}*"))
+    assert keys == sorted(
+        [f"{redis_prefix}:lease:{{job}}".encode(), f"{redis_prefix}:lease-token:{{job}}".encode()]
+    )
+
+
+def test_decoding_clients_work_too(redis_prefix: str) -> None:
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        service = RedisLeaseService(client, key_prefix=redis_prefix)
+        lease = expect(service.acquire("job", "a", LONG_TTL_MS))
+        seen = expect(service.get("job"))
+        assert (seen.holder, seen.token) == ("a", 1)
+        assert expect(service.refresh(lease, LONG_TTL_MS)).token == 1
+        assert service.release(lease)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("prefix", ["", "a{b", "a}b"])
+def test_bad_key_prefix_is_a_value_error(redis_client: redis.Redis, prefix: str) -> None:
+    with pytest.raises(ValueError, match="key_prefix"):
+        RedisLeaseService(redis_client, key_prefix=prefix)
+
+
+def test_from_url_builds_a_working_service(redis_prefix: str) -> None:
+    service = RedisLeaseService.from_url(REDIS_URL, key_prefix=redis_prefix)
+    assert service.key_prefix == redis_prefix
+    assert expect(service.acquire("job", "a", LONG_TTL_MS)).token == 1
