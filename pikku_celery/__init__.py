@@ -1,0 +1,66 @@
+"""pikku-celery: durable, fenced workflows for Celery.
+
+Every step outcome is recorded once, by the attempt that currently owns the step; a late or
+redelivered task's write is refused with ``WorkflowStepSupersededError``.
+"""
+
+from pikku_celery.app import PikkuCelery, get_pikku
+from pikku_celery.claims import StepContext
+from pikku_celery.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    LeaseTakenError,
+    PikkuError,
+    WorkflowCancelledError,
+    WorkflowNotFoundError,
+    WorkflowReplayError,
+    WorkflowRunFailedError,
+    WorkflowRunNotFoundError,
+    WorkflowStepFunctionMismatchError,
+    WorkflowStepLeaseExpiredError,
+    WorkflowStepNotFoundError,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.leases import (
+    InMemoryLeaseService,
+    Lease,
+    LeaseService,
+    RedisLeaseService,
+    hold_lease,
+)
+from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.replay import WorkflowContext
+from pikku_celery.store.base import WorkflowStore
+from pikku_celery.store.memory import InMemoryWorkflowStore
+from pikku_celery.store.mongo import MongoWorkflowStore
+
+__all__ = [
+    "InMemoryLeaseService",
+    "InMemoryWorkflowStore",
+    "InvalidInputError",
+    "Lease",
+    "LeaseLostError",
+    "LeaseService",
+    "LeaseTakenError",
+    "MongoWorkflowStore",
+    "PikkuCelery",
+    "PikkuError",
+    "RedisLeaseService",
+    "StepAttempt",
+    "StepContext",
+    "StepState",
+    "WorkflowCancelledError",
+    "WorkflowContext",
+    "WorkflowNotFoundError",
+    "WorkflowReplayError",
+    "WorkflowRun",
+    "WorkflowRunFailedError",
+    "WorkflowRunNotFoundError",
+    "WorkflowStepFunctionMismatchError",
+    "WorkflowStepLeaseExpiredError",
+    "WorkflowStepNotFoundError",
+    "WorkflowStepSupersededError",
+    "WorkflowStore",
+    "get_pikku",
+    "hold_lease",
+]

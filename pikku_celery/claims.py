@@ -1,0 +1,149 @@
+"""The claim layer around every step execution: claim, hold, settle, all fenced.
+
+No Celery here: the Celery task adapter (``steps.py``) and inline runs both call it.
+
+Order of one execution, and why:
+1. Acquire the step's Redis lease (``workflow-step:<run>:<step>``). A duplicate delivery of a
+   step that a live worker holds stops here, without touching MongoDB. The grant also
+   returns the Redis server's time, the one clock lease deadlines use.
+2. Claim in the store: one guarded write that checks status, attempt and lapse, grants the
+   store lease and, for a reclaim, advances the attempt. The store is the authority; the
+   Redis lease is a cheap gate in front of it.
+3. Run the body while the process heartbeat renews both leases, fenced.
+4. Settle with a fenced write; a superseded attempt's write raises
+   ``WorkflowStepSupersededError`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pikku_celery import keys
+from pikku_celery.clock import ServerClock
+from pikku_celery.errors import LeaseLostError, WorkflowStepSupersededError
+from pikku_celery.heartbeat import Heartbeat, HeldStep
+from pikku_celery.leases.base import LeaseService
+from pikku_celery.records import StepState
+from pikku_celery.store.base import WorkflowStore
+
+
+class StepContext:
+    """What a step body sees with ``bind=True``.
+
+    ``invocation_id`` is the same for every attempt of the step: pass it to external
+    systems as the idempotency key. The body is never interrupted; a long body should call
+    ``check()`` (or read ``lease_lost``) between units of work and stop early when its
+    lease was lost, because its outcome will be refused.
+    """
+
+    def __init__(self, state: StepState, held: HeldStep | None) -> None:
+        self.run_id = state.run_id
+        self.step_name = state.step_name
+        self.attempt = state.attempt
+        self.max_attempts = state.max_attempts
+        self.invocation_id = state.invocation_id
+        self._held = held
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._held is not None and self._held.lost.is_set()
+
+    def check(self) -> None:
+        """Raise ``LeaseLostError`` if this attempt lost its lease (superseded, cancelled,
+        or unconfirmed past its deadline)."""
+        if self.lease_lost:
+            raise LeaseLostError(keys.step_lease_key(self.run_id, self.step_name))
+
+    def wait_lost(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s``, waking early if the lease is lost; returns lost."""
+        if self._held is None:
+            time.sleep(timeout_s)
+            return False
+        return self._held.lost.wait(timeout_s)
+
+
+@dataclass
+class Claimed:
+    state: StepState
+    held: HeldStep
+
+
+@dataclass
+class NotClaimed:
+    wake_run: bool = False
+
+
+def serialize_error(exc: BaseException) -> dict[str, Any]:
+    """The stored form of a step or run error: type, message and a bounded traceback."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb[-4000:]}
+
+
+class Claimer:
+    """Claims, holds and settles step attempts for one process."""
+
+    def __init__(self, store: WorkflowStore, leases: LeaseService, clock: ServerClock,
+                 heartbeat: Heartbeat, *, worker: str | None = None) -> None:
+        self.store = store
+        self.leases = leases
+        self.clock = clock
+        self.heartbeat = heartbeat
+        self.worker = worker
+
+    def claim(self, run_id: str, step_name: str, function: str | None,
+              lease_ms: int) -> Claimed | NotClaimed:
+        key = keys.step_lease_key(run_id, step_name)
+        sent = time.monotonic()
+        lease = self.leases.acquire(key, uuid.uuid4().hex, lease_ms)
+        if lease is None:
+            return NotClaimed()  # a live worker holds it: a duplicate delivery
+        self.clock.observe(lease.granted_at_ms, sent)
+        try:
+            outcome = self.store.claim_step(run_id, step_name, function, lease.granted_at_ms,
+                                            lease_ms, worker=self.worker)
+        except BaseException:
+            self.leases.release(lease)
+            raise
+        if outcome.state is None:
+            self.leases.release(lease)
+            return NotClaimed(wake_run=outcome.wake_run)
+        held = HeldStep(run_id, step_name, outcome.state.attempt, lease_ms, lease,
+                        held_until=sent + lease_ms / 1000)
+        self.heartbeat.add(held)
+        return Claimed(outcome.state, held)
+
+    def succeed(self, claimed: Claimed, result: Any) -> StepState:
+        """Record the result; ``WorkflowStepSupersededError`` if the attempt lost the step."""
+        return self._settle(claimed, lambda now: self.store.set_result(
+            claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now))
+
+    def fail(self, claimed: Claimed, error: dict[str, Any], retry_delay_ms: int) -> StepState:
+        """Record the failure; with attempts left the next is due after the delay."""
+        def write(now: int) -> StepState:
+            return self.store.set_error(
+                claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, error,
+                now, retry_at_ms=now + retry_delay_ms)
+        return self._settle(claimed, write)
+
+    def release(self, claimed: Claimed) -> None:
+        """Stop holding without settling (the step parks on a child run, or we crashed)."""
+        self.heartbeat.remove(claimed.held)
+        self.leases.release(claimed.held.lease)
+
+    def _settle(self, claimed: Claimed, write: Any) -> StepState:
+        self.heartbeat.remove(claimed.held)
+        try:
+            state: StepState = write(self.clock.now_ms())
+            return state
+        except WorkflowStepSupersededError:
+            claimed.held.mark_lost("superseded at settle")
+            raise
+        finally:
+            # A failed release is harmless: the lease lapses by itself.
+            with contextlib.suppress(Exception):
+                self.leases.release(claimed.held.lease)

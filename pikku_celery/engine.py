@@ -1,0 +1,370 @@
+"""The workflow engine: starts runs, advances them by replay under the run lease, executes
+steps through the claim layer, sweeps for lost work. No Celery import: the Celery tasks in
+``tasks.py`` are thin shells over these methods, and inline runs use them directly."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pikku_celery import keys
+from pikku_celery.claims import Claimed, Claimer, NotClaimed, StepContext, serialize_error
+from pikku_celery.clock import ServerClock
+from pikku_celery.definitions import Registry, StepDefinition
+from pikku_celery.errors import (
+    InvalidInputError,
+    WorkflowCancelledError,
+    WorkflowRunNotFoundError,
+)
+from pikku_celery.heartbeat import Heartbeat
+from pikku_celery.leases.base import LeaseService
+from pikku_celery.leases.hold import hold_lease
+from pikku_celery.records import (
+    RUN_CANCELLED,
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_RUNNING,
+    RUN_SUSPENDED,
+    STEP_RUNNING,
+    StepAttempt,
+    StepState,
+    WorkflowRun,
+)
+from pikku_celery.replay import CHILD_PREFIX, Pause, WorkflowContext
+from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
+
+log = logging.getLogger("pikku_celery")
+_LIVE = (RUN_RUNNING, RUN_SUSPENDED)
+
+
+class Dispatcher(Protocol):
+    """How the engine sends work: Celery messages, or the inline driver's queue."""
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None: ...
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None: ...
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    step_lease_ms: int = 60_000
+    run_lease_ms: int = 30_000
+    undispatched_after_ms: int = 30_000
+    stalled_after_ms: int = 300_000
+    sweep_limit: int = 100
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one delivery of a step message did."""
+
+    kind: str  # "succeeded" | "failed" | "not_claimed"
+    result: Any = None
+    error: BaseException | None = None
+
+
+class Engine:
+    def __init__(self, store: WorkflowStore, leases: LeaseService, registry: Registry,
+                 dispatcher: Dispatcher, settings: Settings, *, worker: str | None = None
+                 ) -> None:
+        self.store = store
+        self.leases = leases
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.clock = ServerClock(leases)
+        self.heartbeat = Heartbeat(store, leases, self.clock)
+        self.claimer = Claimer(store, leases, self.clock, self.heartbeat, worker=worker)
+        self._redispatched: dict[tuple[str, str, str], float] = {}
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    # --- runs -----------------------------------------------------------------------------
+
+    def create_run(self, workflow: Any, data: Any, *, run_id: str | None = None,
+                   parent: tuple[str, str] | None = None) -> tuple[WorkflowRun, bool]:
+        definition = self.registry.workflow(workflow)
+        run_id = run_id if run_id is not None else str(uuid.uuid4())
+        now = self.now_ms()
+        run, created = self.store.create_run(NewRun(
+            run_id=run_id, workflow=definition.name, input=data, version=definition.version,
+            parent_run_id=parent[0] if parent else None,
+            parent_step_name=parent[1] if parent else None), now)
+        if created:
+            self.store.record_version(definition.name, definition.version, definition.source,
+                                      now)
+        return run, created
+
+    def advance(self, run_id: str, dispatcher: Dispatcher | None = None) -> str:
+        """One orchestration pass under the run lease. Raises ``LeaseTakenError`` when
+        another orchestrator holds the run, ``LeaseLostError`` when the lease was lost
+        during the pass (whatever the pass wrote stands). Returns the run's status, or
+        ``paused`` when the run waits on something."""
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise WorkflowRunNotFoundError(run_id)
+        if run.is_terminal:
+            return run.status  # redeliveries for settled runs are routine: no lease taken
+        definition = self.registry.workflow(run.workflow)
+        with hold_lease(self.leases, keys.run_lease_key(run_id), self.settings.run_lease_ms):
+            return self._pass(run, definition.fn, dispatcher or self.dispatcher)
+
+    def _pass(self, run: WorkflowRun, fn: Any, dispatcher: Dispatcher) -> str:
+        steps = self.store.list_steps(run.run_id)
+        # Re-read the run under the lease: a cancel may have landed since the first read.
+        current = self.store.get_run(run.run_id)
+        if current is None or current.is_terminal:
+            return current.status if current else RUN_CANCELLED
+        wf = WorkflowContext(run.run_id, run.input, steps, _PassHost(self, dispatcher))
+        try:
+            output = fn(wf, run.input)
+        except Pause:
+            self.store.touch_run(run.run_id, self.now_ms())
+            return "paused"
+        except WorkflowCancelledError as exc:
+            return self.finish(run, RUN_CANCELLED, error=serialize_error(exc),
+                               dispatcher=dispatcher, reason=exc.reason)
+        except Exception as exc:
+            log.info("pikku: run %s of %s failed: %s", run.run_id, run.workflow, exc)
+            return self.finish(run, RUN_FAILED, error=serialize_error(exc),
+                               dispatcher=dispatcher)
+        try:
+            return self.finish(run, RUN_COMPLETED, output=output, dispatcher=dispatcher)
+        except InvalidInputError as exc:
+            return self.finish(run, RUN_FAILED, error=serialize_error(exc),
+                               dispatcher=dispatcher)
+
+    def finish(self, run: WorkflowRun, status: str, *, output: Any = None,
+               error: dict[str, Any] | None = None, dispatcher: Dispatcher | None = None,
+               reason: str | None = None) -> str:
+        """Settle the run (guarded: only a live run moves) and tell a parent run."""
+        wrote = self.store.transition_run(run.run_id, _LIVE, status, self.now_ms(),
+                                          output=output, error=error, cancel_reason=reason)
+        if wrote:
+            self._notify_parent(run.run_id, dispatcher or self.dispatcher)
+        return status
+
+    def _notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
+        child = self.store.get_run(child_run_id)
+        if child is None or child.parent_run_id is None or not child.is_terminal:
+            return
+        error = None
+        if child.status != RUN_COMPLETED:
+            error = {"type": "WorkflowRunFailedError", "child_run_id": child.run_id,
+                     "message": f"child run {child.run_id} of {child.workflow} ended "
+                                f"{child.status}: {(child.error or {}).get('message', '')}"}
+        assert child.parent_step_name is not None
+        if self.store.settle_waiting_step(child.parent_run_id, child.parent_step_name,
+                                          self.now_ms(), result=child.output, error=error,
+                                          child_run_id=child.run_id):
+            dispatcher.wake_run(child.parent_run_id)
+
+    def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
+                     child_run_id: str, dispatcher: Dispatcher) -> None:
+        child, created = self.create_run(workflow, data, run_id=child_run_id,
+                                         parent=(parent_run_id, step_name))
+        if created:
+            dispatcher.wake_run(child.run_id)
+        elif child.is_terminal:  # the parent missed the news (a crash in between)
+            self._notify_parent(child.run_id, dispatcher)
+
+    def cancel(self, run_id: str, reason: str | None = None) -> bool:
+        """Cancel durably: the run first, then every unsettled step is fenced (in-flight
+        bodies learn it at their next heartbeat), then child runs, then the parent."""
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise WorkflowRunNotFoundError(run_id)
+        exc = WorkflowCancelledError(run_id, reason)
+        error = {"type": type(exc).__name__, "message": str(exc)}
+        wrote = self.store.transition_run(run_id, _LIVE, RUN_CANCELLED, self.now_ms(),
+                                          error=error, cancel_reason=reason)
+        children = [s.child_run_id for s in self.store.list_steps(run_id)
+                    if s.child_run_id and s.status == STEP_RUNNING]
+        self.store.cancel_steps(run_id, error, self.now_ms())
+        for child_run_id in children:
+            child = self.store.get_run(child_run_id)
+            if child is not None and not child.is_terminal:
+                self.cancel(child_run_id, reason or f"parent run {run_id} was cancelled")
+        if wrote:
+            self._notify_parent(run_id, self.dispatcher)
+        return wrote
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def execute_step(self, definition: StepDefinition, run_id: str, step_name: str,
+                     dispatcher: Dispatcher | None = None) -> StepOutcome:
+        """Claim, run and settle one attempt. Raises ``WorkflowStepSupersededError`` when
+        the attempt lost the step before it could record its outcome."""
+        dispatcher = dispatcher or self.dispatcher
+        lease_ms = definition.lease_ms or self.settings.step_lease_ms
+        claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms)
+        if isinstance(claim, NotClaimed):
+            if claim.wake_run:
+                dispatcher.wake_run(run_id)
+            return StepOutcome("not_claimed")
+        try:
+            result = self._call_body(definition, claim)
+        except Exception as exc:
+            return self._record_failure(definition, claim, exc, dispatcher)
+        try:
+            self.claimer.succeed(claim, result)
+        except InvalidInputError as exc:  # the body returned something we cannot store
+            return self._record_failure(definition, claim, exc, dispatcher)
+        dispatcher.wake_run(run_id)
+        return StepOutcome("succeeded", result=result)
+
+    def _call_body(self, definition: StepDefinition, claim: Claimed) -> Any:
+        try:
+            if definition.bind:
+                return definition.fn(StepContext(claim.state, claim.held), claim.state.data)
+            return definition.fn(claim.state.data)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # SystemExit & co: let the lease lapse
+                self.claimer.heartbeat.remove(claim.held)
+            raise
+
+    def _record_failure(self, definition: StepDefinition, claim: Claimed, exc: Exception,
+                        dispatcher: Dispatcher) -> StepOutcome:
+        state = claim.state
+        override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
+        delay_ms = definition.delay_before(state.attempt + 1, override)
+        settled = self.claimer.fail(claim, serialize_error(exc), delay_ms)
+        if settled.due_at is not None:
+            dispatcher.arm_timer(state.run_id, state.step_name,
+                                 int(settled.due_at.timestamp() * 1000))
+        else:
+            dispatcher.wake_run(state.run_id)
+        return StepOutcome("failed", error=exc)
+
+    def fire_timer(self, run_id: str, step_name: str, dispatcher: Dispatcher | None = None
+                   ) -> str:
+        """A timer for a sleep or a retry delay came due (or a chunk of a long one did)."""
+        dispatcher = dispatcher or self.dispatcher
+        state = self.store.get_step(run_id, step_name)
+        if state is None or state.due_at is None:
+            return "settled"
+        due_ms = int(state.due_at.timestamp() * 1000)
+        if due_ms > self.now_ms():
+            dispatcher.arm_timer(run_id, step_name, due_ms)
+            return "rearmed"
+        if state.function is None:
+            dispatcher.wake_run(run_id)
+        else:
+            dispatcher.dispatch_step(state.function, run_id, step_name)
+        return "fired"
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> WorkflowRun:
+        run = self.store.get_run(run_id)
+        if run is None:
+            raise WorkflowRunNotFoundError(run_id)
+        return run
+
+    def get_steps(self, run_id: str) -> list[StepState]:
+        self.get_run(run_id)
+        return self.store.list_steps(run_id)
+
+    def get_history(self, run_id: str) -> list[StepAttempt]:
+        self.get_run(run_id)
+        return self.store.get_history(run_id)
+
+    def wait(self, run_id: str, timeout: float) -> WorkflowRun:
+        deadline = time.monotonic() + timeout
+        interval = 0.01
+        while True:
+            run = self.get_run(run_id)
+            if run.is_terminal:
+                return run
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"run {run_id} is still {run.status} after {timeout}s")
+            time.sleep(min(interval, remaining))
+            interval = min(interval * 1.6, 0.5)
+
+    # --- the reaper -----------------------------------------------------------------------
+
+    def reap(self, dispatcher: Dispatcher | None = None) -> dict[str, int]:
+        """Re-dispatch steps whose worker died or whose message was lost, and wake stalled
+        runs. Safe from any number of processes: a dispatch only asks for a claim, and the
+        claim is the guarded write that decides."""
+        dispatcher = dispatcher or self.dispatcher
+        now = self.leases.now_ms()
+        s = self.settings
+        counts = {"lapsed": 0, "due": 0, "stalled": 0}
+        for step in self.store.find_lapsed_steps(now, s.sweep_limit):
+            if step.function and self._not_recently("lapsed", step, now, s.step_lease_ms):
+                dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+                counts["lapsed"] += 1
+        for step in self.store.find_due_steps(now, now - s.undispatched_after_ms, s.sweep_limit):
+            if not self._not_recently("due", step, now, s.undispatched_after_ms):
+                continue
+            counts["due"] += 1
+            if step.function is None or step.function.startswith(CHILD_PREFIX):
+                dispatcher.wake_run(step.run_id)
+            else:
+                dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+        for run in self.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit):
+            dispatcher.wake_run(run.run_id)
+            self.store.touch_run(run.run_id, now)
+            counts["stalled"] += 1
+        return counts
+
+    def _not_recently(self, kind: str, step: StepState, now_ms: int, window_ms: int) -> bool:
+        key = (kind, f"{step.run_id}:{step.step_name}", str(step.attempt))
+        last = self._redispatched.get(key)
+        if last is not None and now_ms - last < window_ms:
+            return False
+        if len(self._redispatched) > 10_000:
+            self._redispatched.clear()
+        self._redispatched[key] = now_ms
+        return True
+
+
+class _PassHost:
+    """The writes one replay pass makes, bound to the pass's dispatcher."""
+
+    def __init__(self, engine: Engine, dispatcher: Dispatcher) -> None:
+        self._engine = engine
+        self._dispatcher = dispatcher
+
+    def now_ms(self) -> int:
+        return self._engine.now_ms()
+
+    def record_step(self, step: NewStep) -> StepState:
+        state, created = self._engine.store.insert_step(step, self.now_ms())
+        if created and step.child_run_id is None:
+            if step.function is None:
+                assert step.due_ms is not None
+                self._dispatcher.arm_timer(step.run_id, step.step_name, step.due_ms)
+            else:
+                self._dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+        return state
+
+    def redispatch(self, state: StepState) -> None:
+        if state.function is not None:
+            self._dispatcher.dispatch_step(state.function, state.run_id, state.step_name)
+
+    def settle_sleep(self, run_id: str, step_name: str) -> bool:
+        return self._engine.store.settle_waiting_step(run_id, step_name, self.now_ms())
+
+    def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
+                     child_run_id: str) -> None:
+        self._engine.ensure_child(parent_run_id, step_name, workflow, data, child_run_id,
+                                  self._dispatcher)
+
+    def step_definition(self, step: Any) -> StepDefinition:
+        if isinstance(step, StepDefinition):
+            return step
+        attached = getattr(step, "pikku_step", None)
+        if isinstance(attached, StepDefinition):
+            return attached
+        if isinstance(step, str) and step in self._engine.registry.steps:
+            return self._engine.registry.steps[step]
+        raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")

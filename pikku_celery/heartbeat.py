@@ -1,0 +1,162 @@
+"""One heartbeat per process renews every step lease that process holds.
+
+A worker running 100 steps (a threads pool, say) must not make 100 renewal round trips per
+interval: each tick renews every held Redis lease with one ``refresh_many`` script call and
+every store lease with one ``renew_leases`` write (one per distinct lease length). Both are
+fenced: Redis by holder and token, the store by attempt. A refused store renewal means the
+attempt was superseded (reclaimed or cancelled): the body is told through its ``lost``
+event, and its later writes will be refused anyway. A renewal that *fails* (store or Redis
+unreachable) is not proof of loss: the lease counts as held until its last confirmed
+deadline passes, then as lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pikku_celery.clock import ServerClock
+from pikku_celery.leases.base import Lease, LeaseService
+from pikku_celery.store.base import WorkflowStore
+
+log = logging.getLogger("pikku_celery.heartbeat")
+
+
+@dataclass(eq=False)
+class HeldStep:
+    """A step attempt this process is running, and what keeps it alive."""
+
+    run_id: str
+    step_name: str
+    attempt: int
+    lease_ms: int
+    lease: Lease
+    held_until: float  # local monotonic deadline of the last confirmed renewal
+    lost: threading.Event = field(default_factory=threading.Event)
+    lost_reason: str | None = None
+
+    def mark_lost(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+
+
+class Heartbeat:
+    """Renews the held steps of this process; started lazily, restarted after a fork."""
+
+    def __init__(self, store: WorkflowStore, leases: LeaseService, clock: ServerClock, *,
+                 on_lost: Callable[[HeldStep], None] | None = None) -> None:
+        self._store = store
+        self._leases = leases
+        self._clock = clock
+        self._on_lost = on_lost
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, str], HeldStep] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, held: HeldStep) -> None:
+        with self._lock:
+            self._held[(held.run_id, held.step_name)] = held
+            self._ensure_thread()
+        self._wake.set()
+
+    def remove(self, held: HeldStep) -> None:
+        with self._lock:
+            if self._held.get((held.run_id, held.step_name)) is held:
+                del self._held[(held.run_id, held.step_name)]
+
+    def held(self) -> list[HeldStep]:
+        with self._lock:
+            return list(self._held.values())
+
+    def _ensure_thread(self) -> None:
+        # A forked pool child inherits the registry but not the thread: start its own.
+        if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+            self._pid = os.getpid()
+            self._thread = threading.Thread(target=self._run, name="pikku-heartbeat",
+                                            daemon=True)
+            self._thread.start()
+
+    def _interval_s(self) -> float:
+        held = self.held()
+        if not held:
+            return 1.0
+        return max(0.05, min(h.lease_ms for h in held) / 3000)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval_s())
+            self._wake.clear()
+            held = self.held()
+            if held:
+                try:
+                    self.beat(held)
+                except Exception:  # never let the heartbeat die
+                    log.exception("pikku heartbeat tick failed")
+
+    def beat(self, held: list[HeldStep]) -> None:
+        """Renew ``held`` now: one Redis call and one store write per lease length."""
+        sent = time.monotonic()
+        redis_ok = self._renew_redis(held)
+        now_ms = self._clock.now_ms()
+        by_lease: dict[int, list[HeldStep]] = {}
+        for h in held:
+            by_lease.setdefault(h.lease_ms, []).append(h)
+        for lease_ms, group in by_lease.items():
+            try:
+                refused = self._store.renew_leases(
+                    [(h.run_id, h.step_name, h.attempt) for h in group], now_ms, lease_ms)
+            except Exception as exc:
+                log.warning("pikku heartbeat: store renewal failed (%s); leases kept until "
+                            "their last confirmed deadline", exc)
+                self._expire_unconfirmed(group)
+                continue
+            for h in group:
+                if (h.run_id, h.step_name) in refused:
+                    self._lose(h, "the store refused the renewal: the attempt was superseded")
+                elif redis_ok:
+                    h.held_until = sent + lease_ms / 1000
+
+    def _renew_redis(self, held: list[HeldStep]) -> bool:
+        sent = time.monotonic()
+        try:
+            renewed = self._leases.refresh_many([(h.lease, h.lease_ms) for h in held])
+        except Exception as exc:
+            log.warning("pikku heartbeat: lease renewal failed (%s)", exc)
+            self._expire_unconfirmed(held)
+            return False
+        for h, lease in zip(held, renewed, strict=True):
+            if lease is not None:
+                h.lease = lease
+                self._clock.observe(lease.granted_at_ms, sent)
+            else:
+                self._reacquire(h)
+        return True
+
+    def _reacquire(self, h: HeldStep) -> None:
+        # The Redis lease vanished (Redis restarted, or it lapsed while we were paused).
+        # The store is the authority: take the Redis lease back if it is free; if another
+        # holder has it, the store renewal will tell whether we were superseded.
+        lease = self._leases.acquire(h.lease.key, h.lease.holder, h.lease_ms)
+        if lease is not None:
+            h.lease = lease
+
+    def _expire_unconfirmed(self, held: list[HeldStep]) -> None:
+        now = time.monotonic()
+        for h in held:
+            if now >= h.held_until:
+                self._lose(h, "renewals failed past the lease's last confirmed deadline")
+
+    def _lose(self, h: HeldStep, reason: str) -> None:
+        log.warning("pikku: step %r of run %s attempt %d lost its lease: %s", h.step_name,
+                    h.run_id, h.attempt, reason)
+        h.mark_lost(reason)
+        self.remove(h)
+        if self._on_lost is not None:
+            self._on_lost(h)

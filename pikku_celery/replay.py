@@ -1,0 +1,209 @@
+"""Deterministic replay: the ``wf`` object a workflow function receives.
+
+Every orchestration pass runs the workflow function from the top. ``wf.do`` returns the
+recorded result of a settled step, records and dispatches a step reached for the first
+time, and ends the pass (by raising ``Pause``, which user code cannot catch by accident: it
+is a ``BaseException``) while a step is in flight. The pass reads all steps once; the host
+does the writes. Nothing here talks to MongoDB, Redis or Celery directly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pikku_celery.definitions import StepDefinition, check_retries
+from pikku_celery.durations import Duration, to_ms
+from pikku_celery.errors import (
+    WorkflowCancelledError,
+    WorkflowReplayError,
+    WorkflowRunFailedError,
+)
+from pikku_celery.records import (
+    STEP_FAILED,
+    STEP_RUNNING,
+    STEP_SCHEDULED,
+    STEP_SUCCEEDED,
+    StepState,
+)
+from pikku_celery.store.base import NewStep
+
+CHILD_PREFIX = "workflow:"
+CHILD_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0002")
+
+
+class Pause(BaseException):
+    """Ends a pass quietly: something the workflow waits on is still in flight."""
+
+
+class ReplayHost(Protocol):
+    """The writes a pass needs; implemented by the engine."""
+
+    def now_ms(self) -> int: ...
+
+    def record_step(self, step: NewStep) -> StepState: ...
+
+    def redispatch(self, state: StepState) -> None: ...
+
+    def settle_sleep(self, run_id: str, step_name: str) -> bool: ...
+
+    def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
+                     child_run_id: str) -> None: ...
+
+    def step_definition(self, step: Any) -> StepDefinition: ...
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """A step reached by this pass; ``wf.gather`` waits for several at once."""
+
+    name: str
+    outcome: str  # "done" | "failed" | "waiting"
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+
+class WorkflowContext:
+    """The ``wf`` argument of a workflow function. Use only ``wf`` calls for effects."""
+
+    def __init__(self, run_id: str, data: Any, steps: list[StepState], host: ReplayHost) -> None:
+        self.run_id = run_id
+        self.input = data
+        self._steps = {s.step_name: s for s in steps}
+        self._host = host
+        self._reached: dict[str, int] = {}
+
+    # --- steps --------------------------------------------------------------------------
+
+    def do(self, step_name: str, step: Any, data: Any = None, *, retries: int | None = None,
+           retry_delay: Duration | None = None, on_error: Any = None) -> Any:
+        """Run ``step`` once as step ``step_name`` and return its result; raises
+        ``WorkflowRunFailedError`` when it failed for good (after ``on_error`` ran)."""
+        return self.gather(self.call(step_name, step, data, retries=retries,
+                                     retry_delay=retry_delay, on_error=on_error))[0]
+
+    def call(self, step_name: str, step: Any, data: Any = None, *, retries: int | None = None,
+             retry_delay: Duration | None = None, on_error: Any = None) -> StepCall:
+        """Start ``step`` without waiting: pass several to ``wf.gather`` to fan out."""
+        definition = self._host.step_definition(step)
+        name = self._physical(step_name)
+        state = self._steps.get(name)
+        if state is None:
+            n_retries = definition.retries if retries is None else check_retries(
+                retries, f"step {name!r}")
+            delay = None if retry_delay is None else to_ms(retry_delay, what="retry_delay")
+            compensation = None if on_error is None else self._host.step_definition(on_error)
+            state = self._record(NewStep(
+                run_id=self.run_id, step_name=name, function=definition.name, data=data,
+                max_attempts=n_retries + 1,
+                retry_delay_ms=delay if delay is not None else -1,
+                on_error=None if compensation is None else compensation.name))
+        self._check_same_function(state, definition.name)
+        return self._outcome(state)
+
+    def gather(self, *calls: StepCall) -> list[Any]:
+        """Wait for every call; a pass dispatches all of them before it pauses. The join is
+        done here, by replay, not by a polling task."""
+        failures = [c for c in calls if c.outcome == "failed"]
+        for failed in failures:
+            self._compensate(failed)
+        if any(c.outcome == "waiting" for c in calls):
+            raise Pause
+        if failures:
+            first = failures[0]
+            error = first.error or {}
+            raise WorkflowRunFailedError(
+                f"step {first.name!r} failed: {error.get('type', 'Error')}: "
+                f"{error.get('message', '')}", error=error)
+        return [c.result for c in calls]
+
+    def sleep(self, step_name: str, duration: Duration) -> None:
+        """Wait ``duration`` durably: no worker is held, and it survives restarts."""
+        wait_ms = to_ms(duration, what=f"sleep {step_name!r}")
+        name = self._physical(step_name)
+        state = self._steps.get(name)
+        if state is None:
+            state = self._record(NewStep(
+                run_id=self.run_id, step_name=name, function=None, data={"sleep_ms": wait_ms},
+                status=STEP_SCHEDULED, due_ms=self._host.now_ms() + wait_ms))
+        self._check_same_function(state, None)
+        if state.status == STEP_SUCCEEDED:
+            return
+        if state.status == STEP_SCHEDULED and self._host.settle_sleep(self.run_id, name):
+            return
+        raise Pause
+
+    def child(self, step_name: str, workflow: str | Callable[..., Any], data: Any = None) -> Any:
+        """Run a child workflow as one step and return its output; its failure or
+        cancellation is raised here as ``WorkflowRunFailedError``."""
+        workflow_name = workflow if isinstance(workflow, str) else getattr(
+            getattr(workflow, "pikku_workflow", None), "name", getattr(workflow, "__name__", ""))
+        name = self._physical(step_name)
+        child_run_id = str(uuid.uuid5(CHILD_NAMESPACE, f"{self.run_id}:{name}"))
+        function = CHILD_PREFIX + workflow_name
+        state = self._steps.get(name)
+        if state is None:
+            state = self._record(NewStep(
+                run_id=self.run_id, step_name=name, function=function, data=data,
+                status=STEP_RUNNING, child_run_id=child_run_id))
+        self._check_same_function(state, function)
+        if state.status == STEP_RUNNING:
+            self._host.ensure_child(self.run_id, name, workflow_name, state.data, child_run_id)
+        return self.gather(self._outcome(state))[0]
+
+    def cancel(self, reason: str | None = None) -> None:
+        """End the run as ``cancelled`` from inside the workflow."""
+        raise WorkflowCancelledError(self.run_id, reason)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _physical(self, step_name: str) -> str:
+        """The N-th reach of a name in one pass is ``name#N``: loops get their own steps,
+        and every pass resolves them to the same rows."""
+        count = self._reached.get(step_name, 0) + 1
+        self._reached[step_name] = count
+        return step_name if count == 1 else f"{step_name}#{count}"
+
+    def _record(self, step: NewStep) -> StepState:
+        state = self._host.record_step(step)
+        self._steps[state.step_name] = state
+        return state
+
+    def _check_same_function(self, state: StepState, function: str | None) -> None:
+        if state.function != function:
+            raise WorkflowReplayError(
+                f"run {self.run_id}: step {state.step_name!r} was recorded as "
+                f"{state.function!r} but the workflow now reaches {function!r} there; the "
+                "workflow's code changed under a running run in a way replay cannot follow")
+
+    def _outcome(self, state: StepState) -> StepCall:
+        if state.status == STEP_SUCCEEDED:
+            return StepCall(state.step_name, "done", result=state.result)
+        if state.status == STEP_FAILED and state.due_at is None:
+            return StepCall(state.step_name, "failed", error=state.error)
+        if _lapsed(state, self._host.now_ms()):
+            self._host.redispatch(state)  # its worker died: the claim will reclaim or expire
+        return StepCall(state.step_name, "waiting")
+
+    def _compensate(self, failed: StepCall) -> None:
+        state = self._steps[failed.name]
+        if state.on_error is None:
+            return
+        name = f"{failed.name}:on_error"
+        comp = self._steps.get(name)
+        if comp is None:
+            definition = self._host.step_definition(state.on_error)
+            comp = self._record(NewStep(
+                run_id=self.run_id, step_name=name, function=definition.name,
+                data={"error": state.error, "data": state.data},
+                max_attempts=definition.retries + 1, retry_delay_ms=-1))
+        if self._outcome(comp).outcome == "waiting":
+            raise Pause
+
+
+def _lapsed(state: StepState, now_ms: int) -> bool:
+    if state.status != STEP_RUNNING or state.lease_expires_at is None:
+        return False
+    return state.lease_expires_at.timestamp() * 1000 < now_ms

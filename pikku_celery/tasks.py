@@ -1,0 +1,177 @@
+"""The Celery side: step tasks, pikku's own tasks, the dispatcher, the in-worker reaper.
+
+Thin by design: each task validates its message, calls the engine, and maps outcomes to
+Celery's vocabulary. A superseded step ends with ``WorkflowStepSupersededError`` recorded as
+its task state (declared in ``Task.throws``, so Celery logs it without a traceback) and its
+message acknowledged; a duplicate delivery the claim refuses ends with ``Ignore`` (acked,
+no state written); a body error is re-raised so the attempt shows as FAILURE, and the next
+attempt is scheduled by the workflow, never by Celery's ``max_retries``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, Task
+from celery.exceptions import Ignore
+
+from pikku_celery import keys
+from pikku_celery.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    LeaseTakenError,
+    WorkflowRunNotFoundError,
+    WorkflowStepSupersededError,
+)
+
+if TYPE_CHECKING:
+    from pikku_celery.engine import Engine
+
+log = logging.getLogger("pikku_celery")
+
+ORCHESTRATE = "pikku.orchestrate"
+TIMER = "pikku.timer"
+REAP = "pikku.reap"
+RUN_LEASE_RETRY_S = 1.0
+STEP_TASK_DEFAULTS: dict[str, Any] = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "serializer": "json",
+    "throws": (WorkflowStepSupersededError,),
+}
+
+
+def check_message(run_id: object, step_name: object | None = None) -> None:
+    """A forged or malformed message is refused before it reaches the store."""
+    if not isinstance(run_id, str) or not run_id:
+        raise InvalidInputError(f"malformed pikku message: run_id must be a non-empty string, "
+                                f"got {run_id!r}")
+    if step_name is not None and (not isinstance(step_name, str) or not step_name):
+        raise InvalidInputError(f"malformed pikku message: step_name must be a non-empty "
+                                f"string, got {step_name!r}")
+
+
+class CeleryDispatcher:
+    """Sends engine work as Celery messages; long waits are chained, never one long ETA."""
+
+    def __init__(self, app: Celery, engine_ref: Callable[[], Engine], max_countdown_s: float
+                 ) -> None:
+        self._app = app
+        self._engine = engine_ref
+        self.max_countdown_s = max_countdown_s
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+        task = self._app.tasks.get(function)
+        if task is not None:
+            task.apply_async((run_id, step_name))
+        else:
+            self._app.send_task(function, args=(run_id, step_name))
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
+        self._app.tasks[ORCHESTRATE].apply_async((run_id,), countdown=countdown_s or None)
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
+        # A broker ETA longer than the Redis transport's visibility timeout would be
+        # redelivered while it waits: chain short timers instead (each re-arms the next).
+        wait_s = max(0.0, (due_ms - self._engine().now_ms()) / 1000)
+        self._app.tasks[TIMER].apply_async((run_id, step_name),
+                                           countdown=min(wait_s, self.max_countdown_s) or None)
+
+
+def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
+                   options: dict[str, Any]) -> Task:
+    def run_step(task: Task, run_id: str, step_name: str) -> Any:
+        check_message(run_id, step_name)
+        engine = engine_ref()
+        definition = engine.registry.steps[name]
+        try:
+            outcome = engine.execute_step(definition, run_id, step_name)
+        except WorkflowStepSupersededError as exc:
+            log.warning("WorkflowStepSupersededError: run %s step %r attempt %s was "
+                        "superseded by attempt %s; its outcome was refused", run_id,
+                        step_name, exc.attempt, exc.current_attempt)
+            raise
+        if outcome.kind == "not_claimed":
+            raise Ignore()
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.result
+
+    run_step.__name__ = name.rsplit(".", 1)[-1]
+    task: Task = app.task(name=name, bind=True, **{**STEP_TASK_DEFAULTS, **options})(run_step)
+    return task
+
+
+def register_internal_tasks(app: Celery, engine_ref: Callable[[], Engine]) -> None:
+    @app.task(name=ORCHESTRATE, bind=True, acks_late=True, reject_on_worker_lost=True,
+              serializer="json", throws=(LeaseTakenError, LeaseLostError))
+    def orchestrate(task: Task, run_id: str) -> str:
+        check_message(run_id)
+        engine = engine_ref()
+        try:
+            return engine.advance(run_id)
+        except (LeaseTakenError, LeaseLostError):
+            # Another orchestrator holds the run, or our pass lost the lease: wake the run
+            # again shortly instead of retrying, so a long pass never spends the retry
+            # budget this task keeps for real failures.
+            engine.dispatcher.wake_run(run_id, countdown_s=RUN_LEASE_RETRY_S)
+            return "rewake"
+        except WorkflowRunNotFoundError:
+            log.warning("pikku: orchestrator message for unknown run %r dropped", run_id)
+            raise Ignore() from None
+
+    @app.task(name=TIMER, acks_late=True, serializer="json")
+    def timer(run_id: str, step_name: str) -> str:
+        check_message(run_id, step_name)
+        return engine_ref().fire_timer(run_id, step_name)
+
+    @app.task(name=REAP, serializer="json")
+    def reap() -> dict[str, int]:
+        return engine_ref().reap()
+
+    del orchestrate, timer, reap
+
+
+class WorkerReaper:
+    """Runs the reaper inside a worker's main process every ``interval_s``.
+
+    Only one process on the whole cluster sweeps per interval (it takes a short Redis lease
+    first); more would be harmless, since a dispatch only asks for a claim."""
+
+    def __init__(self, engine_ref: Callable[[], Engine], interval_s: float) -> None:
+        self._engine = engine_ref
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._holder = uuid.uuid4().hex
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="pikku-reaper",
+                                            daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sweep_once()
+            except Exception:
+                log.exception("pikku reaper sweep failed")
+
+    def sweep_once(self) -> dict[str, int] | None:
+        engine = self._engine()
+        ttl_ms = max(1, int(self.interval_s * 1000 * 0.9))
+        if engine.leases.acquire(keys.REAPER_LEASE_KEY, self._holder, ttl_ms) is None:
+            return None
+        counts = engine.reap()
+        if any(counts.values()):
+            log.info("pikku reaper: %s", counts)
+        return counts
