@@ -53,13 +53,17 @@ class PikkuCelery:
         max_countdown: the longest single broker ETA pikku uses; longer sleeps and retry
             delays are chained. Keep it well under the Redis transport's
             ``visibility_timeout``.
+        undispatched_after: a ``pending`` step no worker picked up for this long has its
+            message sent again (the first one was lost with a dead worker's prefetch).
+        stalled_after: a running run that no pass touched for this long, and on which
+            nothing is in flight, is woken again (its wake-up message was lost).
     """
 
     def __init__(self, celery_app: Celery, *, store: WorkflowStore, leases: LeaseService,
                  step_lease: Duration = 60.0, run_lease: Duration = 30.0,
                  reaper_interval: Duration | None = None,
                  max_countdown: Duration = DEFAULT_MAX_COUNTDOWN_S,
-                 undispatched_after: Duration = 30.0, stalled_after: Duration = 300.0,
+                 undispatched_after: Duration = 30.0, stalled_after: Duration = 30.0,
                  worker_reaper: bool = True) -> None:
         self.app = celery_app
         self.registry = Registry()

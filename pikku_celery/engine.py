@@ -28,6 +28,7 @@ from pikku_celery.records import (
     RUN_FAILED,
     RUN_RUNNING,
     RUN_SUSPENDED,
+    STEP_PENDING,
     STEP_RUNNING,
     StepAttempt,
     StepState,
@@ -55,7 +56,7 @@ class Settings:
     step_lease_ms: int = 60_000
     run_lease_ms: int = 30_000
     undispatched_after_ms: int = 30_000
-    stalled_after_ms: int = 300_000
+    stalled_after_ms: int = 30_000
     sweep_limit: int = 100
 
 
@@ -311,10 +312,26 @@ class Engine:
             else:
                 dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
         for run in self.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit):
-            dispatcher.wake_run(run.run_id)
+            # Touched either way, so the sweep rotates through idle runs instead of
+            # re-checking the same ``sweep_limit`` ones forever.
             self.store.touch_run(run.run_id, now)
-            counts["stalled"] += 1
+            if not any(self._in_flight(step, now) for step in self.store.list_steps(run.run_id)):
+                dispatcher.wake_run(run.run_id)  # its wake-up message was lost
+                counts["stalled"] += 1
         return counts
+
+    def _in_flight(self, step: StepState, now_ms: int) -> bool:
+        """Something will wake the run by itself: a live (or child-parked) step, a timer not
+        yet due, or a dispatch too recent to call lost."""
+        if step.status == STEP_RUNNING:
+            lease = step.lease_expires_at
+            return lease is None or lease.timestamp() * 1000 >= now_ms
+        if step.status == STEP_PENDING:
+            recent_ms = now_ms - self.settings.undispatched_after_ms
+            return step.updated_at.timestamp() * 1000 >= recent_ms
+        if step.due_at is not None:
+            return step.due_at.timestamp() * 1000 > now_ms
+        return False
 
     def _not_recently(self, kind: str, step: StepState, now_ms: int, window_ms: int) -> bool:
         key = (kind, f"{step.run_id}:{step.step_name}", str(step.attempt))

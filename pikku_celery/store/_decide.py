@@ -81,14 +81,16 @@ def guard_for(decision: Decision, step_id: str, now_ms: int) -> Doc:
 
 
 def first_claim_filter(step_id: str, function: str | None, now_ms: int) -> Doc:
-    """The optimistic first-claim filter: claims a fresh step in one write, no read."""
+    """The optimistic first-claim filter: claims a fresh step in one write, no read.
+
+    A pending step is due from its insertion, so one plain conjunction covers pending and
+    due scheduled steps. (No ``$or`` in write filters: the nx-27017 stand-in applies an
+    ``$or`` filter of ``find_one_and_update`` to the whole collection, ignoring ``_id``.)"""
     return {
         S.ID: step_id,
         S.FUNCTION: function,
-        "$or": [
-            {S.STATUS: STEP_PENDING},
-            {S.STATUS: STEP_SCHEDULED, S.DUE: {"$ne": None, "$lte": now_ms}},
-        ],
+        S.STATUS: {"$in": [STEP_PENDING, STEP_SCHEDULED]},
+        S.DUE: {"$ne": None, "$lte": now_ms},
     }
 
 

@@ -17,6 +17,7 @@ from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
 from pikku_celery.records import (
     STEP_FAILED,
+    STEP_PENDING,
     STEP_RUNNING,
     STEP_SUCCEEDED,
     StepAttempt,
@@ -75,7 +76,8 @@ def new_step_doc(step: NewStep, now_ms: int) -> Doc:
         S.RESULT: None,
         S.ERROR: None,
         S.LEASE: None,
-        S.DUE: step.due_ms,
+        # When a claim may start: a pending step is due at once.
+        S.DUE: now_ms if step.status == STEP_PENDING else step.due_ms,
         S.STARTED: now_ms if step.status == STEP_RUNNING else None,
         S.WORKER: None,
         S.CHILD_RUN: step.child_run_id,

@@ -85,8 +85,9 @@ class MongoWorkflowStore:
         self._steps = db[keys.STEPS]
         self._history = db[keys.HISTORY]
         self._versions = db[keys.VERSIONS]
-        if create_indexes:
-            self.create_indexes()
+        # Indexes are created before the first insert, not here: constructing a store (at
+        # import of a Celery app module, say) must not open a connection.
+        self._indexes_ready = not create_indexes
 
     @classmethod
     def from_url(cls, url: str, **client_options: Any) -> MongoWorkflowStore:
@@ -95,6 +96,8 @@ class MongoWorkflowStore:
         return cls(client.get_default_database(default=keys.DEFAULT_DATABASE))
 
     def create_indexes(self) -> None:
+        """Create every index (idempotent); done automatically before the first insert."""
+        self._indexes_ready = True
         self._runs.create_index([(R.STATUS, ASCENDING), (R.UPDATED, ASCENDING)])
         self._runs.create_index([(R.WORKFLOW, ASCENDING), (R.CREATED, DESCENDING)])
         self._runs.create_index([(R.CREATED, DESCENDING)])
@@ -110,6 +113,8 @@ class MongoWorkflowStore:
         check_name("run id", run.run_id)
         check_name("workflow name", run.workflow)
         check_value("workflow input", run.input)
+        if not self._indexes_ready:
+            self.create_indexes()
         doc = _docs.new_run_doc(run, now_ms)
         try:
             self._runs.insert_one(doc)
@@ -240,11 +245,17 @@ class MongoWorkflowStore:
         if not held:
             return set()
         ids = {_docs.invocation_id(run, name): (run, name, attempt) for run, name, attempt in held}
-        found = self._steps.update_many(
-            {"$or": [{S.ID: sid, S.ATTEMPT: a} for sid, (_, _, a) in ids.items()],
-             S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None}},
-            {"$set": {S.LEASE: now_ms + lease_ms}})
-        if found.matched_count == len(ids):
+        by_attempt: dict[int, list[str]] = {}
+        for step_id, (_, _, attempt) in ids.items():
+            by_attempt.setdefault(attempt, []).append(step_id)
+        # One write per distinct attempt number (almost always one or two), fenced by it.
+        matched = 0
+        for attempt, step_ids in by_attempt.items():
+            matched += self._steps.update_many(
+                {S.ID: {"$in": step_ids}, S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING,
+                 S.LEASE: {"$ne": None}},
+                {"$set": {S.LEASE: now_ms + lease_ms}}).matched_count
+        if matched == len(ids):
             return set()
         # Rare path: find out which renewals were refused.
         live = {d[S.ID] for d in self._steps.find(
@@ -285,7 +296,8 @@ class MongoWorkflowStore:
         if not docs:
             return 0
         self._steps.update_many(
-            {S.ID: {"$in": [d[S.ID] for d in docs]}, **_UNSETTLED},
+            {S.ID: {"$in": [d[S.ID] for d in docs]},
+             S.STATUS: {"$in": [STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING, STEP_FAILED]}},
             {"$set": {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
                       S.DUE: None, S.UPDATED: now_ms}})
         for doc in docs:

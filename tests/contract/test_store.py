@@ -563,3 +563,21 @@ def test_bad_run_input_is_refused_without_a_write(store: WorkflowStore) -> None:
     with pytest.raises(InvalidInputError, match="workflow input"):
         store.create_run(NewRun("r-bad", "order", {"$where": "x"}), T0)
     assert store.get_run("r-bad") is None
+
+
+def test_claims_and_renewals_touch_only_their_own_step(store: WorkflowStore) -> None:
+    """Regression: on nx-27017 an ``$or`` in a ``find_one_and_update`` filter ignored the
+    ``_id`` and claimed another run's due sleep step (found by the demo)."""
+    other = new_run(store)
+    add_step(store, other, "nap", function=None, status="scheduled", due_ms=T0)
+    add_step(store, other, "queued")
+    before = store.list_steps(other)
+    run_id = new_run(store)
+    add_step(store, run_id, "mine", function="ship")
+    claimed = store.claim_step(run_id, "mine", "ship", T0 + 10, LEASE).state
+    assert claimed is not None and claimed.step_name == "mine" and claimed.run_id == run_id
+    # A duplicate delivery of a step held under a live lease must claim nothing at all.
+    assert store.claim_step(run_id, "mine", "ship", T0 + 11, LEASE).state is None
+    store.renew_leases([(run_id, "mine", 1)], T0 + 20, LEASE)
+    store.set_result(run_id, "mine", 1, "done", T0 + 30)
+    assert store.list_steps(other) == before
