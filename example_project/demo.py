@@ -147,7 +147,7 @@ class Demo:
               "worker")
         self._until(lambda: _status(self.pikku, run_id, "courier") == "succeeded", run_ids)
         os.kill(pid, signal.SIGCONT)
-        print(f"  -> SIGCONT {name}: its attempt-1 body finishes and tries to write")
+        print(f"\n  -> SIGCONT {name}: its attempt-1 body finishes and tries to write")
         self._until(lambda: f"{run_id} step 'courier'" in self.workers.log(name), run_ids)
         line = next(ln for ln in self.workers.log(name).splitlines()
                     if "superseded by" in ln and run_id in ln)
@@ -164,11 +164,13 @@ class Demo:
             return None
         print(f"\nfault 2: SIGKILL {name} (pid {pid}) in the middle of step 'courier' of run "
               f"{run_id[:8]}")
+        attempt = _attempt(self.pikku, run_id, "courier")
         os.kill(pid, signal.SIGKILL)
         self.workers.procs[name].wait(5)
         started = time.monotonic()
-        self._until(lambda: _attempt(self.pikku, run_id, "courier") >= 2, run_ids)
-        print(f"\n  -> reclaimed as attempt 2 after {time.monotonic() - started:.1f}s "
+        self._until(lambda: _attempt(self.pikku, run_id, "courier") > attempt, run_ids)
+        print(f"\n  -> reclaimed as attempt {attempt + 1} after "
+              f"{time.monotonic() - started:.1f}s "
               f"(lease {STEP_LEASE_S}s + reaper {REAPER_INTERVAL_S}s); starting a new worker")
         self.workers.start(f"{name}-replacement")
         return run_id
