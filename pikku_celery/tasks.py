@@ -102,12 +102,14 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
         return outcome.result
 
     run_step.__name__ = name.rsplit(".", 1)[-1]
-    task: Task = app.task(name=name, bind=True, **{**STEP_TASK_DEFAULTS, **options})(run_step)
+    task: Task = app.task(name=name, bind=True, shared=False,
+                          **{**STEP_TASK_DEFAULTS, **options})(run_step)
     return task
 
 
 def register_internal_tasks(app: Celery, engine_ref: Callable[[], Engine]) -> None:
-    @app.task(name=ORCHESTRATE, bind=True, acks_late=True, reject_on_worker_lost=True,
+    @app.task(name=ORCHESTRATE, bind=True, shared=False, acks_late=True,
+              reject_on_worker_lost=True,
               serializer="json", throws=(LeaseTakenError, LeaseLostError))
     def orchestrate(task: Task, run_id: str) -> str:
         check_message(run_id)
@@ -124,12 +126,12 @@ def register_internal_tasks(app: Celery, engine_ref: Callable[[], Engine]) -> No
             log.warning("pikku: orchestrator message for unknown run %r dropped", run_id)
             raise Ignore() from None
 
-    @app.task(name=TIMER, acks_late=True, serializer="json")
+    @app.task(name=TIMER, shared=False, acks_late=True, serializer="json")
     def timer(run_id: str, step_name: str) -> str:
         check_message(run_id, step_name)
         return engine_ref().fire_timer(run_id, step_name)
 
-    @app.task(name=REAP, serializer="json")
+    @app.task(name=REAP, shared=False, serializer="json")
     def reap() -> dict[str, int]:
         return engine_ref().reap()
 

@@ -1,0 +1,386 @@
+"""Engine behaviour through inline runs (the same code path as workers, minus the broker):
+replay, fan-out, sleeps, children, compensation, cancellation, versions, run leases, the
+read API and bad input. Numbers refer to upstream scenarios (upstream-semantics.md §7)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from pikku_celery import (
+    InMemoryLeaseService,
+    InMemoryWorkflowStore,
+    InvalidInputError,
+    LeaseLostError,
+    LeaseTakenError,
+    PikkuCelery,
+    WorkflowNotFoundError,
+    WorkflowRunNotFoundError,
+    WorkflowStepSupersededError,
+    keys,
+)
+from pikku_celery.leases.base import Lease
+
+
+class Recorder:
+    """A dispatcher that records what the engine asked for instead of sending messages."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str, str]] = []
+        self.wakes: list[tuple[str, float]] = []
+        self.timers: list[tuple[str, str, int]] = []
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+        self.steps.append((function, run_id, step_name))
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
+        self.wakes.append((run_id, countdown_s))
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
+        self.timers.append((run_id, step_name, due_ms))
+
+
+@pytest.fixture
+def pikku() -> Iterator[PikkuCelery]:
+    app = Celery(f"test-{id(object())}", broker="memory://")
+    yield PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                      worker_reaper=False)
+
+
+def steps_of(pikku: PikkuCelery, run_id: str) -> dict[str, Any]:
+    return {s.step_name: s for s in pikku.get_steps(run_id)}
+
+
+def test_a_workflow_runs_inline_with_fan_out_sleep_child_and_loops(pikku: PikkuCelery) -> None:
+    @pikku.step()
+    def add(data: dict[str, int]) -> int:
+        return data["a"] + data["b"]
+
+    @pikku.workflow()
+    def double(wf: Any, n: int) -> int:
+        return int(wf.do("double", add, {"a": n, "b": n}))
+
+    @pikku.workflow()
+    def main(wf: Any, data: Any) -> dict[str, Any]:
+        first = wf.do("sum", add, {"a": 1, "b": 2})
+        left, right = wf.gather(wf.call("left", add, {"a": first, "b": 1}),
+                                wf.call("right", add, {"a": first, "b": 2}))
+        wf.sleep("nap", "20ms")
+        loop = [wf.do("loop", add, {"a": i, "b": 0}) for i in range(3)]
+        child = wf.child("kid", double, 21)
+        return {"first": first, "left": left, "right": right, "loop": loop, "child": child}
+
+    run_id = pikku.start(main, None, inline=True)
+    run = pikku.get_run(run_id)
+    assert run.status == "completed"
+    assert run.output == {"first": 3, "left": 4, "right": 5, "loop": [0, 1, 2], "child": 42}
+    names = set(steps_of(pikku, run_id))
+    assert {"loop", "loop#2", "loop#3", "nap", "kid"} <= names  # 45: name#N per reach
+    invocation_ids = {s.invocation_id for s in pikku.get_steps(run_id)}
+    assert len(invocation_ids) == len(names)
+    child_run = pikku.get_run(steps_of(pikku, run_id)["kid"].child_run_id)
+    assert child_run.status == "completed" and child_run.parent_run_id == run_id
+
+
+def test_39_retries_until_success_and_history_has_every_attempt(pikku: PikkuCelery) -> None:
+    calls: list[int] = []
+
+    @pikku.step(retries=3, retry_delay="1ms", bind=True)
+    def flaky(ctx: Any, data: Any) -> str:
+        calls.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise ConnectionError(f"try {ctx.attempt}")
+        return "ok"
+
+    @pikku.workflow()
+    def wf_flaky(wf: Any, data: Any) -> Any:
+        return wf.do("flaky", flaky)
+
+    run_id = pikku.start(wf_flaky, None, inline=True)
+    assert pikku.get_run(run_id).output == "ok"
+    assert calls == [1, 2, 3]
+    history = pikku.get_history(run_id)
+    assert [(h.attempt, h.status) for h in history] == [(1, "failed"), (2, "failed"),
+                                                         (3, "succeeded")]
+    assert history[0].error is not None and history[0].error["message"] == "try 1"
+
+
+def test_max_attempts_is_retries_plus_one_and_compensation_runs_once(pikku: PikkuCelery) -> None:
+    runs: list[int] = []
+    compensations: list[Any] = []
+
+    @pikku.step(retries=2, retry_delay=0)
+    def fails(data: Any) -> None:
+        runs.append(1)
+        raise ValueError("declined")
+
+    @pikku.step()
+    def undo(data: Any) -> str:
+        compensations.append(data)
+        return "undone"
+
+    @pikku.workflow()
+    def saga(wf: Any, data: Any) -> Any:
+        return wf.do("charge", fails, {"amount": 5}, on_error=undo)
+
+    run_id = pikku.start(saga, None, inline=True)
+    run = pikku.get_run(run_id)
+    assert run.status == "failed"
+    assert run.error is not None and "declined" in run.error["message"]
+    assert len(runs) == 3  # retries + 1
+    assert len(compensations) == 1
+    assert compensations[0]["data"] == {"amount": 5}
+    assert compensations[0]["error"]["message"] == "declined"
+
+
+def test_a_failed_step_with_attempts_left_pauses_the_run(pikku: PikkuCelery) -> None:
+    """Upstream failed the whole run here if anything else woke the orchestrator."""
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+
+    @pikku.step(retries=2, retry_delay="1h")
+    def flaky(data: Any) -> None:
+        raise ConnectionError("later")
+
+    @pikku.workflow()
+    def patient(wf: Any, data: Any) -> Any:
+        return wf.do("flaky", flaky)
+
+    run_id = pikku.start(patient, None)
+    pikku.engine.advance(run_id)
+    definition = pikku.registry.steps[flaky.name]
+    pikku.engine.execute_step(definition, run_id, "flaky")
+    assert pikku.engine.advance(run_id) == "paused"  # a sibling's completion woke it
+    assert pikku.get_run(run_id).status == "running"
+    step = steps_of(pikku, run_id)["flaky"]
+    assert step.status == "failed" and step.due_at is not None
+    assert recorder.timers and recorder.timers[-1][:2] == (run_id, "flaky")
+
+
+def test_12_a_run_leased_elsewhere_is_rewoken_in_a_second_without_running_the_body(
+        pikku: PikkuCelery) -> None:
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    ran: list[int] = []
+
+    @pikku.workflow()
+    def body(wf: Any, data: Any) -> None:
+        ran.append(1)
+
+    run_id = pikku.start(body, None)
+    recorder.wakes.clear()
+    assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "someone", 60_000)
+    with pytest.raises(LeaseTakenError):
+        pikku.engine.advance(run_id)
+    result = pikku.app.tasks["pikku.orchestrate"].run(run_id)
+    assert result == "rewake"
+    assert recorder.wakes == [(run_id, 1.0)]
+    assert ran == [] and pikku.get_run(run_id).status == "running"
+
+
+def test_41_settled_runs_are_answered_without_taking_the_lease(pikku: PikkuCelery) -> None:
+    @pikku.workflow()
+    def quick(wf: Any, data: Any) -> int:
+        return 1
+
+    run_id = pikku.start(quick, None, inline=True)
+    assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "someone", 60_000)
+    assert pikku.engine.advance(run_id) == "completed"
+
+
+class RefusingLeases(InMemoryLeaseService):
+    """Grants leases but refuses every renewal: the lease is lost once held."""
+
+    def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        return None
+
+    def refresh_many(self, leases: Any) -> list[Lease | None]:
+        return [None for _ in leases]
+
+
+def test_11_an_inline_run_that_lost_its_lease_keeps_its_outcome() -> None:
+    app = Celery("refusing", broker="memory://")
+    pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=RefusingLeases(),
+                        worker_reaper=False)
+
+    @pikku.workflow()
+    def done(wf: Any, data: Any) -> str:
+        return "written"
+
+    with pytest.raises(LeaseLostError):
+        pikku.start(done, None, inline=True, run_id="r-11")
+    run = pikku.get_run("r-11")
+    assert run.status == "completed" and run.output == "written"
+
+
+def test_start_with_a_run_id_is_idempotent(pikku: PikkuCelery) -> None:
+    count: list[int] = []
+
+    @pikku.step()
+    def once(data: Any) -> int:
+        count.append(1)
+        return len(count)
+
+    @pikku.workflow()
+    def idem(wf: Any, data: Any) -> Any:
+        return wf.do("once", once)
+
+    first = pikku.start(idem, {"a": 1}, run_id="fixed", inline=True)
+    second = pikku.start(idem, {"a": 2}, run_id="fixed", inline=True)
+    assert first == second == "fixed"
+    assert count == [1]
+    assert pikku.get_run("fixed").input == {"a": 1}
+    assert len(pikku.list_runs(workflow="idem")) == 1
+
+
+def test_changed_step_order_under_a_running_run_fails_it_clearly(pikku: PikkuCelery) -> None:
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+
+    @pikku.step()
+    def a(data: Any) -> str:
+        return "a"
+
+    @pikku.step()
+    def b(data: Any) -> str:
+        return "b"
+
+    version = {"first": a}
+
+    @pikku.workflow()
+    def evolving(wf: Any, data: Any) -> Any:
+        return wf.do("first", version["first"])
+
+    run_id = pikku.start(evolving, None)
+    pikku.engine.advance(run_id)  # records step "first" as function a, in flight
+    assert pikku.get_run(run_id).version == evolving.pikku_workflow.version  # type: ignore[attr-defined]
+    version["first"] = b  # a deploy changed what the workflow reaches at "first"
+    assert pikku.engine.advance(run_id) == "failed"
+    error = pikku.get_run(run_id).error
+    assert error is not None and error["type"] == "WorkflowReplayError"
+    assert "code changed under a running run" in error["message"]
+
+
+def test_cancel_fences_an_in_flight_step_and_tells_its_body(pikku: PikkuCelery) -> None:
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    started, release = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    @pikku.step(bind=True, lease="300ms")
+    def long(ctx: Any, data: Any) -> str:
+        started.set()
+        release.wait(5)
+        seen["lost_after_cancel"] = ctx.wait_lost(2.0)
+        return "late"
+
+    @pikku.workflow()
+    def cancellable(wf: Any, data: Any) -> Any:
+        return wf.do("long", long)
+
+    run_id = pikku.start(cancellable, None)
+    pikku.engine.advance(run_id)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            pikku.engine.execute_step(pikku.registry.steps[long.name], run_id, "long")
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert started.wait(5)
+    assert pikku.cancel(run_id, "customer asked")
+    release.set()
+    thread.join(10)
+    assert seen["lost_after_cancel"] is True
+    assert len(errors) == 1 and isinstance(errors[0], WorkflowStepSupersededError)
+    run = pikku.get_run(run_id)
+    assert run.status == "cancelled" and run.cancel_reason == "customer asked"
+    assert steps_of(pikku, run_id)["long"].result is None
+    assert not pikku.cancel(run_id)  # already settled
+
+
+def test_cancel_reaches_child_runs(pikku: PikkuCelery) -> None:
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+
+    @pikku.step()
+    def never(data: Any) -> None:
+        return None
+
+    @pikku.workflow()
+    def kid(wf: Any, data: Any) -> Any:
+        return wf.do("never", never)
+
+    @pikku.workflow()
+    def parent(wf: Any, data: Any) -> Any:
+        return wf.child("kid", kid)
+
+    run_id = pikku.start(parent, None)
+    pikku.engine.advance(run_id)
+    child_id = steps_of(pikku, run_id)["kid"].child_run_id
+    assert child_id and pikku.get_run(child_id).status == "running"
+    pikku.cancel(run_id)
+    assert pikku.get_run(child_id).status == "cancelled"
+
+
+def test_read_api_and_bad_input(pikku: PikkuCelery) -> None:
+    with pytest.raises(WorkflowNotFoundError, match="nope"):
+        pikku.start("nope", None)
+    with pytest.raises(WorkflowRunNotFoundError):
+        pikku.get_run("missing")
+    with pytest.raises(WorkflowRunNotFoundError):
+        pikku.get_history("missing")
+    with pytest.raises(InvalidInputError, match="retries"):
+        pikku.step(retries=-1)(lambda data: data)
+    with pytest.raises(ValueError, match="soon"):
+        pikku.step(retry_delay="soon")(lambda data: data)
+    with pytest.raises(InvalidInputError, match="malformed"):
+        pikku.app.tasks["pikku.orchestrate"].run(5)
+
+    @pikku.workflow()
+    def sleepy(wf: Any, data: Any) -> None:
+        wf.sleep("nap", "whenever")
+
+    run_id = pikku.start(sleepy, None, inline=True)
+    run = pikku.get_run(run_id)
+    assert run.status == "failed" and run.error is not None
+    assert "whenever" in run.error["message"]
+    assert pikku.get_steps(run_id) == []  # refused before any write
+
+    @pikku.step()
+    def anything(data: Any) -> None:
+        return None
+
+    @pikku.workflow()
+    def bad_data(wf: Any, data: Any) -> None:
+        wf.do("x", anything, {"$where": "1"})
+
+    run_id = pikku.start(bad_data, None, inline=True)
+    error = pikku.get_run(run_id).error
+    assert error is not None and "$where" in error["message"]
+    assert pikku.get_steps(run_id) == []
+
+
+def test_wait_returns_terminal_runs_and_times_out_otherwise(pikku: PikkuCelery) -> None:
+    pikku.engine.dispatcher = Recorder()
+
+    @pikku.step()
+    def slow(data: Any) -> None:
+        return None
+
+    @pikku.workflow()
+    def waits(wf: Any, data: Any) -> Any:
+        return wf.do("slow", slow)
+
+    run_id = pikku.start(waits, None)
+    with pytest.raises(TimeoutError, match=run_id):
+        pikku.wait(run_id, 0.05)
+    pikku.cancel(run_id)
+    assert pikku.wait(run_id, 1).status == "cancelled"
