@@ -90,9 +90,19 @@ class Heartbeat:
         return max(0.05, min(h.lease_ms for h in held) / 3000)
 
     def _run(self) -> None:
+        next_beat = time.monotonic() + self._interval_s()
         while True:
-            self._wake.wait(self._interval_s())
+            # An added step wakes the loop only to pull the next beat earlier when its lease
+            # is shorter than the others; it never triggers a beat by itself.
+            woken = self._wake.wait(max(0.0, next_beat - time.monotonic()))
             self._wake.clear()
+            now = time.monotonic()
+            if woken:
+                next_beat = min(next_beat, now + self._interval_s())
+                continue
+            if now < next_beat:
+                continue
+            next_beat = now + self._interval_s()
             held = self.held()
             if held:
                 try:

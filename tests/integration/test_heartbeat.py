@@ -1,0 +1,115 @@
+"""The per-process heartbeat on real Redis and MongoDB over the wire: renewing 1, 10 or 100
+held leases costs the same number of round trips, and a superseded attempt is told."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from pikku_celery import MongoWorkflowStore, RedisLeaseService
+from pikku_celery.claims import Claimed, Claimer
+from pikku_celery.clock import ServerClock
+from pikku_celery.heartbeat import Heartbeat, HeldStep
+from pikku_celery.store.base import NewRun, NewStep
+from tests.conftest import REDIS_URL
+from tests.support.counting import CountingRedis, counting_mongo
+from tests.support.nx import NxServer
+
+LEASE_MS = 30_000
+
+
+def _claim_many(n: int, nx: NxServer, prefix: str) -> tuple[list[Claimed], Any, Any, Any]:
+    client, mongo = counting_mongo(nx.url)
+    store = MongoWorkflowStore(client[f"pikku_hb_{uuid.uuid4().hex[:10]}"])
+    redis_client = CountingRedis.from_url(REDIS_URL)
+    leases = RedisLeaseService(redis_client, key_prefix=prefix)
+    clock = ServerClock(leases)
+    heartbeat = Heartbeat(store, leases, clock)
+    claimer = Claimer(store, leases, clock, heartbeat)
+    now = leases.now_ms()
+    store.create_run(NewRun("run", "wf", None), now)
+    claimed = []
+    for i in range(n):
+        store.insert_step(NewStep(run_id="run", step_name=f"s{i}", function="f",
+                                  max_attempts=3), now)
+        outcome = claimer.claim("run", f"s{i}", "f", LEASE_MS)
+        assert isinstance(outcome, Claimed)
+        claimed.append(outcome)
+    return claimed, heartbeat, redis_client, mongo
+
+
+@pytest.mark.parametrize("n", [1, 10, 100])
+def test_one_beat_costs_the_same_round_trips_for_any_number_of_leases(
+        n: int, nx_server: NxServer, key_prefix: str) -> None:
+    _claimed, heartbeat, redis_client, mongo = _claim_many(n, nx_server, key_prefix)
+    held = heartbeat.held()
+    assert len(held) == n
+    redis_client.commands.clear()
+    mongo.commands.clear()
+    heartbeat.beat(held)
+    assert sum(redis_client.commands.values()) == 1, redis_client.commands
+    assert dict(mongo.commands) == {"update": 1}
+    assert not any(h.lost.is_set() for h in held)
+
+
+def test_a_superseded_attempt_is_told_and_dropped(nx_server: NxServer, key_prefix: str) -> None:
+    claimed, heartbeat, _, _ = _claim_many(2, nx_server, key_prefix)
+    victim: HeldStep = claimed[0].held
+    store = heartbeat._store  # the test reaches in to cancel one step behind its back
+    store.cancel_steps("run", {"type": "WorkflowCancelledError"}, victim.lease.granted_at_ms)
+    heartbeat.beat(heartbeat.held())
+    assert victim.lost.is_set() and "superseded" in (victim.lost_reason or "")
+    assert victim not in heartbeat.held()
+
+
+class FlakyStore:
+    """A store whose renewals fail (MongoDB unreachable) while ``down`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.down = False
+
+    def renew_leases(self, *args: Any) -> Any:
+        if self.down:
+            raise ConnectionError("mongodb unreachable")
+        return self.inner.renew_leases(*args)
+
+
+def test_an_unreachable_store_is_tolerated_until_the_confirmed_deadline(
+        nx_server: NxServer, key_prefix: str) -> None:
+    claimed, heartbeat, _, _ = _claim_many(1, nx_server, key_prefix)
+    held = claimed[0].held
+    flaky = FlakyStore(heartbeat._store)
+    heartbeat._store = flaky
+    flaky.down = True
+    heartbeat.beat([held])
+    assert not held.lost.is_set()  # not proof of loss yet
+    held.held_until = 0.0  # the last confirmed deadline has passed
+    heartbeat.beat([held])
+    assert held.lost.is_set() and "deadline" in (held.lost_reason or "")
+
+
+def test_the_heartbeat_thread_keeps_a_short_lease_alive(nx_server: NxServer,
+                                                        key_prefix: str) -> None:
+    import time
+
+    from pikku_celery.claims import NotClaimed
+
+    client, _ = counting_mongo(nx_server.url)
+    store = MongoWorkflowStore(client[f"pikku_hb_{uuid.uuid4().hex[:10]}"])
+    leases = RedisLeaseService(CountingRedis.from_url(REDIS_URL), key_prefix=key_prefix)
+    clock = ServerClock(leases)
+    claimer = Claimer(store, leases, clock, Heartbeat(store, leases, clock))
+    store.create_run(NewRun("run", "wf", None), leases.now_ms())
+    store.insert_step(NewStep(run_id="run", step_name="s", function="f", max_attempts=3),
+                      leases.now_ms())
+    first = claimer.claim("run", "s", "f", 300)
+    assert isinstance(first, Claimed)
+    time.sleep(1.2)  # four lease lengths
+    assert isinstance(claimer.claim("run", "s", "f", 300), NotClaimed)
+    assert store.claim_step("run", "s", "f", leases.now_ms(), 300).state is None
+    claimer.succeed(first, "done")
+    state = store.get_step("run", "s")
+    assert state is not None and state.result == "done" and state.attempt == 1
