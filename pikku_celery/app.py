@@ -57,6 +57,9 @@ class PikkuCelery:
             message sent again (the first one was lost with a dead worker's prefetch).
         stalled_after: a running run that no pass touched for this long, and on which
             nothing is in flight, is woken again (its wake-up message was lost).
+        continue_in_place: after a step succeeds, replay the run in the same worker (under
+            the run lease) instead of sending an orchestrator message; falls back to the
+            message when another pass holds the run.
     """
 
     def __init__(self, celery_app: Celery, *, store: WorkflowStore, leases: LeaseService,
@@ -64,14 +67,15 @@ class PikkuCelery:
                  reaper_interval: Duration | None = None,
                  max_countdown: Duration = DEFAULT_MAX_COUNTDOWN_S,
                  undispatched_after: Duration = 30.0, stalled_after: Duration = 30.0,
-                 worker_reaper: bool = True) -> None:
+                 continue_in_place: bool = False, worker_reaper: bool = True) -> None:
         self.app = celery_app
         self.registry = Registry()
         settings = Settings(
             step_lease_ms=_positive_ms(step_lease, "step_lease"),
             run_lease_ms=_positive_ms(run_lease, "run_lease"),
             undispatched_after_ms=to_ms(undispatched_after, what="undispatched_after"),
-            stalled_after_ms=to_ms(stalled_after, what="stalled_after"))
+            stalled_after_ms=to_ms(stalled_after, what="stalled_after"),
+            continue_in_place=continue_in_place)
         self.reaper_interval_s = (to_seconds(reaper_interval, what="reaper_interval")
                                   if reaper_interval is not None
                                   else settings.step_lease_ms / 2000)

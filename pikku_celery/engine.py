@@ -16,6 +16,8 @@ from pikku_celery.clock import ServerClock
 from pikku_celery.definitions import Registry, StepDefinition
 from pikku_celery.errors import (
     InvalidInputError,
+    LeaseLostError,
+    LeaseTakenError,
     WorkflowCancelledError,
     WorkflowRunNotFoundError,
 )
@@ -58,6 +60,7 @@ class Settings:
     undispatched_after_ms: int = 30_000
     stalled_after_ms: int = 30_000
     sweep_limit: int = 100
+    continue_in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,11 +120,9 @@ class Engine:
             return self._pass(run, definition.fn, dispatcher or self.dispatcher)
 
     def _pass(self, run: WorkflowRun, fn: Any, dispatcher: Dispatcher) -> str:
+        # A cancel landing during the pass is safe: the run's final write is guarded on a
+        # live status, and cancelled steps refuse their claims.
         steps = self.store.list_steps(run.run_id)
-        # Re-read the run under the lease: a cancel may have landed since the first read.
-        current = self.store.get_run(run.run_id)
-        if current is None or current.is_terminal:
-            return current.status if current else RUN_CANCELLED
         wf = WorkflowContext(run.run_id, run.input, steps, _PassHost(self, dispatcher))
         try:
             output = fn(wf, run.input)
@@ -217,8 +218,21 @@ class Engine:
             self.claimer.succeed(claim, result)
         except InvalidInputError as exc:  # the body returned something we cannot store
             return self._record_failure(definition, claim, exc, dispatcher)
-        dispatcher.wake_run(run_id)
+        self._continue(run_id, dispatcher)
         return StepOutcome("succeeded", result=result)
+
+    def _continue(self, run_id: str, dispatcher: Dispatcher) -> None:
+        """Wake the run: in place (replay here, under the run lease) when configured and
+        the lease is free, else with a message to the orchestrator."""
+        if self.settings.continue_in_place:
+            try:
+                self.advance(run_id, dispatcher)
+                return
+            except (LeaseTakenError, LeaseLostError):
+                pass  # another pass is running: it may have missed this result, so wake
+            except Exception:
+                log.exception("pikku: in-place continuation of run %s failed", run_id)
+        dispatcher.wake_run(run_id)
 
     def _call_body(self, definition: StepDefinition, claim: Claimed) -> Any:
         try:

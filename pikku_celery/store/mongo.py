@@ -168,7 +168,7 @@ class MongoWorkflowStore:
     def insert_step(self, step: NewStep, now_ms: int) -> tuple[StepState, bool]:
         check_name("step name", step.step_name)
         check_value(f"data of step {step.step_name!r}", step.data)
-        if self._runs.count_documents({R.ID: step.run_id}, limit=1) == 0:
+        if self._runs.find_one({R.ID: step.run_id}, {R.ID: 1}) is None:
             raise InvalidInputError(f"cannot add step {step.step_name!r}: no run "
                                     f"{step.run_id!r}")
         doc = _docs.new_step_doc(step, now_ms)

@@ -384,3 +384,31 @@ def test_wait_returns_terminal_runs_and_times_out_otherwise(pikku: PikkuCelery) 
         pikku.wait(run_id, 0.05)
     pikku.cancel(run_id)
     assert pikku.wait(run_id, 1).status == "cancelled"
+
+
+def test_continue_in_place_replays_in_the_worker_instead_of_sending_a_wake() -> None:
+    app = Celery("in-place", broker="memory://")
+    pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                        continue_in_place=True, worker_reaper=False)
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+
+    @pikku.step()
+    def one(data: Any) -> int:
+        return 1
+
+    @pikku.workflow()
+    def two_steps(wf: Any, data: Any) -> int:
+        return int(wf.do("a", one)) + int(wf.do("b", one))
+
+    run_id = pikku.start(two_steps, None)
+    pikku.engine.advance(run_id)
+    recorder.wakes.clear()
+    definition = pikku.registry.steps[one.name]
+    pikku.engine.execute_step(definition, run_id, "a")
+    assert recorder.wakes == []  # no orchestrator message: the worker replayed the run
+    assert [s[2] for s in recorder.steps] == ["a", "b"]
+    # With the run lease held elsewhere, the worker falls back to a message.
+    assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "other", 60_000)
+    pikku.engine.execute_step(definition, run_id, "b")
+    assert recorder.wakes == [(run_id, 0.0)]
