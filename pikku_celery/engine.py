@@ -70,6 +70,7 @@ class StepOutcome:
     kind: str  # "succeeded" | "failed" | "not_claimed"
     result: Any = None
     error: BaseException | None = None
+    attempt: int = 0  # the attempt that ran (0 when not claimed)
 
 
 class Engine:
@@ -219,7 +220,7 @@ class Engine:
         except InvalidInputError as exc:  # the body returned something we cannot store
             return self._record_failure(definition, claim, exc, dispatcher)
         self._continue(run_id, dispatcher)
-        return StepOutcome("succeeded", result=result)
+        return StepOutcome("succeeded", result=result, attempt=claim.state.attempt)
 
     def _continue(self, run_id: str, dispatcher: Dispatcher) -> None:
         """Wake the run: in place (replay here, under the run lease) when configured and
@@ -255,7 +256,7 @@ class Engine:
                                  int(settled.due_at.timestamp() * 1000))
         else:
             dispatcher.wake_run(state.run_id)
-        return StepOutcome("failed", error=exc)
+        return StepOutcome("failed", error=exc, attempt=state.attempt)
 
     def fire_timer(self, run_id: str, step_name: str, dispatcher: Dispatcher | None = None
                    ) -> str:

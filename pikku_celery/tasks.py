@@ -91,12 +91,16 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
         try:
             outcome = engine.execute_step(definition, run_id, step_name)
         except WorkflowStepSupersededError as exc:
+            # The result backend fences on this: a superseded attempt cannot replace the
+            # outcome a later attempt stored under the same task id.
+            task.request.pikku_attempt = exc.attempt
             log.warning("WorkflowStepSupersededError: run %s step %r attempt %s was "
                         "superseded by attempt %s; its outcome was refused", run_id,
                         step_name, exc.attempt, exc.current_attempt)
             raise
         if outcome.kind == "not_claimed":
             raise Ignore()
+        task.request.pikku_attempt = outcome.attempt
         if outcome.error is not None:
             raise outcome.error
         return outcome.result

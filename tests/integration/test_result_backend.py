@@ -1,0 +1,110 @@
+"""The fenced result backend, on the MongoDB wire stand-in and a real Redis broker."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+from celery.app.task import Context
+from celery.backends.mongodb import MongoBackend
+from celery.contrib.testing.worker import start_worker
+
+from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
+from pikku_celery.backend import PikkuResultBackend
+from tests.conftest import REDIS_URL
+from tests.support.nx import NxServer
+
+
+@pytest.fixture
+def backend_url(nx_server: NxServer) -> Iterator[str]:
+    database = f"pikku_results_{uuid.uuid4().hex[:10]}"
+    yield f"pikku+mongodb://127.0.0.1:{nx_server.port}/{database}"
+
+
+def _app(backend_url: str, broker: str = "memory://") -> tuple[Celery, PikkuCelery]:
+    app = Celery(f"results-{uuid.uuid4().hex[:6]}", broker=broker, backend=backend_url)
+    app.conf.mongodb_backend_settings = {"options": {"directConnection": True}}
+    pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                        worker_reaper=False)
+    return app, pikku
+
+
+def _store(backend: Any, task_id: str, result: Any, attempt: int, name: str) -> None:
+    request = Context(id=task_id, task=name, pikku_attempt=attempt, args=[], kwargs={})
+    backend.store_result(task_id, result, "SUCCESS", request=request)
+
+
+def test_the_backend_url_selects_the_fenced_backend(backend_url: str) -> None:
+    app, _ = _app(backend_url)
+    assert isinstance(app.backend, PikkuResultBackend)
+
+
+def test_a_stale_attempt_cannot_replace_a_newer_outcome_but_celerys_backend_lets_it_win(
+        backend_url: str) -> None:
+    app, pikku = _app(backend_url)
+
+    @pikku.step(name="results.charge")
+    def charge(data: Any) -> Any:
+        return data
+
+    ours = app.backend
+    # Order 1: the stale attempt (a paused copy of the same task id) finishes first.
+    _store(ours, "t-1", "stale", 1, "results.charge")
+    _store(ours, "t-1", "fresh", 2, "results.charge")
+    assert ours.get_task_meta("t-1")["result"] == "fresh"
+    # Order 2: the stale copy writes last.
+    _store(ours, "t-2", "fresh", 2, "results.charge")
+    _store(ours, "t-2", "stale", 1, "results.charge")
+    assert ours.get_task_meta("t-2")["result"] == "fresh"
+    # Celery's own MongoDB backend keeps the first SUCCESS: the stale attempt wins.
+    celerys = MongoBackend(app=app, url=backend_url.removeprefix("pikku+"))
+    _store(celerys, "t-3", "stale", 1, "results.charge")
+    _store(celerys, "t-3", "fresh", 2, "results.charge")
+    assert celerys.get_task_meta("t-3")["result"] == "stale"
+
+
+def test_plain_tasks_are_stored_as_celerys_backend_stores_them(backend_url: str) -> None:
+    app, _ = _app(backend_url)
+    request = Context(id="plain-1", task="some.plain.task", args=[], kwargs={})
+    app.backend.store_result("plain-1", {"n": 1}, "SUCCESS", request=request)
+    app.backend.store_result("plain-1", {"n": 2}, "SUCCESS", request=request)
+    assert app.backend.get_task_meta("plain-1")["result"] == {"n": 1}  # first SUCCESS kept
+
+
+def test_async_result_of_a_step_task_returns_the_recorded_outcome(backend_url: str,
+                                                                  key_prefix: str) -> None:
+    app, pikku = _app(backend_url, broker=REDIS_URL)
+    app.conf.task_default_queue = f"{key_prefix}-q"
+
+    @pikku.step(name="results.double")
+    def double(n: int) -> int:
+        return n * 2
+
+    @app.task(name="results.plain", shared=False)
+    def plain(n: int) -> int:
+        return n + 1
+
+    @pikku.workflow("results.flow")
+    def flow(wf: Any, n: int) -> int:
+        return int(wf.do("double", double, n))
+
+    step_task_ids: list[str] = []
+
+    def collect(sender: Any = None, task_id: str = "", **_: Any) -> None:
+        if getattr(sender, "name", "") == "results.double":
+            step_task_ids.append(task_id)
+
+    signals.task_postrun.connect(collect, weak=False)
+    try:
+        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                          shutdown_timeout=10):
+            run_id = pikku.start(flow, 21)
+            assert pikku.wait(run_id, 30).output == 42
+            assert len(step_task_ids) == 1
+            assert app.AsyncResult(step_task_ids[0]).get(timeout=10, interval=0.05) == 42
+            assert plain.delay(1).get(timeout=10, interval=0.05) == 2
+    finally:
+        signals.task_postrun.disconnect(collect)
