@@ -19,6 +19,7 @@ from pikku_celery.errors import (
     LeaseLostError,
     LeaseTakenError,
     WorkflowCancelledError,
+    WorkflowNotFoundError,
     WorkflowRunNotFoundError,
 )
 from pikku_celery.heartbeat import Heartbeat
@@ -36,7 +37,7 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
-from pikku_celery.replay import CHILD_PREFIX, Pause, WorkflowContext
+from pikku_celery.replay import CHILD_PREFIX, DispatchFailed, Pause, WorkflowContext
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 
 log = logging.getLogger("pikku_celery")
@@ -130,6 +131,8 @@ class Engine:
         except Pause:
             self.store.touch_run(run.run_id, self.now_ms())
             return "paused"
+        except DispatchFailed as failed:
+            raise failed.__cause__ or RuntimeError("dispatch failed") from None
         except WorkflowCancelledError as exc:
             return self.finish(run, RUN_CANCELLED, error=serialize_error(exc),
                                dispatcher=dispatcher, reason=exc.reason)
@@ -372,24 +375,35 @@ class _PassHost:
     def record_step(self, step: NewStep) -> StepState:
         state, created = self._engine.store.insert_step(step, self.now_ms())
         if created and step.child_run_id is None:
-            if step.function is None:
-                assert step.due_ms is not None
-                self._dispatcher.arm_timer(step.run_id, step.step_name, step.due_ms)
-            else:
-                self._dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+            try:
+                if step.function is None:
+                    assert step.due_ms is not None
+                    self._dispatcher.arm_timer(step.run_id, step.step_name, step.due_ms)
+                else:
+                    self._dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+            except Exception as exc:
+                raise DispatchFailed() from exc
         return state
 
     def redispatch(self, state: StepState) -> None:
         if state.function is not None:
-            self._dispatcher.dispatch_step(state.function, state.run_id, state.step_name)
+            try:
+                self._dispatcher.dispatch_step(state.function, state.run_id, state.step_name)
+            except Exception as exc:
+                raise DispatchFailed() from exc
 
     def settle_sleep(self, run_id: str, step_name: str) -> bool:
         return self._engine.store.settle_waiting_step(run_id, step_name, self.now_ms())
 
     def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
                      child_run_id: str) -> None:
-        self._engine.ensure_child(parent_run_id, step_name, workflow, data, child_run_id,
-                                  self._dispatcher)
+        try:
+            self._engine.ensure_child(parent_run_id, step_name, workflow, data, child_run_id,
+                                      self._dispatcher)
+        except (InvalidInputError, WorkflowNotFoundError):
+            raise  # a wrong child is the workflow's own error: it fails the run
+        except Exception as exc:
+            raise DispatchFailed() from exc
 
     def step_definition(self, step: Any) -> StepDefinition:
         if isinstance(step, StepDefinition):

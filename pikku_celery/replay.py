@@ -38,6 +38,12 @@ class Pause(BaseException):
     """Ends a pass quietly: something the workflow waits on is still in flight."""
 
 
+class DispatchFailed(BaseException):
+    """Sending a step or timer message failed. Not an ``Exception``, so the workflow body
+    cannot swallow it: the pass ends, the run is left untouched (the step stays ``pending``
+    and the reaper sends it again), and the cause is raised to the orchestrator task."""
+
+
 class ReplayHost(Protocol):
     """The writes a pass needs; implemented by the engine."""
 

@@ -1,0 +1,154 @@
+"""Fault paths of the engine with a controllable lease clock: supersession mid-body (upstream
+8-10), the reaper (20, 43, 44), and a failed dispatch (40)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from pikku_celery import (
+    InMemoryLeaseService,
+    InMemoryWorkflowStore,
+    PikkuCelery,
+    WorkflowStepSupersededError,
+)
+from tests.unit.test_engine import Recorder
+
+T0 = 1_700_000_000_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ms = T0
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def pikku(clock: FakeClock) -> Iterator[PikkuCelery]:
+    app = Celery("faults", broker="memory://")
+    pikku = PikkuCelery(app, store=InMemoryWorkflowStore(),
+                        leases=InMemoryLeaseService(clock_ms=clock), step_lease=1.0,
+                        undispatched_after=30, stalled_after=30, worker_reaper=False)
+    pikku.engine.clock._resync_s = 0  # follow the fake clock on every read
+    pikku.engine.dispatcher = Recorder()
+    yield pikku
+
+
+def _one_step_workflow(pikku: PikkuCelery, body: Any) -> tuple[str, Any]:
+    step = pikku.step(name="faults.body", bind=True)(body)
+
+    @pikku.workflow("faults.flow")
+    def flow(wf: Any, data: Any) -> Any:
+        return wf.do("s", step)
+
+    run_id = pikku.start("faults.flow", None)
+    pikku.engine.advance(run_id)
+    return run_id, pikku.registry.steps["faults.body"]
+
+
+@pytest.mark.parametrize("ending", ["error", "success"])
+def test_9_10_a_body_superseded_mid_run_changes_nothing(pikku: PikkuCelery, clock: FakeClock,
+                                                        ending: str) -> None:
+    def body(ctx: Any, data: Any) -> str:
+        # This worker stalls past its lease; another worker reclaims the step meanwhile.
+        pikku.engine.store.claim_step(ctx.run_id, ctx.step_name, "faults.body",
+                                      clock.ms + 5_000, 1_000)
+        if ending == "error":
+            raise RuntimeError("stale failure")
+        return "stale result"
+
+    run_id, definition = _one_step_workflow(pikku, body)
+    recorder = pikku.engine.dispatcher
+    recorder.wakes.clear()
+    with pytest.raises(WorkflowStepSupersededError) as info:
+        pikku.engine.execute_step(definition, run_id, "s")
+    assert (info.value.attempt, info.value.current_attempt) == (1, 2)
+    step = pikku.get_steps(run_id)[0]
+    assert (step.status, step.attempt, step.result, step.error) == ("running", 2, None, None)
+    assert pikku.get_run(run_id).status == "running"
+    assert recorder.wakes == [] and recorder.timers == []  # nothing woken or retried
+
+
+def test_20_the_reaper_redispatches_a_lapsed_step_once_per_lease(pikku: PikkuCelery,
+                                                                 clock: FakeClock) -> None:
+    run_id, _definition = _one_step_workflow(pikku, lambda ctx, data: None)
+    held = pikku.engine.claimer.claim(run_id, "s", "faults.body", 1_000)
+    pikku.engine.heartbeat.remove(held.held)  # the worker died: nobody renews
+    recorder = pikku.engine.dispatcher
+    recorder.steps.clear()
+    assert pikku.reap()["lapsed"] == 0
+    clock.ms += 1_001
+    assert pikku.reap()["lapsed"] == 1
+    assert recorder.steps == [("faults.body", run_id, "s")]
+    assert pikku.reap()["lapsed"] == 0  # backed off for one lease
+    clock.ms += 1_001
+    assert pikku.reap()["lapsed"] == 1
+
+
+def test_44_the_reaper_resends_a_pending_step_nobody_picked_up(pikku: PikkuCelery,
+                                                               clock: FakeClock) -> None:
+    run_id, _ = _one_step_workflow(pikku, lambda ctx, data: None)
+    recorder = pikku.engine.dispatcher
+    recorder.steps.clear()
+    assert pikku.reap()["due"] == 0  # fresh: its message is probably in a queue
+    clock.ms += 30_001
+    assert pikku.reap()["due"] == 1
+    assert recorder.steps == [("faults.body", run_id, "s")]
+
+
+def test_43_the_reaper_wakes_a_run_whose_wake_up_was_lost(pikku: PikkuCelery,
+                                                          clock: FakeClock) -> None:
+    run_id, definition = _one_step_workflow(pikku, lambda ctx, data: "done")
+    pikku.engine.execute_step(definition, run_id, "s")  # its wake-up message is lost
+    recorder = pikku.engine.dispatcher
+    recorder.wakes.clear()
+    assert pikku.reap()["stalled"] == 0
+    clock.ms += 30_001
+    assert pikku.reap()["stalled"] == 1
+    assert recorder.wakes == [(run_id, 0.0)]
+    assert pikku.engine.advance(run_id) == "completed"
+    clock.ms += 60_000
+    assert pikku.reap()["stalled"] == 0  # settled runs are left alone
+
+
+def test_43_a_run_with_a_live_step_is_not_woken(pikku: PikkuCelery, clock: FakeClock) -> None:
+    run_id, _ = _one_step_workflow(pikku, lambda ctx, data: None)
+    pikku.engine.claimer.claim(run_id, "s", "faults.body", 120_000)  # live, renewed lease
+    clock.ms += 31_000
+    recorder = pikku.engine.dispatcher
+    recorder.wakes.clear()
+    assert pikku.reap() == {"lapsed": 0, "due": 0, "stalled": 0}
+    assert recorder.wakes == []
+
+
+def test_40_a_failed_dispatch_leaves_the_step_pending_and_the_run_running(
+        pikku: PikkuCelery) -> None:
+    class BrokerDown(Recorder):
+        def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+            raise ConnectionError("broker unreachable")
+
+    pikku.engine.dispatcher = BrokerDown()
+    step = pikku.step(name="faults.never")(lambda data: None)
+
+    @pikku.workflow("faults.dispatch")
+    def flow(wf: Any, data: Any) -> Any:
+        try:
+            return wf.do("s", step)
+        except Exception as exc:  # a body catching errors cannot hide a failed dispatch
+            return f"swallowed {type(exc).__name__}"
+
+    run_id = pikku.start("faults.dispatch", None)
+    with pytest.raises(ConnectionError, match="broker unreachable"):
+        pikku.engine.advance(run_id)
+    assert pikku.get_run(run_id).status == "running"
+    assert [s.status for s in pikku.get_steps(run_id)] == ["pending"]
