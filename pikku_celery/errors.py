@@ -4,7 +4,16 @@ from __future__ import annotations
 
 
 class PikkuError(Exception):
-    """Root of every error pikku-celery raises on purpose."""
+    """Root of every error pikku-celery raises on purpose.
+
+    ``args`` holds the constructor's arguments, so an error survives pickling and Celery's
+    JSON exception round trip (both rebuild it as ``cls(*args)``); ``str()`` is the message.
+    """
+
+    _message: str | None = None
+
+    def __str__(self) -> str:
+        return self._message if self._message is not None else super().__str__()
 
 
 class WorkflowStepSupersededError(PikkuError):
@@ -18,10 +27,9 @@ class WorkflowStepSupersededError(PikkuError):
         self.attempt = attempt
         self.current_attempt = current_attempt
         now = f", current attempt {current_attempt}" if current_attempt is not None else ""
-        super().__init__(
-            f"step {step_name!r} of run {run_id}: attempt {attempt} was superseded{now}; "
-            "its write was refused"
-        )
+        super().__init__(run_id, step_name, attempt, current_attempt)
+        self._message = (f"step {step_name!r} of run {run_id}: attempt {attempt} was "
+                         f"superseded{now}; its write was refused")
 
 
 class WorkflowStepLeaseExpiredError(PikkuError):
@@ -31,10 +39,9 @@ class WorkflowStepLeaseExpiredError(PikkuError):
         self.run_id = run_id
         self.step_name = step_name
         self.attempt = attempt
-        super().__init__(
-            f"step {step_name!r} of run {run_id} lost its worker on attempt {attempt} "
-            "(lease expired) and has no attempts left"
-        )
+        super().__init__(run_id, step_name, attempt)
+        self._message = (f"step {step_name!r} of run {run_id} lost its worker on attempt "
+                         f"{attempt} (lease expired) and has no attempts left")
 
 
 class WorkflowStepFunctionMismatchError(PikkuError):
@@ -45,10 +52,9 @@ class WorkflowStepFunctionMismatchError(PikkuError):
         self.step_name = step_name
         self.expected = expected
         self.got = got
-        super().__init__(
-            f"step {step_name!r} of run {run_id} was dispatched as {expected!r} "
-            f"but the message names {got!r}; refused before any write"
-        )
+        super().__init__(run_id, step_name, expected, got)
+        self._message = (f"step {step_name!r} of run {run_id} was dispatched as {expected!r} "
+                         f"but the message names {got!r}; refused before any write")
 
 
 class WorkflowNotFoundError(PikkuError):
@@ -56,7 +62,8 @@ class WorkflowNotFoundError(PikkuError):
 
     def __init__(self, name: str):
         self.name = name
-        super().__init__(f"no workflow named {name!r} is registered")
+        super().__init__(name)
+        self._message = f"no workflow named {name!r} is registered"
 
 
 class WorkflowRunNotFoundError(PikkuError):
@@ -64,7 +71,8 @@ class WorkflowRunNotFoundError(PikkuError):
 
     def __init__(self, run_id: str):
         self.run_id = run_id
-        super().__init__(f"no workflow run with id {run_id!r}")
+        super().__init__(run_id)
+        self._message = f"no workflow run with id {run_id!r}"
 
 
 class WorkflowStepNotFoundError(PikkuError):
@@ -73,15 +81,17 @@ class WorkflowStepNotFoundError(PikkuError):
     def __init__(self, run_id: str, step_name: str):
         self.run_id = run_id
         self.step_name = step_name
-        super().__init__(f"run {run_id} has no step named {step_name!r}")
+        super().__init__(run_id, step_name)
+        self._message = f"run {run_id} has no step named {step_name!r}"
 
 
 class WorkflowRunFailedError(PikkuError):
     """Raised into a workflow (or to a caller) when a step or child run failed for good."""
 
-    def __init__(self, message: str, *, error: dict[str, object] | None = None):
+    def __init__(self, message: str, error: dict[str, object] | None = None):
         self.error = error or {}
-        super().__init__(message)
+        super().__init__(message, error)
+        self._message = message
 
 
 class WorkflowCancelledError(PikkuError):
@@ -90,7 +100,8 @@ class WorkflowCancelledError(PikkuError):
     def __init__(self, run_id: str, reason: str | None = None):
         self.run_id = run_id
         self.reason = reason
-        super().__init__(f"run {run_id} was cancelled" + (f": {reason}" if reason else ""))
+        super().__init__(run_id, reason)
+        self._message = f"run {run_id} was cancelled" + (f": {reason}" if reason else "")
 
 
 class WorkflowReplayError(PikkuError):
@@ -102,7 +113,8 @@ class LeaseTakenError(PikkuError):
 
     def __init__(self, key: str):
         self.key = key
-        super().__init__(f"lease {key!r} is held by another holder")
+        super().__init__(key)
+        self._message = f"lease {key!r} is held by another holder"
 
 
 class LeaseLostError(PikkuError):
@@ -110,7 +122,8 @@ class LeaseLostError(PikkuError):
 
     def __init__(self, key: str):
         self.key = key
-        super().__init__(f"lease {key!r} was lost")
+        super().__init__(key)
+        self._message = f"lease {key!r} was lost"
 
 
 class InvalidInputError(PikkuError, ValueError):
