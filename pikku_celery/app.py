@@ -150,6 +150,11 @@ class PikkuCelery:
         ``TimeoutError`` only when ``timeout`` seconds pass first."""
         return self.engine.wait(run_id, timeout)
 
+    def resume(self, run_id: str) -> bool:
+        """Resume a run suspended by ``wf.suspend(reason)``. Returns ``False`` if it was not
+        suspended."""
+        return self.engine.resume(run_id)
+
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel the run durably; in-flight steps are fenced and told through their
         context. Returns ``False`` if the run had already ended."""

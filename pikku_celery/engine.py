@@ -33,11 +33,18 @@ from pikku_celery.records import (
     RUN_SUSPENDED,
     STEP_PENDING,
     STEP_RUNNING,
+    STEP_SCHEDULED,
     StepAttempt,
     StepState,
     WorkflowRun,
 )
-from pikku_celery.replay import CHILD_PREFIX, DispatchFailed, Pause, WorkflowContext
+from pikku_celery.replay import (
+    CHILD_PREFIX,
+    SUSPEND_PREFIX,
+    DispatchFailed,
+    Pause,
+    WorkflowContext,
+)
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 
 log = logging.getLogger("pikku_celery")
@@ -179,6 +186,19 @@ class Engine:
             dispatcher.wake_run(child.run_id)
         elif child.is_terminal:  # the parent missed the news (a crash in between)
             self._notify_parent(child.run_id, dispatcher)
+
+    def resume(self, run_id: str) -> bool:
+        """Release a suspended run: open its suspension gates and wake it."""
+        self.get_run(run_id)
+        now = self.now_ms()
+        resumed = self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now)
+        for step in self.store.list_steps(run_id):
+            if step.step_name.startswith(SUSPEND_PREFIX) and step.status == STEP_SCHEDULED:
+                self.store.settle_waiting_step(run_id, step.step_name, now, gate=True,
+                                               result={"resumed_at_ms": now})
+        if resumed:
+            self.dispatcher.wake_run(run_id)
+        return resumed
 
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel durably: the run first, then every unsettled step is fenced (in-flight
@@ -372,9 +392,14 @@ class _PassHost:
     def now_ms(self) -> int:
         return self._engine.now_ms()
 
+    def suspend_run(self, run_id: str, reason: str) -> None:
+        self._engine.store.transition_run(run_id, [RUN_RUNNING], RUN_SUSPENDED, self.now_ms(),
+                                          cancel_reason=None)
+
     def record_step(self, step: NewStep) -> StepState:
         state, created = self._engine.store.insert_step(step, self.now_ms())
-        if created and step.child_run_id is None:
+        if created and step.child_run_id is None and not (
+                step.function is None and step.due_ms is None):  # a gate has no timer
             try:
                 if step.function is None:
                     assert step.due_ms is not None

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pikku_celery.errors import InvalidInputError
-from pikku_celery.records import WorkflowRun
+from pikku_celery.records import RUN_SUSPENDED, WorkflowRun
 
 if TYPE_CHECKING:
     from pikku_celery.engine import Engine
@@ -42,12 +42,12 @@ class InlineDispatcher:
 
 
 def run_inline(engine: Engine, run_id: str, *, poll_s: float = 0.05) -> WorkflowRun:
-    """Drive ``run_id`` (and any child runs) to a terminal status in this process."""
+    """Drive ``run_id`` (and any child runs) in this process until it ends or is suspended."""
     dispatcher = InlineDispatcher(engine)
     dispatcher.wake_run(run_id)
     while True:
         run = engine.get_run(run_id)
-        if run.is_terminal:
+        if run.is_terminal or (run.status == RUN_SUSPENDED and not dispatcher.queue):
             return run
         if dispatcher.queue:
             _do(engine, dispatcher, dispatcher.queue.popleft())

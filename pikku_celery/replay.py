@@ -31,6 +31,7 @@ from pikku_celery.records import (
 from pikku_celery.store.base import NewStep
 
 CHILD_PREFIX = "workflow:"
+SUSPEND_PREFIX = "__suspend:"
 CHILD_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0002")
 
 
@@ -59,6 +60,8 @@ class ReplayHost(Protocol):
                      child_run_id: str) -> None: ...
 
     def step_definition(self, step: Any) -> StepDefinition: ...
+
+    def suspend_run(self, run_id: str, reason: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,19 @@ class WorkflowContext:
         if state.status == STEP_RUNNING:
             self._host.ensure_child(self.run_id, name, workflow_name, state.data, child_run_id)
         return self.gather(self._outcome(state))[0]
+
+    def suspend(self, reason: str) -> None:
+        """Suspend the run here until ``pikku.resume(run_id)``: the run is recorded
+        ``suspended``, no worker waits, and replay passes stop at this point until then."""
+        name = SUSPEND_PREFIX + reason
+        state = self._steps.get(name)
+        if state is None:
+            state = self._record(NewStep(run_id=self.run_id, step_name=name, function=None,
+                                         data={"reason": reason}, status=STEP_SCHEDULED))
+        if state.status == STEP_SUCCEEDED:
+            return
+        self._host.suspend_run(self.run_id, reason)
+        raise Pause
 
     def cancel(self, reason: str | None = None) -> None:
         """End the run as ``cancelled`` from inside the workflow."""

@@ -178,10 +178,12 @@ class WorkflowStore(Protocol):
         result: Any = None,
         error: dict[str, Any] | None = None,
         child_run_id: str | None = None,
+        gate: bool = False,
     ) -> bool:
-        """Settle a step nobody claims: a due sleep (``scheduled`` with ``due_ms <= now``) or
-        a step parked on ``child_run_id``. One guarded write; ``False`` if it no longer
-        waits (already settled, not yet due, another child)."""
+        """Settle a step nobody claims: a due sleep (``scheduled`` with ``due_ms <= now``), a
+        step parked on ``child_run_id``, or with ``gate`` a ``scheduled`` step that is never
+        due by itself (a suspension gate). One guarded write; ``False`` if it no longer waits
+        (already settled, not yet due, another child)."""
         ...
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:

@@ -192,11 +192,11 @@ class InMemoryWorkflowStore:
 
     def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
                             result: Any = None, error: dict[str, Any] | None = None,
-                            child_run_id: str | None = None) -> bool:
+                            child_run_id: str | None = None, gate: bool = False) -> bool:
         check_value(f"result of step {step_name!r}", result)
         with self._lock:
             doc = self._steps.get(_docs.invocation_id(run_id, step_name))
-            if doc is None or not _is_waiting(doc, now_ms, child_run_id):
+            if doc is None or not _is_waiting(doc, now_ms, child_run_id, gate):
                 return False
             status = STEP_FAILED if error is not None else STEP_SUCCEEDED
             doc.update({S.STATUS: status, S.RESULT: copy.deepcopy(result),
@@ -298,7 +298,9 @@ class InMemoryWorkflowStore:
         self._history[entry[H.ID]] = copy.deepcopy(entry)
 
 
-def _is_waiting(doc: Doc, now_ms: int, child_run_id: str | None) -> bool:
+def _is_waiting(doc: Doc, now_ms: int, child_run_id: str | None, gate: bool) -> bool:
     if child_run_id is not None:
         return doc[S.STATUS] == STEP_RUNNING and doc.get(S.CHILD_RUN) == child_run_id
-    return doc[S.STATUS] == STEP_SCHEDULED and doc.get(S.FUNCTION) is None and is_due(doc, now_ms)
+    if doc[S.STATUS] != STEP_SCHEDULED or doc.get(S.FUNCTION) is not None:
+        return False
+    return doc.get(S.DUE) is None if gate else is_due(doc, now_ms)

@@ -272,14 +272,14 @@ class MongoWorkflowStore:
 
     def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
                             result: Any = None, error: dict[str, Any] | None = None,
-                            child_run_id: str | None = None) -> bool:
+                            child_run_id: str | None = None, gate: bool = False) -> bool:
         check_value(f"result of step {step_name!r}", result)
         guard: Doc = {S.ID: _docs.invocation_id(run_id, step_name)}
         if child_run_id is not None:
             guard.update({S.STATUS: STEP_RUNNING, S.CHILD_RUN: child_run_id})
         else:
             guard.update({S.STATUS: STEP_SCHEDULED, S.FUNCTION: None,
-                          S.DUE: {"$ne": None, "$lte": now_ms}})
+                          S.DUE: None if gate else {"$ne": None, "$lte": now_ms}})
         status = STEP_FAILED if error is not None else STEP_SUCCEEDED
         doc = self._steps.find_one_and_update(guard, {"$set": {
             S.STATUS: status, S.RESULT: result, S.ERROR: error, S.LEASE: None, S.DUE: None,

@@ -412,3 +412,29 @@ def test_continue_in_place_replays_in_the_worker_instead_of_sending_a_wake() -> 
     assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "other", 60_000)
     pikku.engine.execute_step(definition, run_id, "b")
     assert recorder.wakes == [(run_id, 0.0)]
+
+
+def test_suspend_records_the_run_and_resume_continues_it(pikku: PikkuCelery) -> None:
+    from pikku_celery.inline import run_inline
+
+    @pikku.step()
+    def record(data: Any) -> Any:
+        return data
+
+    @pikku.workflow()
+    def approval(wf: Any, data: Any) -> Any:
+        before = wf.do("before", record, 1)
+        wf.suspend("manager approval")
+        return [before, wf.do("after", record, 2)]
+
+    run_id = pikku.start(approval, None, inline=True)
+    run = pikku.get_run(run_id)
+    assert run.status == "suspended"
+    assert pikku.engine.advance(run_id) == "paused"  # replay after suspension is safe
+    assert pikku.get_run(run_id).status == "suspended"
+    assert "after" not in steps_of(pikku, run_id)
+    pikku.engine.dispatcher = Recorder()
+    assert pikku.resume(run_id)
+    assert not pikku.resume(run_id)  # only a suspended run resumes
+    assert run_inline(pikku.engine, run_id).output == [1, 2]
+    assert pikku.reap() == {"lapsed": 0, "due": 0, "stalled": 0}
