@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from celery import Celery, signals
@@ -12,14 +12,19 @@ from celery import Celery, signals
 from pikku_celery.definitions import (
     DEFAULT_RETRIES,
     Registry,
+    StepDefinition,
+    WorkflowDefinition,
     make_step,
     make_workflow,
 )
 from pikku_celery.durations import Duration, to_ms, to_seconds
 from pikku_celery.engine import Engine, Settings
+from pikku_celery.errors import InvalidInputError
+from pikku_celery.graph import build_graph, run_graph
 from pikku_celery.inline import run_inline
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.replay import WorkflowContext
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.tasks import (
     REAP,
@@ -120,6 +125,24 @@ class PikkuCelery:
             fn.pikku_workflow = definition  # type: ignore[attr-defined]
             return fn
         return decorate
+
+    def graph(self, name: str, *, nodes: Mapping[str, Any], edges: Sequence[tuple[str, str]],
+              branch: Mapping[str, Callable[[Any], Iterable[str]]] | None = None
+              ) -> WorkflowDefinition:
+        """Register a graph workflow: ``nodes`` maps node names to steps, ``edges`` are
+        ``(from, to)`` pairs (a DAG), ``branch`` optionally maps a node to a function of its
+        result returning the successors to run. Start it like any workflow, by name."""
+        spec = build_graph(name, nodes, edges, branch)
+        for node, step in spec.nodes.items():
+            if not isinstance(getattr(step, "pikku_step", None), StepDefinition):
+                raise InvalidInputError(f"graph {name!r}: node {node!r} is not a pikku step")
+
+        def graph_workflow(wf: WorkflowContext, data: Any) -> dict[str, Any]:
+            return run_graph(spec, wf, data)
+
+        definition = make_workflow(graph_workflow, name, source=spec.describe())
+        self.registry.add_workflow(definition)
+        return definition
 
     # --- runs -----------------------------------------------------------------------------
 

@@ -68,12 +68,15 @@ class WorkflowDefinition:
     source: str
 
 
-def make_workflow(fn: Callable[..., Any], name: str) -> WorkflowDefinition:
+def make_workflow(fn: Callable[..., Any], name: str, *, source: str | None = None
+                  ) -> WorkflowDefinition:
+    """``source`` (default: the function's source) is what the version hash is taken of."""
     check_name("workflow name", name)
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        source = f"{fn.__module__}.{fn.__qualname__}"
+    if source is None:
+        try:
+            source = inspect.getsource(fn)
+        except (OSError, TypeError):
+            source = f"{fn.__module__}.{fn.__qualname__}"
     version = hashlib.sha256(source.encode()).hexdigest()[:16]
     return WorkflowDefinition(name=name, fn=fn, version=version, source=source)
 
