@@ -1,0 +1,116 @@
+"""The Celery app the chaos harness runs on real ``celery -A tests.chaos.chaosapp`` workers.
+
+Configured from ``CHAOS_*`` environment variables. Every step body appends to an external
+ledger (one JSON line per event in a file per worker process, so it survives Redis and
+MongoDB restarts) with its invocation id, attempt and pid; every result carries the attempt
+and pid that produced it, so the checker can tell which attempt's write was recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+from pikku_celery import (
+    MongoWorkflowStore,
+    PikkuCelery,
+    RedisLeaseService,
+    StepContext,
+    WorkflowContext,
+)
+
+ENV = os.environ
+if ENV.get("CHAOS_SKEW_S"):  # a worker whose wall clock is off by minutes
+    import time_machine
+
+    time_machine.travel(time.time() + float(ENV["CHAOS_SKEW_S"]), tick=True).start()
+
+LEDGER_DIR = ENV.get("CHAOS_LEDGER", "/tmp/pikku-chaos-ledger")
+
+app = Celery("chaos", broker=ENV.get("CHAOS_BROKER", "redis://127.0.0.1:6379/0"))
+app.conf.update(
+    task_default_queue=ENV.get("CHAOS_QUEUE", "chaos"),
+    broker_heartbeat=0,
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
+    worker_hijack_root_logger=False,
+    broker_transport_options={"visibility_timeout": float(ENV.get("CHAOS_VISIBILITY_S", "3600")),
+                              "unacked_restore_interval": 1, "unacked_restore_throttle": 1},
+)
+pikku = PikkuCelery(
+    app,
+    store=MongoWorkflowStore.from_url(ENV.get("CHAOS_MONGO", "mongodb://127.0.0.1/chaos"),
+                                      serverSelectionTimeoutMS=3000),
+    leases=RedisLeaseService.from_url(ENV.get("CHAOS_REDIS", "redis://127.0.0.1:6379/0"),
+                                      key_prefix=ENV.get("CHAOS_PREFIX", "chaos")),
+    step_lease=float(ENV.get("CHAOS_LEASE_S", "2")),
+    reaper_interval=float(ENV.get("CHAOS_REAPER_S", "0.5")),
+    undispatched_after=float(ENV.get("CHAOS_UNDISPATCHED_S", "3")),
+    stalled_after=float(ENV.get("CHAOS_STALLED_S", "3")),
+    max_countdown=5,
+)
+
+
+def ledger(event: str, ctx: StepContext | None, **fields: Any) -> None:
+    entry = {"event": event, "t": time.monotonic(), "wall": time.time(), "pid": os.getpid(),
+             **fields}
+    if ctx is not None:
+        entry.update(run=ctx.run_id, step=ctx.step_name, attempt=ctx.attempt,
+                     invocation=ctx.invocation_id, lost=ctx.lease_lost)
+    line = (json.dumps(entry) + "\n").encode()
+    fd = os.open(os.path.join(LEDGER_DIR, f"{os.getpid()}.jsonl"),
+                 os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)  # one small O_APPEND write: whole lines even across threads
+    finally:
+        os.close(fd)
+
+
+class Fatal(Exception):
+    pass
+
+
+@pikku.step(name="chaos.work", retries=3, retry_delay="100ms", bind=True)
+def work(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
+    ledger("start", ctx)
+    kind = data.get("kind", "ok")
+    if kind == "slow":
+        time.sleep(data.get("seconds", 1.0))  # never stops early: a late write is the point
+    if kind == "flaky" and ctx.attempt < data.get("fail_until", 2):
+        ledger("raise", ctx)
+        raise ConnectionError(f"flaky attempt {ctx.attempt}")
+    if kind == "fatal":
+        ledger("raise", ctx)
+        raise Fatal(f"fatal step of order {data.get('order')}")
+    ledger("end", ctx)
+    return {"attempt": ctx.attempt, "pid": os.getpid(), "invocation": ctx.invocation_id}
+
+
+@pikku.step(name="chaos.compensate", retries=3, retry_delay="100ms", bind=True)
+def compensate(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
+    ledger("start", ctx)
+    ledger("compensate", ctx, because=data["error"].get("message"))
+    ledger("end", ctx)
+    return {"attempt": ctx.attempt, "pid": os.getpid(), "invocation": ctx.invocation_id}
+
+
+@pikku.workflow("chaos.order")
+def order(wf: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
+    """Seven steps: ok, flaky, slow, a fan-out of two, a sleep, and a last step that is
+    fatal for some orders (compensated once, then the run fails)."""
+    n = spec["order"]
+    first = wf.do("reserve", work, {"kind": "ok", "order": n})
+    wf.do("charge", work, {"kind": "flaky", "fail_until": spec.get("fail_until", 2),
+                           "order": n})
+    wf.do("courier", work, {"kind": "slow", "seconds": spec.get("slow_s", 0.3), "order": n})
+    left, right = wf.gather(wf.call("email", work, {"kind": "ok", "order": n}),
+                            wf.call("sms", work, {"kind": "ok", "order": n}))
+    wf.sleep("pickup", "50ms")
+    last = wf.do("ship", work, {"kind": "fatal" if spec.get("fatal") else "ok", "order": n},
+                 on_error=compensate)
+    return {"first": first["attempt"], "last": last["attempt"],
+            "notified": [left["attempt"], right["attempt"]]}

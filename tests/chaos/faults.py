@@ -1,0 +1,132 @@
+"""Fault injection at random moments, from a recorded seed.
+
+Every fault is logged with its monotonic time (the same clock the ledger uses: Linux's
+``CLOCK_MONOTONIC`` is system-wide), so the checker can measure how long recovery took.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.cluster import Cluster, Worker
+
+KINDS = {  # kind -> weight
+    "kill_worker": 3,
+    "kill_child": 2,
+    "pause_worker": 2,
+    "duplicate_step": 3,
+    "duplicate_orchestrate": 2,
+    "restart_redis": 1,
+    "restart_mongo": 1,
+}
+
+
+@dataclass
+class FaultEvent:
+    kind: str
+    t: float
+    pids: set[int] = field(default_factory=set)
+    detail: str = ""
+
+
+class FaultInjector:
+    def __init__(self, cluster: Cluster, pikku: Any, app: Any, seed: int, pools: list[str],
+                 lease_s: float) -> None:
+        self.cluster = cluster
+        self.pikku = pikku
+        self.app = app
+        self.rng = random.Random(seed)
+        self.pools = pools
+        self.lease_s = lease_s
+        self.events: list[FaultEvent] = []
+        self.counts: Counter[str] = Counter()
+        self._paused: set[str] = set()
+
+    def inject(self, run_ids: list[str]) -> FaultEvent | None:
+        kinds, weights = zip(*KINDS.items(), strict=True)
+        kind = self.rng.choices(kinds, weights)[0]
+        event = getattr(self, f"_{kind}")(run_ids)
+        if event is not None:
+            self.events.append(event)
+            self.counts[kind] += 1
+        return event
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def _victim(self) -> Worker | None:
+        live = [w for w in self.cluster.live_workers() if w.name not in self._paused]
+        return self.rng.choice(live) if len(live) > 1 else None
+
+    def _replace(self, worker: Worker) -> None:
+        new = self.cluster.start_worker(worker.pool, worker.skew_s)
+        threading.Thread(target=self.cluster.wait_ready, args=(new,), daemon=True).start()
+
+    def _kill_worker(self, run_ids: list[str]) -> FaultEvent | None:
+        worker = self._victim()
+        if worker is None:
+            return None
+        pids = worker.group_pids()
+        worker.signal(signal.SIGKILL)
+        worker.proc.wait(10)
+        self._replace(worker)
+        return FaultEvent("kill_worker", time.monotonic(), pids, worker.name)
+
+    def _kill_child(self, run_ids: list[str]) -> FaultEvent | None:
+        prefork = [w for w in self.cluster.live_workers()
+                   if w.pool == "prefork" and w.name not in self._paused]
+        if not prefork:
+            return self._kill_worker(run_ids)
+        worker = self.rng.choice(prefork)
+        children = sorted(worker.group_pids() - {worker.proc.pid})
+        if not children:
+            return None
+        child = self.rng.choice(children)
+        subprocess.run(["kill", "-9", str(child)], check=False)
+        return FaultEvent("kill_child", time.monotonic(), {child}, worker.name)
+
+    def _pause_worker(self, run_ids: list[str]) -> FaultEvent | None:
+        worker = self._victim()
+        if worker is None:
+            return None
+        seconds = self.lease_s * self.rng.uniform(1.5, 3.0)  # past its lease
+        self._paused.add(worker.name)
+        worker.signal(signal.SIGSTOP)
+
+        def resume() -> None:
+            time.sleep(seconds)
+            worker.signal(signal.SIGCONT)
+            self._paused.discard(worker.name)
+
+        threading.Thread(target=resume, daemon=True).start()
+        return FaultEvent("pause_worker", time.monotonic(), worker.group_pids(),
+                          f"{worker.name} for {seconds:.1f}s")
+
+    def _duplicate_step(self, run_ids: list[str]) -> FaultEvent | None:
+        run_id = self.rng.choice(run_ids)
+        steps = [s for s in self.pikku.get_steps(run_id) if s.function and
+                 not s.function.startswith("workflow:")]
+        if not steps:
+            return None
+        step = self.rng.choice(steps)
+        self.app.tasks[step.function].apply_async((run_id, step.step_name))
+        return FaultEvent("duplicate_step", time.monotonic(), detail=f"{run_id}:{step.step_name}")
+
+    def _duplicate_orchestrate(self, run_ids: list[str]) -> FaultEvent | None:
+        run_id = self.rng.choice(run_ids)
+        self.app.tasks["pikku.orchestrate"].apply_async((run_id,))
+        return FaultEvent("duplicate_orchestrate", time.monotonic(), detail=run_id)
+
+    def _restart_redis(self, run_ids: list[str]) -> FaultEvent | None:
+        self.cluster.restart_redis()
+        return FaultEvent("restart_redis", time.monotonic())
+
+    def _restart_mongo(self, run_ids: list[str]) -> FaultEvent | None:
+        self.cluster.restart_mongo()
+        return FaultEvent("restart_mongo", time.monotonic())

@@ -1,0 +1,137 @@
+"""Run a chaos profile: real workers, real Redis and broker, MongoDB over the wire, faults
+injected at random moments from a seed; then check the store against the ledger.
+
+    python -m tests.chaos.run --profile short|full [--seed N] [--broker redis|amqp]
+
+Exits 0 when the checker found no violation. ``--profile full`` is the published run of
+docs/reliability.md; ``short`` runs in CI (tests/chaos/test_chaos_short.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.checker import Report, check, read_ledger
+from tests.chaos.cluster import Cluster
+from tests.chaos.faults import FaultInjector
+
+LEASE_S = 2.0
+REAPER_S = 0.5
+
+
+@dataclass(frozen=True)
+class Profile:
+    runs: int
+    faults: int
+    workers: int
+    fault_interval_s: float
+    drain_s: float
+    fatal_every: int = 7
+    cancel_every: int = 25
+    skewed_worker_s: float = 120.0
+
+
+PROFILES = {
+    "short": Profile(runs=40, faults=15, workers=3, fault_interval_s=2.5, drain_s=150),
+    "full": Profile(runs=500, faults=120, workers=4, fault_interval_s=2.0, drain_s=420),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="short")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--broker", choices=["redis", "amqp"], default="redis")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1_000_000)
+    print(f"chaos: profile {args.profile}, seed {seed}, broker {args.broker}", flush=True)
+    started = time.monotonic()
+    report = run(PROFILES[args.profile], seed, args.broker, keep=args.keep)
+    print(report.summary())
+    print(f"chaos: {time.monotonic() - started:.0f}s; reproduce with: python -m tests.chaos.run "
+          f"--profile {args.profile} --seed {seed} --broker {args.broker}")
+    return 1 if report.violations else 0
+
+
+def run(profile: Profile, seed: int, broker: str, *, keep: bool = False) -> Report:
+    workdir = Path(tempfile.mkdtemp(prefix="pikku-chaos-"))
+    cluster = Cluster(workdir, broker)
+    try:
+        cluster.start_redis()
+        cluster.start_mongo()
+        os.environ.update(cluster.env())
+        chaos = importlib.import_module("tests.chaos.chaosapp")
+        pools = ["prefork", "threads"]
+        for i in range(profile.workers):
+            cluster.start_worker(pools[i % 2])
+        cluster.start_worker("threads", skew_s=profile.skewed_worker_s)
+        for worker in cluster.workers:
+            cluster.wait_ready(worker)
+        return _drive(cluster, chaos, profile, seed)
+    finally:
+        cluster.stop()
+        if not keep:
+            cluster.cleanup()
+        else:
+            print(f"chaos: work directory kept at {workdir}")
+
+
+def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
+    rng = random.Random(seed)
+    specs: dict[str, dict[str, Any]] = {}
+    for n in range(profile.runs):
+        spec = {"order": n, "fatal": n % profile.fatal_every == profile.fatal_every - 1,
+                "fail_until": rng.choice([1, 2, 3]), "slow_s": rng.uniform(0.1, 1.2)}
+        specs[chaos.pikku.start("chaos.order", spec)] = spec
+    run_ids = list(specs)
+    injector = FaultInjector(cluster, chaos.pikku, chaos.app, seed, ["prefork", "threads"],
+                             LEASE_S)
+    cancelled: set[str] = set()
+    begun = time.monotonic()
+    deadline = begun + profile.drain_s + profile.faults * profile.fault_interval_s
+    while len(injector.events) < profile.faults and time.monotonic() < deadline:
+        time.sleep(rng.expovariate(1 / profile.fault_interval_s))
+        live = [r for r in run_ids if not chaos.pikku.get_run(r).is_terminal] or run_ids
+        _maybe_cancel(chaos, rng, live, profile, cancelled)
+        try:
+            event = injector.inject(live)
+        except Exception as exc:  # a fault that could not be applied is not a finding
+            print(f"chaos: fault failed to apply: {exc!r}", flush=True)
+            continue
+        if event is not None:
+            print(f"chaos: t+{event.t - begun:5.1f}s {event.kind} {event.detail}", flush=True)
+    _drain(chaos, run_ids, deadline)
+    time.sleep(1.0)  # let late writers (resumed paused workers) finish and log
+    logs = [w.log.read_text(errors="replace") for w in cluster.workers]
+    ledger = read_ledger(cluster.workdir / "ledger")
+    return check(chaos.pikku, specs, cancelled, ledger, injector.events, logs,
+                 recovery_bound_s=LEASE_S + REAPER_S + 10.0)
+
+
+def _maybe_cancel(chaos: Any, rng: random.Random, live: list[str], profile: Profile,
+                  cancelled: set[str]) -> None:
+    if rng.random() < len(live) / max(1, profile.cancel_every * 10):
+        run_id = rng.choice(live)
+        cancelled.add(run_id)
+        chaos.pikku.cancel(run_id, "chaos cancel")
+
+
+def _drain(chaos: Any, run_ids: list[str], deadline: float) -> None:
+    pending = list(run_ids)
+    while pending and time.monotonic() < deadline:
+        pending = [r for r in pending if not chaos.pikku.get_run(r).is_terminal]
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

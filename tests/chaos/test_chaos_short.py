@@ -1,0 +1,27 @@
+"""The short chaos profile, in CI on every change: same harness and checker as the full run
+(docs/reliability.md), fewer runs and faults. Runs in a subprocess so its environment and
+processes are its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
+def test_short_chaos_profile_finds_no_violation(broker: str) -> None:
+    seed = os.environ.get("PIKKU_CHAOS_SEED", "20261130")
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.chaos.run", "--profile", "short", "--seed", seed,
+         "--broker", broker], cwd=ROOT, capture_output=True, text=True, timeout=380)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert "violations 0" in out and "lost or stuck runs 0" in out
+    assert "double-recorded outcomes 0" in out
