@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -87,7 +86,7 @@ class PikkuCelery:
         dispatcher = CeleryDispatcher(celery_app, lambda: self.engine,
                                       to_seconds(max_countdown, what="max_countdown"))
         self.engine = Engine(store, leases, self.registry, dispatcher, settings,
-                             worker=f"{socket.gethostname()}:{os.getpid()}")
+                             worker=socket.gethostname())
         self._reaper = WorkerReaper(lambda: self.engine, self.reaper_interval_s)
         register_internal_tasks(celery_app, lambda: self.engine)
         if "worker_prefetch_multiplier" not in celery_app.conf.changes:
@@ -188,11 +187,13 @@ class PikkuCelery:
                   ) -> list[WorkflowRun]:
         """Newest first, at most ``limit``; pass the last run of a page as
         ``created_before`` for the next page."""
-        before = None
+        before_ms = before_id = None
         if created_before is not None:
-            before = int(created_before.created_at.timestamp() * 1000)
+            before_ms = round(created_before.created_at.timestamp() * 1000)
+            before_id = created_before.run_id
         return self.engine.store.list_runs(workflow=workflow, status=status, limit=limit,
-                                           created_before_ms=before)
+                                           created_before_ms=before_ms,
+                                           before_run_id=before_id)
 
     def reap(self) -> dict[str, int]:
         """Sweep for lost work now (workers also do this every ``reaper_interval``)."""

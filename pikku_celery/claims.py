@@ -17,15 +17,17 @@ Order of one execution, and why:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pikku_celery import keys
 from pikku_celery.clock import ServerClock
-from pikku_celery.errors import LeaseLostError, WorkflowStepSupersededError
+from pikku_celery.errors import InvalidInputError, LeaseLostError, WorkflowStepSupersededError
 from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import StepState
@@ -88,12 +90,17 @@ class Claimer:
     """Claims, holds and settles step attempts for one process."""
 
     def __init__(self, store: WorkflowStore, leases: LeaseService, clock: ServerClock,
-                 heartbeat: Heartbeat, *, worker: str | None = None) -> None:
+                 heartbeat: Heartbeat, *, host: str | None = None) -> None:
         self.store = store
         self.leases = leases
         self.clock = clock
         self.heartbeat = heartbeat
-        self.worker = worker
+        self.host = host
+
+    @property
+    def worker(self) -> str | None:
+        """``host:pid`` of the process claiming now (a prefork child, not its parent)."""
+        return None if self.host is None else f"{self.host}:{os.getpid()}"
 
     def claim(self, run_id: str, step_name: str, function: str | None,
               lease_ms: int) -> Claimed | NotClaimed:
@@ -120,7 +127,8 @@ class Claimer:
     def succeed(self, claimed: Claimed, result: Any) -> StepState:
         """Record the result; ``WorkflowStepSupersededError`` if the attempt lost the step."""
         return self._settle(claimed, lambda now: self.store.set_result(
-            claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now))
+            claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now),
+            landed=lambda s: s.status == "succeeded" and s.result == result)
 
     def fail(self, claimed: Claimed, error: dict[str, Any], retry_delay_ms: int) -> StepState:
         """Record the failure; with attempts left the next is due after the delay."""
@@ -128,22 +136,50 @@ class Claimer:
             return self.store.set_error(
                 claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, error,
                 now, retry_at_ms=now + retry_delay_ms)
-        return self._settle(claimed, write)
+        return self._settle(claimed, write,
+                            landed=lambda s: s.status == "failed" and s.error == error)
 
     def release(self, claimed: Claimed) -> None:
         """Stop holding without settling (the step parks on a child run, or we crashed)."""
         self.heartbeat.remove(claimed.held)
         self.leases.release(claimed.held.lease)
 
-    def _settle(self, claimed: Claimed, write: Any) -> StepState:
-        self.heartbeat.remove(claimed.held)
+    def _settle(self, claimed: Claimed, write: Any,
+                landed: Callable[[StepState], bool]) -> StepState:
+        """The fenced write, retried while MongoDB is unreachable: the heartbeat keeps
+        holding the step meanwhile, so the attempt is not lost to an outage shorter than its
+        lease, and a write that landed but whose reply was lost is recognised."""
+        held = claimed.held
+        held.settling = True  # a beat racing the write must not call the refusal a loss
+        delay_s, retried = 0.1, False
         try:
-            state: StepState = write(self.clock.now_ms())
-            return state
-        except WorkflowStepSupersededError:
-            claimed.held.mark_lost("superseded at settle")
-            raise
+            while True:
+                try:
+                    state: StepState = write(self.clock.now_ms())
+                    return state
+                except WorkflowStepSupersededError:
+                    recorded = self._landed(claimed, landed) if retried else None
+                    if recorded is not None:
+                        return recorded
+                    held.mark_lost("superseded at settle")
+                    raise
+                except (InvalidInputError, LeaseLostError):
+                    raise
+                except Exception:
+                    if held.lost.is_set() or time.monotonic() + delay_s >= held.held_until:
+                        raise
+                    time.sleep(delay_s)
+                    delay_s, retried = min(delay_s * 2, 2.0), True
         finally:
+            self.heartbeat.remove(held)
             # A failed release is harmless: the lease lapses by itself.
             with contextlib.suppress(Exception):
-                self.leases.release(claimed.held.lease)
+                self.leases.release(held.lease)
+
+    def _landed(self, claimed: Claimed, landed: Callable[[StepState], bool]
+                ) -> StepState | None:
+        """After a retried write was refused: did our earlier try land after all?"""
+        state = self.store.get_step(claimed.state.run_id, claimed.state.step_name)
+        if state is not None and state.attempt == claimed.state.attempt and landed(state):
+            return state
+        return None

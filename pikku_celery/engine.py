@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pikku_celery import keys
 from pikku_celery.claims import Claimed, Claimer, NotClaimed, StepContext, serialize_error
@@ -18,8 +19,8 @@ from pikku_celery.errors import (
     InvalidInputError,
     LeaseLostError,
     LeaseTakenError,
+    PikkuError,
     WorkflowCancelledError,
-    WorkflowNotFoundError,
     WorkflowRunNotFoundError,
 )
 from pikku_celery.heartbeat import Heartbeat
@@ -41,11 +42,12 @@ from pikku_celery.records import (
 from pikku_celery.replay import (
     CHILD_PREFIX,
     SUSPEND_PREFIX,
-    DispatchFailed,
+    PassInterrupted,
     Pause,
     WorkflowContext,
 )
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
+from pikku_celery.validate import check_name
 
 log = logging.getLogger("pikku_celery")
 _LIVE = (RUN_RUNNING, RUN_SUSPENDED)
@@ -92,7 +94,7 @@ class Engine:
         self.settings = settings
         self.clock = ServerClock(leases)
         self.heartbeat = Heartbeat(store, leases, self.clock)
-        self.claimer = Claimer(store, leases, self.clock, self.heartbeat, worker=worker)
+        self.claimer = Claimer(store, leases, self.clock, self.heartbeat, host=worker)
         self._redispatched: dict[tuple[str, str, str], float] = {}
 
     def now_ms(self) -> int:
@@ -119,11 +121,13 @@ class Engine:
         another orchestrator holds the run, ``LeaseLostError`` when the lease was lost
         during the pass (whatever the pass wrote stands). Returns the run's status, or
         ``paused`` when the run waits on something."""
-        run = self.store.get_run(run_id)
-        if run is None:
-            raise WorkflowRunNotFoundError(run_id)
+        run = self.get_run(run_id)
         if run.is_terminal:
-            return run.status  # redeliveries for settled runs are routine: no lease taken
+            # Redeliveries for settled runs are routine: no lease is taken. A child run makes
+            # sure its parent heard (idempotent: the parent's step settles once).
+            if run.parent_run_id is not None:
+                self._notify_parent(run.run_id, dispatcher or self.dispatcher)
+            return run.status
         definition = self.registry.workflow(run.workflow)
         with hold_lease(self.leases, keys.run_lease_key(run_id), self.settings.run_lease_ms):
             return self._pass(run, definition.fn, dispatcher or self.dispatcher)
@@ -137,9 +141,10 @@ class Engine:
             output = fn(wf, run.input)
         except Pause:
             self.store.touch_run(run.run_id, self.now_ms())
+            self._fence_if_cancelled(run.run_id)
             return "paused"
-        except DispatchFailed as failed:
-            raise failed.__cause__ or RuntimeError("dispatch failed") from None
+        except PassInterrupted as interrupted:
+            raise interrupted.__cause__ or RuntimeError("pass interrupted") from None
         except WorkflowCancelledError as exc:
             return self.finish(run, RUN_CANCELLED, error=serialize_error(exc),
                                dispatcher=dispatcher, reason=exc.reason)
@@ -153,6 +158,15 @@ class Engine:
             return self.finish(run, RUN_FAILED, error=serialize_error(exc),
                                dispatcher=dispatcher)
 
+    def _fence_if_cancelled(self, run_id: str) -> None:
+        """A cancel can land while a pass runs, after the pass read the steps: whatever the
+        pass created since (steps, children) is fenced now, as the cancel fenced the rest.
+        A worker that claimed one in between is told by its heartbeat; its write is refused.
+        """
+        run = self.store.get_run(run_id)
+        if run is not None and run.status == RUN_CANCELLED:
+            self.cancel(run_id, run.cancel_reason)
+
     def finish(self, run: WorkflowRun, status: str, *, output: Any = None,
                error: dict[str, Any] | None = None, dispatcher: Dispatcher | None = None,
                reason: str | None = None) -> str:
@@ -160,6 +174,12 @@ class Engine:
         wrote = self.store.transition_run(run.run_id, _LIVE, status, self.now_ms(),
                                           output=output, error=error, cancel_reason=reason)
         if wrote:
+            # Steps the body left behind (a sleep the run did not wait for, a step of a
+            # failed branch) would otherwise stay due forever and wake a finished run.
+            self.store.cancel_steps(run.run_id, {
+                "type": "WorkflowRunEnded",
+                "message": f"run {run.run_id} ended {status} before this step settled"},
+                self.now_ms())
             self._notify_parent(run.run_id, dispatcher or self.dispatcher)
         return status
 
@@ -191,21 +211,23 @@ class Engine:
         """Release a suspended run: open its suspension gates and wake it."""
         self.get_run(run_id)
         now = self.now_ms()
-        resumed = self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now)
+        # Gates open only when this call moved the run: a resume that raced a pass still
+        # suspending the run is refused (False), and the run stays resumable.
+        if not self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now):
+            return False
         for step in self.store.list_steps(run_id):
             if step.step_name.startswith(SUSPEND_PREFIX) and step.status == STEP_SCHEDULED:
                 self.store.settle_waiting_step(run_id, step.step_name, now, gate=True,
                                                result={"resumed_at_ms": now})
-        if resumed:
-            self.dispatcher.wake_run(run_id)
-        return resumed
+        self.dispatcher.wake_run(run_id)
+        return True
 
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel durably: the run first, then every unsettled step is fenced (in-flight
         bodies learn it at their next heartbeat), then child runs, then the parent."""
-        run = self.store.get_run(run_id)
-        if run is None:
-            raise WorkflowRunNotFoundError(run_id)
+        self.get_run(run_id)
+        if reason is not None and not isinstance(reason, str):
+            raise InvalidInputError(f"cancel reason must be a string, got {reason!r}")
         exc = WorkflowCancelledError(run_id, reason)
         error = {"type": type(exc).__name__, "message": str(exc)}
         wrote = self.store.transition_run(run_id, _LIVE, RUN_CANCELLED, self.now_ms(),
@@ -301,6 +323,7 @@ class Engine:
     # --- reads ----------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> WorkflowRun:
+        check_name("run id", run_id)
         run = self.store.get_run(run_id)
         if run is None:
             raise WorkflowRunNotFoundError(run_id)
@@ -353,10 +376,21 @@ class Engine:
             # Touched either way, so the sweep rotates through idle runs instead of
             # re-checking the same ``sweep_limit`` ones forever.
             self.store.touch_run(run.run_id, now)
-            if not any(self._in_flight(step, now) for step in self.store.list_steps(run.run_id)):
+            steps = self.store.list_steps(run.run_id)
+            self._recover_children(steps, dispatcher)
+            if not any(self._in_flight(step, now) for step in steps):
                 dispatcher.wake_run(run.run_id)  # its wake-up message was lost
                 counts["stalled"] += 1
         return counts
+
+    def _recover_children(self, steps: list[StepState], dispatcher: Dispatcher) -> None:
+        """A child that ended while its parent was not told (a crash between the two
+        writes) is reported now; the parent's step settles once whoever gets there first."""
+        for step in steps:
+            if step.status == STEP_RUNNING and step.child_run_id is not None:
+                child = self.store.get_run(step.child_run_id)
+                if child is not None and child.is_terminal:
+                    self._notify_parent(child.run_id, dispatcher)
 
     def _in_flight(self, step: StepState, now_ms: int) -> bool:
         """Something will wake the run by itself: a live (or child-parked) step, a timer not
@@ -390,45 +424,46 @@ class _PassHost:
         self._dispatcher = dispatcher
 
     def now_ms(self) -> int:
-        return self._engine.now_ms()
+        return _guarded(self._engine.now_ms)
 
     def suspend_run(self, run_id: str, reason: str) -> None:
-        self._engine.store.transition_run(run_id, [RUN_RUNNING], RUN_SUSPENDED, self.now_ms(),
-                                          cancel_reason=None)
+        _guarded(lambda: self._engine.store.transition_run(
+            run_id, [RUN_RUNNING], RUN_SUSPENDED, self.now_ms()))
+
+    def is_lost_dispatch(self, state: StepState) -> bool:
+        if state.status != STEP_PENDING:
+            return False
+        age_ms = self.now_ms() - state.updated_at.timestamp() * 1000
+        return age_ms > self._engine.settings.undispatched_after_ms
 
     def record_step(self, step: NewStep) -> StepState:
-        state, created = self._engine.store.insert_step(step, self.now_ms())
+        state, created = _guarded(lambda: self._engine.store.insert_step(step, self.now_ms()))
         if created and step.child_run_id is None and not (
                 step.function is None and step.due_ms is None):  # a gate has no timer
-            try:
-                if step.function is None:
-                    assert step.due_ms is not None
-                    self._dispatcher.arm_timer(step.run_id, step.step_name, step.due_ms)
-                else:
-                    self._dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
-            except Exception as exc:
-                raise DispatchFailed() from exc
+            if step.function is None:
+                assert step.due_ms is not None
+                due_ms = step.due_ms
+                _guarded(lambda: self._dispatcher.arm_timer(step.run_id, step.step_name, due_ms))
+            else:
+                function = step.function
+                _guarded(lambda: self._dispatcher.dispatch_step(function, step.run_id,
+                                                                step.step_name))
         return state
 
     def redispatch(self, state: StepState) -> None:
-        if state.function is not None:
-            try:
-                self._dispatcher.dispatch_step(state.function, state.run_id, state.step_name)
-            except Exception as exc:
-                raise DispatchFailed() from exc
+        function = state.function
+        if function is not None:
+            _guarded(lambda: self._dispatcher.dispatch_step(function, state.run_id,
+                                                            state.step_name))
 
     def settle_sleep(self, run_id: str, step_name: str) -> bool:
-        return self._engine.store.settle_waiting_step(run_id, step_name, self.now_ms())
+        return _guarded(lambda: self._engine.store.settle_waiting_step(
+            run_id, step_name, self.now_ms()))
 
     def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
                      child_run_id: str) -> None:
-        try:
-            self._engine.ensure_child(parent_run_id, step_name, workflow, data, child_run_id,
-                                      self._dispatcher)
-        except (InvalidInputError, WorkflowNotFoundError):
-            raise  # a wrong child is the workflow's own error: it fails the run
-        except Exception as exc:
-            raise DispatchFailed() from exc
+        _guarded(lambda: self._engine.ensure_child(parent_run_id, step_name, workflow, data,
+                                                   child_run_id, self._dispatcher))
 
     def step_definition(self, step: Any) -> StepDefinition:
         if isinstance(step, StepDefinition):
@@ -439,3 +474,18 @@ class _PassHost:
         if isinstance(step, str) and step in self._engine.registry.steps:
             return self._engine.registry.steps[step]
         raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")
+
+
+T = TypeVar("T")
+
+
+def _guarded(operation: Callable[[], T]) -> T:
+    """Run a pass's write. The library's own errors (bad input, an unknown child workflow)
+    are the workflow's and fail the run; anything else is the broker's, MongoDB's or Redis's
+    and only interrupts the pass (see ``PassInterrupted``)."""
+    try:
+        return operation()
+    except PikkuError:
+        raise
+    except Exception as exc:
+        raise PassInterrupted() from exc

@@ -26,10 +26,13 @@ class WorkflowStepSupersededError(PikkuError):
         self.step_name = step_name
         self.attempt = attempt
         self.current_attempt = current_attempt
-        now = f", current attempt {current_attempt}" if current_attempt is not None else ""
         super().__init__(run_id, step_name, attempt, current_attempt)
-        self._message = (f"step {step_name!r} of run {run_id}: attempt {attempt} was "
-                         f"superseded{now}; its write was refused")
+        if current_attempt is not None and current_attempt != attempt:
+            how = f"superseded by attempt {current_attempt}"
+        else:
+            how = "fenced (the step was cancelled or already settled)"
+        self._message = (f"step {step_name!r} of run {run_id}: attempt {attempt} was {how}; "
+                         "its write was refused")
 
 
 class WorkflowStepLeaseExpiredError(PikkuError):

@@ -12,6 +12,7 @@ deadline passes, then as lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -38,6 +39,7 @@ class HeldStep:
     held_until: float  # local monotonic deadline of the last confirmed renewal
     lost: threading.Event = field(default_factory=threading.Event)
     lost_reason: str | None = None
+    settling: bool = False  # its outcome is being written: a refused renewal is expected
 
     def mark_lost(self, reason: str) -> None:
         if not self.lost.is_set():
@@ -129,7 +131,9 @@ class Heartbeat:
                 continue
             for h in group:
                 if (h.run_id, h.step_name) in refused:
-                    self._lose(h, "the store refused the renewal: the attempt was superseded")
+                    if not h.settling:
+                        self._lose(h, "the store refused the renewal: the attempt was "
+                                      "superseded")
                 elif redis_ok:
                     h.held_until = sent + lease_ms / 1000
 
@@ -145,7 +149,7 @@ class Heartbeat:
             if lease is not None:
                 h.lease = lease
                 self._clock.observe(lease.granted_at_ms, sent)
-            else:
+            elif not h.settling:  # a settle may just have released it: never re-grab that
                 self._reacquire(h)
         return True
 
@@ -168,5 +172,7 @@ class Heartbeat:
                     h.run_id, h.attempt, reason)
         h.mark_lost(reason)
         self.remove(h)
+        with contextlib.suppress(Exception):  # fenced by token: frees only our own lease
+            self._leases.release(h.lease)
         if self._on_lost is not None:
             self._on_lost(h)

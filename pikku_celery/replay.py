@@ -39,10 +39,11 @@ class Pause(BaseException):
     """Ends a pass quietly: something the workflow waits on is still in flight."""
 
 
-class DispatchFailed(BaseException):
-    """Sending a step or timer message failed. Not an ``Exception``, so the workflow body
-    cannot swallow it: the pass ends, the run is left untouched (the step stays ``pending``
-    and the reaper sends it again), and the cause is raised to the orchestrator task."""
+class PassInterrupted(BaseException):
+    """The broker, MongoDB or Redis failed under a pass. Not an ``Exception``, so the
+    workflow body cannot swallow it: the pass ends, the run is left untouched (a step not
+    sent stays ``pending`` and is sent again), and the cause goes to the orchestrator task.
+    Only the workflow's own errors fail a run, never the infrastructure's."""
 
 
 class ReplayHost(Protocol):
@@ -62,6 +63,8 @@ class ReplayHost(Protocol):
     def step_definition(self, step: Any) -> StepDefinition: ...
 
     def suspend_run(self, run_id: str, reason: str) -> None: ...
+
+    def is_lost_dispatch(self, state: StepState) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ class WorkflowContext:
     def suspend(self, reason: str) -> None:
         """Suspend the run here until ``pikku.resume(run_id)``: the run is recorded
         ``suspended``, no worker waits, and replay passes stop at this point until then."""
-        name = SUSPEND_PREFIX + reason
+        name = self._physical(SUSPEND_PREFIX + reason)  # a loop suspends every time
         state = self._steps.get(name)
         if state is None:
             state = self._record(NewStep(run_id=self.run_id, step_name=name, function=None,
@@ -205,8 +208,8 @@ class WorkflowContext:
             return StepCall(state.step_name, "done", result=state.result)
         if state.status == STEP_FAILED and state.due_at is None:
             return StepCall(state.step_name, "failed", error=state.error)
-        if _lapsed(state, self._host.now_ms()):
-            self._host.redispatch(state)  # its worker died: the claim will reclaim or expire
+        if _lapsed(state, self._host.now_ms()) or self._host.is_lost_dispatch(state):
+            self._host.redispatch(state)  # a dead worker or a lost message: claims decide
         return StepCall(state.step_name, "waiting")
 
     def _compensate(self, failed: StepCall) -> None:

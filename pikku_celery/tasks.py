@@ -94,9 +94,7 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
             # The result backend fences on this: a superseded attempt cannot replace the
             # outcome a later attempt stored under the same task id.
             task.request.pikku_attempt = exc.attempt
-            log.warning("WorkflowStepSupersededError: run %s step %r attempt %s was "
-                        "superseded by attempt %s; its outcome was refused", run_id,
-                        step_name, exc.attempt, exc.current_attempt)
+            log.warning("WorkflowStepSupersededError: %s", exc)
             raise
         if outcome.kind == "not_claimed":
             raise Ignore()

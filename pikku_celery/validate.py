@@ -82,3 +82,17 @@ def _check_key(what: str, key: object, path: str) -> None:
             f"{what}: key {key!r} at {path} would be read by MongoDB as an operator or a path "
             "(keys may not start with '$' or contain '.')"
         )
+
+
+MAX_LIST_LIMIT = 1000
+
+
+def check_listing(workflow: object, status: object, limit: object,
+                  statuses: tuple[str, ...]) -> None:
+    """Filters of ``list_runs``: a name, a known status, a bounded positive limit."""
+    if workflow is not None:
+        check_name("workflow name", workflow)
+    if status is not None and status not in statuses:
+        raise InvalidInputError(f"unknown run status {status!r}; one of {list(statuses)}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+        raise InvalidInputError(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")

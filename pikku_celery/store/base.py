@@ -101,8 +101,10 @@ class WorkflowStore(Protocol):
         status: str | None = None,
         limit: int = 50,
         created_before_ms: int | None = None,
+        before_run_id: str | None = None,
     ) -> list[WorkflowRun]:
-        """Newest first, at most ``limit``; page with ``created_before_ms``."""
+        """Newest first (by creation time, then id), at most ``limit`` (1 to 1000); the next
+        page starts after ``(created_before_ms, before_run_id)`` of the last run seen."""
         ...
 
     # --- steps ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
 from pikku_celery.records import (
     RUN_RUNNING,
+    RUN_STATUSES,
     STEP_FAILED,
     STEP_PENDING,
     STEP_RUNNING,
@@ -34,7 +35,7 @@ from pikku_celery.records import (
 from pikku_celery.store import _docs
 from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
 from pikku_celery.store.base import ClaimResult, NewRun, NewStep
-from pikku_celery.validate import check_name, check_value
+from pikku_celery.validate import check_listing, check_name, check_value
 
 Doc = dict[str, Any]
 _UNSETTLED = (STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING)
@@ -70,6 +71,7 @@ class InMemoryWorkflowStore:
             return _docs.run_from_doc(copy.deepcopy(doc)), True
 
     def get_run(self, run_id: str) -> WorkflowRun | None:
+        check_name("run id", run_id)
         with self._lock:
             doc = self._runs.get(run_id)
             return None if doc is None else _docs.run_from_doc(copy.deepcopy(doc))
@@ -77,6 +79,7 @@ class InMemoryWorkflowStore:
     def transition_run(self, run_id: str, from_statuses: Iterable[str], to_status: str,
                        now_ms: int, *, output: Any = None, error: dict[str, Any] | None = None,
                        cancel_reason: str | None = None) -> bool:
+        check_name("run id", run_id)
         check_value("workflow output", output)
         check_value("workflow error", error)
         with self._lock:
@@ -90,24 +93,29 @@ class InMemoryWorkflowStore:
             return True
 
     def touch_run(self, run_id: str, now_ms: int) -> None:
+        check_name("run id", run_id)
         with self._lock:
             doc = self._runs.get(run_id)
             if doc is not None:
                 doc[R.UPDATED] = max(doc[R.UPDATED], now_ms)
 
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
-                  limit: int = 50, created_before_ms: int | None = None) -> list[WorkflowRun]:
+                  limit: int = 50, created_before_ms: int | None = None,
+                  before_run_id: str | None = None) -> list[WorkflowRun]:
+        check_listing(workflow, status, limit, RUN_STATUSES)
+        cursor = None if created_before_ms is None else (created_before_ms, before_run_id)
         with self._lock:
             docs = [d for d in self._runs.values()
                     if (workflow is None or d[R.WORKFLOW] == workflow)
                     and (status is None or d[R.STATUS] == status)
-                    and (created_before_ms is None or d[R.CREATED] < created_before_ms)]
+                    and (cursor is None or _before(d, cursor))]
             docs.sort(key=lambda d: (d[R.CREATED], d[R.ID]), reverse=True)
             return [_docs.run_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
 
     # --- steps ------------------------------------------------------------------------
 
     def insert_step(self, step: NewStep, now_ms: int) -> tuple[StepState, bool]:
+        check_name("run id", step.run_id)
         check_name("step name", step.step_name)
         check_value(f"data of step {step.step_name!r}", step.data)
         with self._lock:
@@ -127,6 +135,7 @@ class InMemoryWorkflowStore:
             return None if doc is None else _docs.step_from_doc(copy.deepcopy(doc))
 
     def list_steps(self, run_id: str) -> list[StepState]:
+        check_name("run id", run_id)
         with self._lock:
             return [_docs.step_from_doc(copy.deepcopy(d)) for d in self._run_steps(run_id)]
 
@@ -208,6 +217,7 @@ class InMemoryWorkflowStore:
             return True
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
+        check_name("run id", run_id)
         with self._lock:
             docs = [d for d in self._run_steps(run_id) if d[S.STATUS] in _UNSETTLED
                     or (d[S.STATUS] == STEP_FAILED and d[S.DUE] is not None)]
@@ -221,6 +231,7 @@ class InMemoryWorkflowStore:
     # --- history ----------------------------------------------------------------------
 
     def get_history(self, run_id: str) -> list[StepAttempt]:
+        check_name("run id", run_id)
         with self._lock:
             steps = copy.deepcopy(self._run_steps(run_id))
             ids = {s[S.ID] for s in steps}
@@ -247,16 +258,18 @@ class InMemoryWorkflowStore:
 
     def find_lapsed_steps(self, now_ms: int, limit: int) -> list[StepState]:
         with self._lock:
-            docs = [d for d in self._steps.values()
-                    if d[S.STATUS] == STEP_RUNNING and lease_lapsed(d, now_ms)]
+            docs = sorted((d for d in self._steps.values()
+                           if d[S.STATUS] == STEP_RUNNING and lease_lapsed(d, now_ms)),
+                          key=lambda d: d[S.LEASE])
             return [_docs.step_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
 
     def find_due_steps(self, now_ms: int, dispatched_before_ms: int,
                        limit: int) -> list[StepState]:
         with self._lock:
-            docs = [d for d in self._steps.values()
-                    if (d[S.STATUS] == STEP_PENDING and d[S.UPDATED] < dispatched_before_ms)
-                    or (d[S.STATUS] in (STEP_SCHEDULED, STEP_FAILED) and is_due(d, now_ms))]
+            docs = sorted((d for d in self._steps.values()
+                           if (d[S.STATUS] == STEP_PENDING and d[S.UPDATED] < dispatched_before_ms)
+                           or (d[S.STATUS] in (STEP_SCHEDULED, STEP_FAILED) and is_due(d, now_ms))),
+                          key=lambda d: d[S.UPDATED])
             return [_docs.step_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
@@ -304,3 +317,10 @@ def _is_waiting(doc: Doc, now_ms: int, child_run_id: str | None, gate: bool) -> 
     if doc[S.STATUS] != STEP_SCHEDULED or doc.get(S.FUNCTION) is not None:
         return False
     return doc.get(S.DUE) is None if gate else is_due(doc, now_ms)
+
+
+def _before(doc: Doc, cursor: tuple[int, str | None]) -> bool:
+    created, run_id = cursor
+    if doc[R.CREATED] != created:
+        return bool(doc[R.CREATED] < created)
+    return run_id is not None and doc[R.ID] < run_id

@@ -31,12 +31,14 @@ the history entry. History is written after the step and never decides anything.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from bson.errors import InvalidDocument
 from pymongo import ASCENDING, DESCENDING, MongoClient, ReturnDocument
 from pymongo.database import Database
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DocumentTooLarge, DuplicateKeyError
 
 from pikku_celery import keys
 from pikku_celery.errors import (
@@ -50,6 +52,7 @@ from pikku_celery.keys import StepField as S
 from pikku_celery.keys import VersionField as V
 from pikku_celery.records import (
     RUN_RUNNING,
+    RUN_STATUSES,
     STEP_FAILED,
     STEP_PENDING,
     STEP_RUNNING,
@@ -68,7 +71,7 @@ from pikku_celery.store._decide import (
     running_fields,
 )
 from pikku_celery.store.base import ClaimResult, NewRun, NewStep
-from pikku_celery.validate import check_name, check_value
+from pikku_celery.validate import check_listing, check_name, check_value
 
 Doc = dict[str, Any]
 _AFTER = ReturnDocument.AFTER
@@ -92,7 +95,9 @@ class MongoWorkflowStore:
     @classmethod
     def from_url(cls, url: str, **client_options: Any) -> MongoWorkflowStore:
         """Connect to ``url``; the database is the URL's path, ``pikku`` when it is empty."""
-        client: MongoClient[Doc] = MongoClient(url, **client_options)
+        # connect=False: no connection and no monitor thread until first use, so a store
+        # built in a Celery app module is safe across the prefork pool's fork.
+        client: MongoClient[Doc] = MongoClient(url, **{"connect": False, **client_options})
         return cls(client.get_default_database(default=keys.DEFAULT_DATABASE))
 
     def create_indexes(self) -> None:
@@ -117,7 +122,8 @@ class MongoWorkflowStore:
             self.create_indexes()
         doc = _docs.new_run_doc(run, now_ms)
         try:
-            self._runs.insert_one(doc)
+            with _storable("workflow input"):
+                self._runs.insert_one(doc)
             return _docs.run_from_doc(doc), True
         except DuplicateKeyError:
             existing = self._runs.find_one({R.ID: run.run_id})
@@ -131,41 +137,52 @@ class MongoWorkflowStore:
             return _docs.run_from_doc(existing), False
 
     def get_run(self, run_id: str) -> WorkflowRun | None:
+        check_name("run id", run_id)
         doc = self._runs.find_one({R.ID: run_id})
         return None if doc is None else _docs.run_from_doc(doc)
 
     def transition_run(self, run_id: str, from_statuses: Iterable[str], to_status: str,
                        now_ms: int, *, output: Any = None, error: dict[str, Any] | None = None,
                        cancel_reason: str | None = None) -> bool:
+        check_name("run id", run_id)
         check_value("workflow output", output)
         check_value("workflow error", error)
         fields: Doc = {R.STATUS: to_status, R.OUTPUT: output, R.ERROR: error,
                        R.UPDATED: now_ms}
         if cancel_reason is not None:
             fields[R.CANCEL_REASON] = cancel_reason
-        found = self._runs.update_one(
-            {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields})
+        with _storable("workflow output"):
+            found = self._runs.update_one(
+                {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields})
         return found.matched_count == 1
 
     def touch_run(self, run_id: str, now_ms: int) -> None:
+        check_name("run id", run_id)
         self._runs.update_one({R.ID: run_id, R.UPDATED: {"$lt": now_ms}},
                               {"$set": {R.UPDATED: now_ms}})
 
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
-                  limit: int = 50, created_before_ms: int | None = None) -> list[WorkflowRun]:
+                  limit: int = 50, created_before_ms: int | None = None,
+                  before_run_id: str | None = None) -> list[WorkflowRun]:
+        check_listing(workflow, status, limit, RUN_STATUSES)
         query: Doc = {}
         if workflow is not None:
             query[R.WORKFLOW] = workflow
         if status is not None:
             query[R.STATUS] = status
         if created_before_ms is not None:
-            query[R.CREATED] = {"$lt": created_before_ms}
+            # Page on (created, id), the sort order: runs of the same millisecond are kept.
+            query["$or"] = [{R.CREATED: {"$lt": int(created_before_ms)}}]
+            if before_run_id is not None:
+                query["$or"].append({R.CREATED: int(created_before_ms),
+                                     R.ID: {"$lt": check_name("run id", before_run_id)}})
         cursor = self._runs.find(query).sort([(R.CREATED, DESCENDING), (R.ID, DESCENDING)])
         return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
 
     # --- steps ------------------------------------------------------------------------
 
     def insert_step(self, step: NewStep, now_ms: int) -> tuple[StepState, bool]:
+        check_name("run id", step.run_id)
         check_name("step name", step.step_name)
         check_value(f"data of step {step.step_name!r}", step.data)
         if self._runs.find_one({R.ID: step.run_id}, {R.ID: 1}) is None:
@@ -173,7 +190,8 @@ class MongoWorkflowStore:
                                     f"{step.run_id!r}")
         doc = _docs.new_step_doc(step, now_ms)
         try:
-            self._steps.insert_one(doc)
+            with _storable(f"data of step {step.step_name!r}"):
+                self._steps.insert_one(doc)
             return _docs.step_from_doc(doc), True
         except DuplicateKeyError:
             existing = self._steps.find_one({S.ID: doc[S.ID]})
@@ -186,6 +204,7 @@ class MongoWorkflowStore:
         return None if doc is None else _docs.step_from_doc(doc)
 
     def list_steps(self, run_id: str) -> list[StepState]:
+        check_name("run id", run_id)
         return [_docs.step_from_doc(d) for d in self._run_steps(run_id)]
 
     def claim_step(self, run_id: str, step_name: str, function: str | None, now_ms: int,
@@ -292,6 +311,7 @@ class MongoWorkflowStore:
         return True
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
+        check_name("run id", run_id)
         docs = list(self._steps.find({S.RUN: run_id, **_UNSETTLED}))
         if not docs:
             return 0
@@ -309,6 +329,7 @@ class MongoWorkflowStore:
     # --- history ----------------------------------------------------------------------
 
     def get_history(self, run_id: str) -> list[StepAttempt]:
+        check_name("run id", run_id)
         steps = self._run_steps(run_id)
         entries = list(self._history.find({H.RUN: run_id}))
         return _docs.merge_history(steps, entries)
@@ -331,7 +352,8 @@ class MongoWorkflowStore:
     # --- sweeps -----------------------------------------------------------------------
 
     def find_lapsed_steps(self, now_ms: int, limit: int) -> list[StepState]:
-        cursor = self._steps.find({S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None, "$lt": now_ms}})
+        cursor = self._steps.find({S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None, "$lt": now_ms}}
+                                  ).sort(S.LEASE, ASCENDING)
         return [_docs.step_from_doc(d) for d in cursor.limit(limit)]
 
     def find_due_steps(self, now_ms: int, dispatched_before_ms: int,
@@ -340,7 +362,7 @@ class MongoWorkflowStore:
             {S.STATUS: STEP_PENDING, S.UPDATED: {"$lt": dispatched_before_ms}},
             {S.STATUS: {"$in": [STEP_SCHEDULED, STEP_FAILED]},
              S.DUE: {"$ne": None, "$lte": now_ms}},
-        ]})
+        ]}).sort(S.UPDATED, ASCENDING)  # oldest first: a page is never starved
         return [_docs.step_from_doc(d) for d in cursor.limit(limit)]
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
@@ -358,7 +380,9 @@ class MongoWorkflowStore:
         step_id = _docs.invocation_id(run_id, step_name)
         guard: Doc = {S.ID: step_id, S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING,
                       **(extra_guard or {})}
-        doc = self._steps.find_one_and_update(guard, {"$set": fields}, return_document=_AFTER)
+        with _storable(f"outcome of step {step_name!r}"):
+            doc = self._steps.find_one_and_update(guard, {"$set": fields},
+                                                  return_document=_AFTER)
         if doc is None and not must_match:
             return None
         if doc is None:
@@ -380,3 +404,14 @@ class MongoWorkflowStore:
 
     def _put_history(self, entry: Doc) -> None:
         self._history.replace_one({H.ID: entry[H.ID]}, entry, upsert=True)
+
+
+@contextlib.contextmanager
+def _storable(what: str) -> Iterator[None]:
+    """BSON can be larger than the JSON the input checks measure (array indexes are keys):
+    a document MongoDB cannot hold is refused client-side, before anything is sent, and
+    reported like any other bad input."""
+    try:
+        yield
+    except (DocumentTooLarge, InvalidDocument) as exc:
+        raise InvalidInputError(f"{what} cannot be stored in MongoDB: {exc}") from exc

@@ -581,3 +581,68 @@ def test_claims_and_renewals_touch_only_their_own_step(store: WorkflowStore) -> 
     store.renew_leases([(run_id, "mine", 1)], T0 + 20, LEASE)
     store.set_result(run_id, "mine", 1, "done", T0 + 30)
     assert store.list_steps(other) == before
+
+
+# --- review findings: operator injection through ids, paging, BSON size ---------------------
+
+
+@pytest.mark.parametrize("bad", [{"$gt": ""}, {"$ne": None}, 5, None])
+def test_ids_that_would_be_operators_are_refused_everywhere(store: WorkflowStore,
+                                                            bad: object) -> None:
+    victim = new_run(store)
+    add_step(store, victim)
+    for call in (lambda: store.get_run(bad), lambda: store.list_steps(bad),
+                 lambda: store.get_history(bad),
+                 lambda: store.cancel_steps(bad, {"m": 1}, T0),
+                 lambda: store.transition_run(bad, ["running"], "cancelled", T0),
+                 lambda: store.touch_run(bad, T0)):
+        with pytest.raises(InvalidInputError, match="run id"):
+            call()  # type: ignore[no-untyped-call]
+    run = store.get_run(victim)
+    assert run is not None and run.status == "running"
+    assert [s.status for s in store.list_steps(victim)] == ["pending"]
+
+
+@pytest.mark.parametrize(("kw", "fragment"), [({"status": "runing"}, "unknown run status"),
+                                               ({"status": {"$ne": None}}, "unknown run status"),
+                                               ({"limit": 0}, "limit"),
+                                               ({"limit": 10_001}, "limit"),
+                                               ({"workflow": {"$gt": ""}}, "workflow name")])
+def test_list_runs_refuses_bad_filters(store: WorkflowStore, kw: dict[str, object],
+                                       fragment: str) -> None:
+    with pytest.raises(InvalidInputError, match=fragment):
+        store.list_runs(**kw)  # type: ignore[arg-type]
+
+
+def test_paging_keeps_runs_created_in_the_same_millisecond(store: WorkflowStore) -> None:
+    for i in range(5):
+        store.create_run(NewRun(f"same-{i}", "order", None), T0)
+    seen: list[str] = []
+    page = store.list_runs(limit=2)
+    while page:
+        seen += [r.run_id for r in page]
+        last = page[-1]
+        page = store.list_runs(limit=2, created_before_ms=int(last.created_at.timestamp() * 1000),
+                               before_run_id=last.run_id)
+    assert seen == [f"same-{i}" for i in (4, 3, 2, 1, 0)]
+
+
+def test_a_result_too_large_as_bson_is_refused_as_bad_input(nx_server: object) -> None:
+    """JSON of 2M zeros is 4 MB; as BSON (every array index is a key) it is over 16 MB."""
+    db, client = mongo_database("wire", nx_server)  # type: ignore[arg-type]
+    try:
+        store = MongoWorkflowStore(db)
+        run_id = new_run(store)
+        add_step(store, run_id)
+        store.claim_step(run_id, "charge", FN, T0, LEASE)
+        before = store.get_step(run_id, "charge")
+        with pytest.raises(InvalidInputError, match="cannot be stored in MongoDB"):
+            store.set_result(run_id, "charge", 1, [0] * 2_000_000, T0 + 1)
+        assert store.get_step(run_id, "charge") == before
+    finally:
+        client.drop_database(db.name)  # type: ignore[attr-defined]
+
+
+def test_from_url_opens_no_connection(nx_server: object) -> None:
+    store = MongoWorkflowStore.from_url("mongodb://127.0.0.1:1/never?directConnection=true")
+    assert store.db.client._topology._opened is False  # nothing to inherit across a fork

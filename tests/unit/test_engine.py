@@ -438,3 +438,152 @@ def test_suspend_records_the_run_and_resume_continues_it(pikku: PikkuCelery) -> 
     assert not pikku.resume(run_id)  # only a suspended run resumes
     assert run_inline(pikku.engine, run_id).output == [1, 2]
     assert pikku.reap() == {"lapsed": 0, "due": 0, "stalled": 0}
+
+
+# --- review findings --------------------------------------------------------------------
+
+
+def test_a_cancel_landing_during_a_pass_fences_what_the_pass_created(pikku: PikkuCelery) -> None:
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+
+    @pikku.step()
+    def charge(data: Any) -> str:
+        return "charged"
+
+    @pikku.workflow()
+    def racing(wf: Any, data: Any) -> Any:
+        pikku.cancel(wf.run_id, "customer")  # lands after the pass read the steps
+        return wf.do("charge", charge)
+
+    run_id = pikku.start(racing, None)
+    pikku.engine.advance(run_id)
+    assert pikku.get_run(run_id).status == "cancelled"
+    step = steps_of(pikku, run_id)["charge"]
+    assert step.status == "failed" and step.error is not None
+    outcome = pikku.engine.execute_step(pikku.registry.steps[charge.name], run_id, "charge")
+    assert outcome.kind == "not_claimed"
+
+
+class FlakyInsertStore(InMemoryWorkflowStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def insert_step(self, step: Any, now_ms: int) -> Any:
+        if self.down:
+            raise ConnectionError("mongodb unreachable")
+        return super().insert_step(step, now_ms)
+
+
+def test_an_infrastructure_error_in_a_pass_leaves_the_run_retryable() -> None:
+    store = FlakyInsertStore()
+    pikku = PikkuCelery(Celery("flaky-store", broker="memory://"), store=store,
+                        leases=InMemoryLeaseService(), worker_reaper=False)
+    pikku.engine.dispatcher = Recorder()
+
+    @pikku.step()
+    def one(data: Any) -> int:
+        return 1
+
+    @pikku.workflow()
+    def needs_db(wf: Any, data: Any) -> Any:
+        try:
+            return wf.do("one", one)
+        except Exception:  # a body catching errors cannot turn an outage into a failure
+            return "swallowed"
+
+    run_id = pikku.start(needs_db, None)
+    store.down = True
+    with pytest.raises(ConnectionError):
+        pikku.engine.advance(run_id)
+    assert pikku.get_run(run_id).status == "running"
+    store.down = False
+    assert pikku.engine.advance(run_id) == "paused"
+
+
+def test_a_child_whose_parent_missed_the_news_is_reported_again(pikku: PikkuCelery) -> None:
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+
+    @pikku.workflow()
+    def kid(wf: Any, data: Any) -> int:
+        return 7
+
+    @pikku.workflow()
+    def parent(wf: Any, data: Any) -> Any:
+        return wf.child("kid", kid)
+
+    run_id = pikku.start(parent, None)
+    pikku.engine.advance(run_id)
+    child_id = steps_of(pikku, run_id)["kid"].child_run_id
+    # The child ends, but the process dies before the parent is told.
+    assert pikku.engine.store.transition_run(child_id, ["running"], "completed", 1, output=7)
+    recorder.wakes.clear()
+    assert pikku.engine.advance(child_id) == "completed"  # a redelivered child message
+    assert steps_of(pikku, run_id)["kid"].result == 7
+    assert recorder.wakes == [(run_id, 0.0)]
+
+
+def test_steps_left_behind_by_a_finished_run_are_fenced(pikku: PikkuCelery) -> None:
+    pikku.engine.dispatcher = Recorder()
+
+    @pikku.step()
+    def never_waited(data: Any) -> None:
+        return None
+
+    @pikku.workflow()
+    def leaves_work(wf: Any, data: Any) -> str:
+        wf.call("orphan", never_waited)
+        return "done"
+
+    run_id = pikku.start(leaves_work, None)
+    assert pikku.engine.advance(run_id) == "completed"
+    orphan = steps_of(pikku, run_id)["orphan"]
+    assert orphan.status == "failed" and orphan.error["type"] == "WorkflowRunEnded"
+    assert pikku.reap() == {"lapsed": 0, "due": 0, "stalled": 0}
+
+
+def test_resume_racing_a_suspending_pass_leaves_the_run_resumable(pikku: PikkuCelery) -> None:
+    from pikku_celery.inline import run_inline
+
+    @pikku.workflow()
+    def gate(wf: Any, data: Any) -> str:
+        wf.suspend("approval")
+        return "through"
+
+    pikku.engine.dispatcher = Recorder()
+    run_id = pikku.start(gate, None)
+    assert not pikku.resume(run_id)  # still running: nothing to resume, no gate opened
+    pikku.engine.advance(run_id)
+    assert pikku.get_run(run_id).status == "suspended"
+    assert pikku.resume(run_id)
+    assert run_inline(pikku.engine, run_id).output == "through"
+
+
+def test_a_suspend_in_a_loop_suspends_every_time(pikku: PikkuCelery) -> None:
+    from pikku_celery.inline import run_inline
+
+    @pikku.workflow()
+    def reviews(wf: Any, data: Any) -> int:
+        for _ in range(2):
+            wf.suspend("review")
+        return 2
+
+    run_id = pikku.start(reviews, None, inline=True)
+    pikku.engine.dispatcher = Recorder()
+    assert pikku.resume(run_id)
+    assert run_inline(pikku.engine, run_id).status == "suspended"  # the second round waits
+    assert pikku.resume(run_id)
+    assert run_inline(pikku.engine, run_id).status == "completed"
+
+
+def test_public_reads_refuse_operator_ids(pikku: PikkuCelery) -> None:
+    for call in (lambda: pikku.get_run({"$gt": ""}), lambda: pikku.cancel({"$gt": ""}),
+                 lambda: pikku.resume({"$gt": ""}), lambda: pikku.get_steps({"$gt": ""})):
+        with pytest.raises(InvalidInputError, match="run id"):
+            call()
+    with pytest.raises(InvalidInputError, match="reason"):
+        run_id = pikku.start(pikku.workflow("noop")(lambda wf, data: wf.sleep("s", "1h")),
+                             None)
+        pikku.cancel(run_id, {"why": 1})  # type: ignore[arg-type]

@@ -152,3 +152,15 @@ def test_40_a_failed_dispatch_leaves_the_step_pending_and_the_run_running(
         pikku.engine.advance(run_id)
     assert pikku.get_run(run_id).status == "running"
     assert [s.status for s in pikku.get_steps(run_id)] == ["pending"]
+
+
+def test_a_pass_resends_a_pending_step_whose_message_was_lost(pikku: PikkuCelery,
+                                                              clock: FakeClock) -> None:
+    run_id, _ = _one_step_workflow(pikku, lambda ctx, data: None)
+    recorder = pikku.engine.dispatcher
+    recorder.steps.clear()
+    pikku.engine.advance(run_id)
+    assert recorder.steps == []  # fresh: its message is probably in a queue
+    clock.ms += 30_001
+    pikku.engine.advance(run_id)
+    assert recorder.steps == [("faults.body", run_id, "s")]
