@@ -104,6 +104,8 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
         return outcome.result
 
     run_step.__name__ = name.rsplit(".", 1)[-1]
+    # A step task belongs to this app and its engine only: never shared with other apps.
+    options = {k: v for k, v in options.items() if k != "shared"}
     task: Task = app.task(name=name, bind=True, shared=False,
                           **{**STEP_TASK_DEFAULTS, **options})(run_step)
     return task

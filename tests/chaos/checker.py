@@ -4,11 +4,9 @@ stuck; compensation is recorded once per run that needed it; recovery is timely.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tests.chaos.faults import FaultEvent
@@ -56,16 +54,6 @@ class Report:
             f"violations {len(self.violations)}",
         ]
         return "\n".join(lines + [f"  ! {v}" for v in self.violations[:30]])
-
-
-def read_ledger(ledger_dir: Path) -> list[dict[str, Any]]:
-    entries = []
-    for path in ledger_dir.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                entries.append(json.loads(line))
-    entries.sort(key=lambda e: e["t"])
-    return entries
 
 
 def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],

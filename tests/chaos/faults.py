@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.chaos.cluster import Cluster, Worker
+from tests.chaos.ledger import read_ledger
 
 KINDS = {  # kind -> weight
     "kill_worker": 3,
@@ -61,8 +62,24 @@ class FaultInjector:
     # --- faults ---------------------------------------------------------------------------
 
     def _victim(self) -> Worker | None:
+        """A live worker, preferably one in the middle of a step body (from the ledger),
+        so that kills and pauses land mid-step rather than on an idle process."""
         live = [w for w in self.cluster.live_workers() if w.name not in self._paused]
-        return self.rng.choice(live) if len(live) > 1 else None
+        if len(live) < 2:
+            return None
+        busy_pids = self._busy_pids()
+        busy = [w for w in live if w.group_pids() & busy_pids]
+        return self.rng.choice(busy or live)
+
+    def _busy_pids(self) -> set[int]:
+        open_starts: dict[tuple[str, int, int], int] = {}
+        for entry in read_ledger(self.cluster.workdir / "ledger")[-400:]:
+            key = (entry.get("invocation", ""), entry.get("attempt", 0), entry["pid"])
+            if entry["event"] == "start":
+                open_starts[key] = entry["pid"]
+            elif entry["event"] in ("end", "raise"):
+                open_starts.pop(key, None)
+        return set(open_starts.values())
 
     def _replace(self, worker: Worker) -> None:
         new = self.cluster.start_worker(worker.pool, worker.skew_s)
@@ -87,7 +104,8 @@ class FaultInjector:
         children = sorted(worker.group_pids() - {worker.proc.pid})
         if not children:
             return None
-        child = self.rng.choice(children)
+        busy = sorted(set(children) & self._busy_pids())
+        child = self.rng.choice(busy or children)
         subprocess.run(["kill", "-9", str(child)], check=False)
         return FaultEvent("kill_child", time.monotonic(), {child}, worker.name)
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.checker import Report, check, read_ledger
+from tests.chaos.checker import Report, check
 from tests.chaos.cluster import Cluster
 from tests.chaos.faults import FaultInjector
+from tests.chaos.ledger import read_ledger
 
 LEASE_S = 2.0
 REAPER_S = 0.5

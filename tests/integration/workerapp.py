@@ -1,0 +1,183 @@
+"""The Celery app that the real ``celery -A tests.integration.workerapp worker`` subprocesses
+of ``test_celery_workers.py`` run, built like ``example_project/celery_app.py``.
+
+Everything comes from environment variables the test sets (one broker queue, Redis key
+prefix and MongoDB database per test), so the workers and the test process build the same
+app from the same settings: the test process with ``build(env)``, a worker through the
+module attribute ``app`` (built on first access from ``os.environ``).
+
+Steps:
+
+* ``it.add``    quick: ``a + b``.
+* ``it.slow``   (bind) runs ``seconds`` in 50 ms ticks, stops early when told its lease was
+  lost, and appends ``start``/``end`` entries (invocation id, attempt, pid, lease_lost) to
+  the Redis list named by ``ledger``, so a test sees how often the body ran and what it
+  was told.
+* ``it.flaky``  (bind) fails its first ``fail`` attempts.
+* ``it.parked`` quick, but routed to ``<queue>.parked``, a queue no worker consumes: its
+  step stays pending, a target for forged messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from celery import Celery
+
+from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService, StepContext
+
+ENV_BROKER = "PIKKU_IT_BROKER_URL"
+ENV_REDIS = "PIKKU_IT_REDIS_URL"
+ENV_MONGO = "PIKKU_IT_MONGO_URL"
+ENV_PREFIX = "PIKKU_IT_KEY_PREFIX"
+ENV_QUEUE = "PIKKU_IT_QUEUE"
+ENV_STEP_LEASE = "PIKKU_IT_STEP_LEASE"
+ENV_REAPER = "PIKKU_IT_REAPER_INTERVAL"
+ENV_UNDISPATCHED = "PIKKU_IT_UNDISPATCHED_AFTER"
+ENV_STALLED = "PIKKU_IT_STALLED_AFTER"
+ENV_RUN_LEASE = "PIKKU_IT_RUN_LEASE"
+ENV_VISIBILITY = "PIKKU_IT_VISIBILITY_TIMEOUT"  # Redis broker: force redeliveries
+
+ADD = "it.add"
+SLOW = "it.slow"
+FLAKY = "it.flaky"
+PARKED = "it.parked"
+TICK_S = 0.05
+
+
+def parked_queue(queue: str) -> str:
+    return f"{queue}.parked"
+
+
+def build(env: Mapping[str, str]) -> Celery:
+    """A fresh Celery app with a ``PikkuCelery`` bound as ``app.pikku``."""
+    app = Celery(f"pikku_it_{env[ENV_QUEUE]}", broker=env[ENV_BROKER], set_as_current=False)
+    app.conf.update(_celery_conf(env))
+    pikku = PikkuCelery(
+        app,
+        store=MongoWorkflowStore.from_url(env[ENV_MONGO], serverSelectionTimeoutMS=5000),
+        leases=RedisLeaseService.from_url(env[ENV_REDIS], key_prefix=env[ENV_PREFIX]),
+        step_lease=float(env.get(ENV_STEP_LEASE, "1.5")),
+        # A worker killed mid-pass holds the run for this long: keep it short.
+        run_lease=float(env.get(ENV_RUN_LEASE, "3")),
+        reaper_interval=float(env.get(ENV_REAPER, "0.3")),
+        undispatched_after=float(env.get(ENV_UNDISPATCHED, "2")),
+        stalled_after=float(env.get(ENV_STALLED, "3")),
+    )
+    _workflows(pikku, _steps(pikku, env[ENV_REDIS]))
+    return app
+
+
+def _celery_conf(env: Mapping[str, str]) -> dict[str, Any]:
+    queue = env[ENV_QUEUE]
+    conf: dict[str, Any] = {
+        "task_default_queue": queue,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "broker_connection_retry_on_startup": True,
+        "worker_enable_remote_control": False,  # no pidbox queues left behind
+        "worker_send_task_events": False,
+        "task_routes": {PARKED: {"queue": parked_queue(queue)}},
+    }
+    if env[ENV_BROKER].startswith("amqp"):
+        conf["broker_heartbeat"] = 0
+    else:
+        # Every broker key under the test's prefix (the key_prefix fixture deletes them),
+        # including kombu's otherwise shared "unacked" bookkeeping.
+        options: dict[str, Any] = {"global_keyprefix": f"{env[ENV_PREFIX]}:kombu:",
+                                   "visibility_timeout": 3600}
+        if env.get(ENV_VISIBILITY):
+            # An unacked message older than this is put back on the queue by the next
+            # restore sweep, which then runs every second (test-infrastructure.md).
+            options.update(visibility_timeout=float(env[ENV_VISIBILITY]),
+                           unacked_restore_interval=1, unacked_restore_throttle=1)
+        conf["broker_transport_options"] = options
+    return conf
+
+
+class _Ledger:
+    """Appends what a step body did to the Redis list its data names."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._url = redis_url
+        self._client: redis.Redis | None = None  # made lazily: after a prefork fork
+
+    def add(self, data: dict[str, Any], ctx: StepContext, event: str) -> None:
+        if self._client is None:
+            self._client = redis.Redis.from_url(self._url)
+        self._client.rpush(data["ledger"], json.dumps({
+            "invocation_id": ctx.invocation_id, "attempt": ctx.attempt, "pid": os.getpid(),
+            "event": event, "lease_lost": ctx.lease_lost, "t": time.time()}))
+
+
+def _steps(pikku: PikkuCelery, redis_url: str) -> dict[str, Any]:
+    ledger = _Ledger(redis_url)
+
+    @pikku.step(ADD, retries=0)
+    def add(data: dict[str, Any]) -> int:
+        return int(data["a"]) + int(data["b"])
+
+    @pikku.step(SLOW, bind=True, retries=3, retry_delay="100ms")
+    def slow(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
+        ledger.add(data, ctx, "start")
+        for _ in range(round(float(data["seconds"]) / TICK_S)):
+            if ctx.wait_lost(TICK_S):
+                break  # our outcome will be refused anyway: stop early
+        ledger.add(data, ctx, "end")
+        return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+    @pikku.step(FLAKY, bind=True, retries=3, retry_delay="100ms")
+    def flaky(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
+        if ctx.attempt <= int(data["fail"]):
+            raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+        return {"ok_on_attempt": ctx.attempt}
+
+    @pikku.step(PARKED, retries=0)  # routed to <queue>.parked: never consumed
+    def parked(data: dict[str, Any]) -> str:
+        return "parked ran"
+
+    return {"add": add, "slow": slow, "flaky": flaky, "parked": parked}
+
+
+def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
+    add, slow, flaky, parked = steps["add"], steps["slow"], steps["flaky"], steps["parked"]
+
+    @pikku.workflow("pipeline")
+    def pipeline(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
+        total = wf.do("sum", add, {"a": data["a"], "b": data["b"]})
+        left, right = wf.gather(wf.call("left", add, {"a": total, "b": 1}),
+                                wf.call("right", add, {"a": total, "b": 2}))
+        wf.sleep("nap", "200ms")
+        flaked = wf.do("flaky", flaky, {"fail": data["fail"]})
+        return {"total": total, "left": left, "right": right, "flaky": flaked}
+
+    @pikku.workflow("one_slow")
+    def one_slow(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
+        slow_out = wf.do("slow", slow, {"seconds": data["seconds"], "ledger": data["ledger"]},
+                         retries=data.get("retries"))
+        after = wf.do("after", add, {"a": slow_out["attempt"], "b": 100})
+        return {"slow": slow_out, "after": after}
+
+    @pikku.workflow("forge_target")
+    def forge_target(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
+        first = wf.do("first", add, {"a": 1, "b": 1})
+        waiting = wf.do("parked", parked, {"first": first})
+        return {"first": first, "parked": waiting}
+
+
+_built: dict[str, Celery] = {}
+
+
+def __getattr__(name: str) -> Any:
+    # ``celery -A tests.integration.workerapp`` reads ``app``: built on first access, so a
+    # plain import (by the test process) connects nothing and needs no environment.
+    if name in ("app", "celery"):
+        if "app" not in _built:
+            _built["app"] = build(os.environ)
+        return _built["app"]
+    raise AttributeError(name)
