@@ -148,9 +148,13 @@ class Demo:
         self._until(lambda: _status(self.pikku, run_id, "courier") == "succeeded", run_ids)
         os.kill(pid, signal.SIGCONT)
         print(f"\n  -> SIGCONT {name}: its attempt-1 body finishes and tries to write")
-        self._until(lambda: f"{run_id} step 'courier'" in self.workers.log(name), run_ids)
-        line = next(ln for ln in self.workers.log(name).splitlines()
-                    if "superseded by" in ln and run_id in ln)
+        def refused() -> str | None:
+            return next((ln for ln in self.workers.log(name).splitlines()
+                         if "WorkflowStepSupersededError" in ln and f"of run {run_id}" in ln
+                         and "superseded by" in ln), None)
+
+        self._until(lambda: refused() is not None, run_ids)
+        line = refused() or ""
         print(f"  -> late write refused: {line.split('] ', 1)[-1].strip()}")
         return run_id
 
