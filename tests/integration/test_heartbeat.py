@@ -113,3 +113,28 @@ def test_the_heartbeat_thread_keeps_a_short_lease_alive(nx_server: NxServer,
     claimer.succeed(first, "done")
     state = store.get_step("run", "s")
     assert state is not None and state.result == "done" and state.attempt == 1
+
+
+class DownLeases:
+    """Redis unreachable: every renewal raises."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def refresh_many(self, leases: Any) -> Any:
+        raise ConnectionError("redis unreachable")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_an_unreachable_redis_is_tolerated_until_the_confirmed_deadline(
+        nx_server: NxServer, key_prefix: str) -> None:
+    claimed, heartbeat, _, _ = _claim_many(1, nx_server, key_prefix)
+    held = claimed[0].held
+    heartbeat._leases = DownLeases(heartbeat._leases)
+    heartbeat.beat([held])
+    assert not held.lost.is_set()
+    held.held_until = 0.0
+    heartbeat.beat([held])
+    assert held.lost.is_set() and "deadline" in (held.lost_reason or "")
