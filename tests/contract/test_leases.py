@@ -85,14 +85,6 @@ class FlakyRefresh:
 
 
 @pytest.fixture
-def redis_client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    client.ping()  # an unreachable Redis raises here: the test errors, it is never skipped
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def redis_prefix(redis_client: redis.Redis) -> Iterator[str]:
     """A prefix no other test or user shares; every key under it is deleted afterwards."""
     prefix = f"pikku-test-{uuid.uuid4().hex}"
