@@ -587,3 +587,59 @@ def test_public_reads_refuse_operator_ids(pikku: PikkuCelery) -> None:
         run_id = pikku.start(pikku.workflow("noop")(lambda wf, data: wf.sleep("s", "1h")),
                              None)
         pikku.cancel(run_id, {"why": 1})  # type: ignore[arg-type]
+
+
+def test_55_concurrent_passes_on_one_run_never_overlap(pikku: PikkuCelery) -> None:
+    import time as _time
+
+    pikku.engine.dispatcher = Recorder()
+    inside: list[int] = []
+    overlaps: list[int] = []
+
+    @pikku.workflow()
+    def contended(wf: Any, data: Any) -> None:
+        if inside:
+            overlaps.append(1)
+        inside.append(1)
+        _time.sleep(0.05)
+        inside.pop()
+        wf.sleep("wait", "1h")
+
+    run_id = pikku.start(contended, None)
+    outcomes: list[str] = []
+
+    def orchestrate() -> None:
+        try:
+            outcomes.append(pikku.engine.advance(run_id))
+        except LeaseTakenError:
+            outcomes.append("taken")
+
+    threads = [threading.Thread(target=orchestrate) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == []
+    assert "paused" in outcomes and "taken" in outcomes
+
+
+def test_58_a_poisoned_shard_does_not_rerun_its_healthy_siblings(pikku: PikkuCelery) -> None:
+    runs: dict[int, int] = {}
+
+    @pikku.step(retries=1, retry_delay=0)
+    def shard(n: int) -> int:
+        runs[n] = runs.get(n, 0) + 1
+        if n == 3:
+            raise ValueError("poisoned shard")
+        return n * n
+
+    @pikku.workflow()
+    def fan_out(wf: Any, data: Any) -> Any:
+        return wf.gather(*[wf.call(f"shard-{n}", shard, n) for n in range(5)])
+
+    run_id = pikku.start(fan_out, None, inline=True)
+    run = pikku.get_run(run_id)
+    assert run.status == "failed" and "poisoned shard" in run.error["message"]
+    assert runs == {0: 1, 1: 1, 2: 1, 3: 2, 4: 1}  # the poisoned one used both attempts
+    assert all(s.status == "succeeded" for s in pikku.get_steps(run_id)
+               if s.step_name != "shard-3")
