@@ -27,7 +27,7 @@ class PaymentDeclined(Exception):
     pass
 
 
-@pikku.step(retries=3, retry_delay="200ms", bind=True)
+@pikku.step(retries=3, retry_delay="200ms", bind=True, no_retry_for=(PaymentDeclined,))
 def charge_payment(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
     # The invocation id is the same on every attempt: the payment provider's idempotency
     # key, so a retried or duplicated charge is never taken twice.

@@ -100,15 +100,17 @@ class PikkuCelery:
 
     def step(self, name: str | None = None, *, retries: int = DEFAULT_RETRIES,
              retry_delay: Duration | None = None, lease: Duration | None = None,
-             bind: bool = False, **task_options: Any) -> Callable[[F], Any]:
+             bind: bool = False, no_retry_for: tuple[type[BaseException], ...] = (),
+             **task_options: Any) -> Callable[[F], Any]:
         """Turn ``fn(data)`` (or ``fn(ctx, data)`` with ``bind=True``) into a Celery task
         that is also a workflow step. ``retries`` (default 3) gives ``retries + 1``
-        attempts; ``retry_delay`` is fixed when given, else 1 s doubling per attempt.
+        attempts; ``retry_delay`` is fixed when given, else 1 s doubling per attempt. An
+        exception of a ``no_retry_for`` class fails the step at once (a declined card).
         Extra keyword arguments are Celery task options (``queue``, ``acks_late``...)."""
         def decorate(fn: F) -> Any:
             task_name = name or self.app.gen_task_name(fn.__name__, fn.__module__)
             definition = make_step(fn, task_name, retries=retries, retry_delay=retry_delay,
-                                   lease=lease, bind=bind)
+                                   lease=lease, bind=bind, no_retry_for=tuple(no_retry_for))
             self.registry.add_step(definition)
             task = make_step_task(self.app, lambda: self.engine, task_name, task_options)
             task.pikku_step = definition

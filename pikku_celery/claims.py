@@ -130,12 +130,14 @@ class Claimer:
             claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now),
             landed=lambda s: s.status == "succeeded" and s.result == result)
 
-    def fail(self, claimed: Claimed, error: dict[str, Any], retry_delay_ms: int) -> StepState:
-        """Record the failure; with attempts left the next is due after the delay."""
+    def fail(self, claimed: Claimed, error: dict[str, Any], retry_delay_ms: int, *,
+             final: bool = False) -> StepState:
+        """Record the failure; with attempts left (and not ``final``) the next is due after
+        the delay."""
         def write(now: int) -> StepState:
             return self.store.set_error(
                 claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, error,
-                now, retry_at_ms=now + retry_delay_ms)
+                now, retry_at_ms=now + retry_delay_ms, final=final)
         return self._settle(claimed, write,
                             landed=lambda s: s.status == "failed" and s.error == error)
 

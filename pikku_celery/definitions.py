@@ -34,6 +34,7 @@ class StepDefinition:
     retry_delay_ms: int | None  # None: exponential from DEFAULT_RETRY_DELAY_MS
     lease_ms: int | None  # None: the app's step_lease
     bind: bool
+    no_retry_for: tuple[type[BaseException], ...] = ()  # errors that fail the step at once
 
     def delay_before(self, next_attempt: int, override_ms: int | None = None) -> int:
         """The wait before ``next_attempt`` (2, 3, ...): fixed if set, else exponential."""
@@ -45,12 +46,17 @@ class StepDefinition:
 
 
 def make_step(fn: Callable[..., Any], name: str, *, retries: int, retry_delay: Duration | None,
-              lease: Duration | None, bind: bool) -> StepDefinition:
+              lease: Duration | None, bind: bool,
+              no_retry_for: tuple[type[BaseException], ...] = ()) -> StepDefinition:
     check_name("step function name", name)
+    if not all(isinstance(t, type) and issubclass(t, BaseException) for t in no_retry_for):
+        raise InvalidInputError(f"step {name!r}: no_retry_for must be exception classes, "
+                                f"got {no_retry_for!r}")
     return StepDefinition(
         name=name, fn=fn, retries=check_retries(retries, f"step {name!r}"),
         retry_delay_ms=None if retry_delay is None else to_ms(retry_delay, what="retry_delay"),
-        lease_ms=None if lease is None else _positive_ms(lease, "lease"), bind=bind)
+        lease_ms=None if lease is None else _positive_ms(lease, "lease"), bind=bind,
+        no_retry_for=tuple(no_retry_for))
 
 
 def _positive_ms(value: Duration, what: str) -> int:

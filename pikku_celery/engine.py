@@ -295,7 +295,8 @@ class Engine:
         state = claim.state
         override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
         delay_ms = definition.delay_before(state.attempt + 1, override)
-        settled = self.claimer.fail(claim, serialize_error(exc), delay_ms)
+        final = isinstance(exc, definition.no_retry_for)
+        settled = self.claimer.fail(claim, serialize_error(exc), delay_ms, final=final)
         if settled.due_at is not None:
             dispatcher.arm_timer(state.run_id, state.step_name,
                                  int(settled.due_at.timestamp() * 1000))

@@ -153,9 +153,11 @@ class WorkflowStore(Protocol):
         now_ms: int,
         *,
         retry_at_ms: int | None = None,
+        final: bool = False,
     ) -> StepState:
         """Record failure of ``attempt``, fenced like ``set_result``. ``retry_at_ms`` is when
-        the next attempt may be claimed (ignored when no attempts are left)."""
+        the next attempt may be claimed (ignored when no attempts are left); ``final`` fails
+        the step for good whatever attempts are left."""
         ...
 
     def renew_leases(

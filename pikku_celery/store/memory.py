@@ -167,11 +167,12 @@ class InMemoryWorkflowStore:
             return _docs.step_from_doc(copy.deepcopy(doc))
 
     def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
-                  now_ms: int, *, retry_at_ms: int | None = None) -> StepState:
+                  now_ms: int, *, retry_at_ms: int | None = None,
+                  final: bool = False) -> StepState:
         check_value(f"error of step {step_name!r}", error)
         with self._lock:
             doc = self._fenced(run_id, step_name, attempt)
-            spent = attempt >= doc[S.MAX_ATTEMPTS]
+            spent = final or attempt >= doc[S.MAX_ATTEMPTS]
             doc.update({S.STATUS: STEP_FAILED, S.ERROR: copy.deepcopy(error), S.RESULT: None,
                         S.LEASE: None, S.DUE: None if spent else (retry_at_ms or now_ms),
                         S.UPDATED: now_ms})

@@ -245,14 +245,16 @@ class MongoWorkflowStore:
         return state
 
     def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
-                  now_ms: int, *, retry_at_ms: int | None = None) -> StepState:
+                  now_ms: int, *, retry_at_ms: int | None = None,
+                  final: bool = False) -> StepState:
         check_value(f"error of step {step_name!r}", error)
         fields: Doc = {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
                        S.DUE: retry_at_ms or now_ms, S.UPDATED: now_ms}
         # With attempts left the next one is due at retry_at_ms; with none left the step is
         # failed for good and never due again. Try the common case first.
-        state = self._settle(run_id, step_name, attempt, fields,
-                             extra_guard={S.MAX_ATTEMPTS: {"$gt": attempt}}, must_match=False)
+        state = None if final else self._settle(
+            run_id, step_name, attempt, fields, extra_guard={S.MAX_ATTEMPTS: {"$gt": attempt}},
+            must_match=False)
         if state is None:
             fields[S.DUE] = None
             state = self._settle(run_id, step_name, attempt, fields)

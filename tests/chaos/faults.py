@@ -49,6 +49,7 @@ class FaultInjector:
         self.events: list[FaultEvent] = []
         self.counts: Counter[str] = Counter()
         self._paused: set[str] = set()
+        self.last_choice = ""
 
     def inject(self, run_ids: list[str]) -> FaultEvent | None:
         kinds, weights = zip(*KINDS.items(), strict=True)
@@ -69,6 +70,7 @@ class FaultInjector:
             return None
         busy_pids = self._busy_pids()
         busy = [w for w in live if w.group_pids() & busy_pids]
+        self.last_choice = f"{len(busy)} of {len(live)} live workers mid-step"
         return self.rng.choice(busy or live)
 
     def _busy_pids(self) -> set[int]:
@@ -93,7 +95,8 @@ class FaultInjector:
         worker.signal(signal.SIGKILL)
         worker.proc.wait(10)
         self._replace(worker)
-        return FaultEvent("kill_worker", time.monotonic(), pids, worker.name)
+        return FaultEvent("kill_worker", time.monotonic(), pids,
+                          f"{worker.name} ({self.last_choice})")
 
     def _kill_child(self, run_ids: list[str]) -> FaultEvent | None:
         prefork = [w for w in self.cluster.live_workers()

@@ -36,14 +36,16 @@ class Profile:
     workers: int
     fault_interval_s: float
     drain_s: float
+    live_runs: int = 12
     fatal_every: int = 7
     cancel_every: int = 25
     skewed_worker_s: float = 120.0
 
 
 PROFILES = {
-    "short": Profile(runs=40, faults=15, workers=3, fault_interval_s=2.5, drain_s=150),
-    "full": Profile(runs=500, faults=120, workers=4, fault_interval_s=2.0, drain_s=420),
+    "short": Profile(runs=40, faults=25, workers=3, fault_interval_s=1.6, drain_s=150),
+    "full": Profile(runs=500, faults=150, workers=4, fault_interval_s=2.5, drain_s=420,
+                    live_runs=30),
 }
 
 
@@ -88,21 +90,31 @@ def run(profile: Profile, seed: int, broker: str, *, keep: bool = False) -> Repo
 
 
 def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
+    """Runs are fed at a steady pace while faults land, so that faults hit in-flight work
+    (not an idle cluster, nor a backlog that hides recovery times); then everything drains."""
     rng = random.Random(seed)
     specs: dict[str, dict[str, Any]] = {}
-    for n in range(profile.runs):
-        spec = {"order": n, "fatal": n % profile.fatal_every == profile.fatal_every - 1,
-                "fail_until": rng.choice([1, 2, 3]), "slow_s": rng.uniform(0.1, 1.2)}
-        specs[chaos.pikku.start("chaos.order", spec)] = spec
-    run_ids = list(specs)
+    pending = [{"order": n, "fatal": n % profile.fatal_every == profile.fatal_every - 1,
+                "fail_until": rng.choice([1, 2, 3]), "slow_s": rng.uniform(0.5, 2.5)}
+               for n in range(profile.runs)]
     injector = FaultInjector(cluster, chaos.pikku, chaos.app, seed, ["prefork", "threads"],
                              LEASE_S)
     cancelled: set[str] = set()
     begun = time.monotonic()
     deadline = begun + profile.drain_s + profile.faults * profile.fault_interval_s
     while len(injector.events) < profile.faults and time.monotonic() < deadline:
+        # Runs start at a steady rate over the whole fault period, so faults keep landing
+        # on in-flight work; never more than ``live_runs`` at once, so no backlog builds.
+        due = profile.runs * (time.monotonic() - begun) / (profile.faults
+                                                           * profile.fault_interval_s)
+        live = [r for r in specs if not chaos.pikku.get_run(r).is_terminal]
+        while pending and len(specs) < due + 1 and len(live) < profile.live_runs:
+            spec = pending.pop(0)
+            run_id = chaos.pikku.start("chaos.order", spec)
+            specs[run_id] = spec
+            live.append(run_id)
         time.sleep(rng.expovariate(1 / profile.fault_interval_s))
-        live = [r for r in run_ids if not chaos.pikku.get_run(r).is_terminal] or run_ids
+        live = live or list(specs)
         _maybe_cancel(chaos, rng, live, profile, cancelled)
         try:
             event = injector.inject(live)
@@ -111,7 +123,9 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
             continue
         if event is not None:
             print(f"chaos: t+{event.t - begun:5.1f}s {event.kind} {event.detail}", flush=True)
-    _drain(chaos, run_ids, deadline)
+    for spec in pending:
+        specs[chaos.pikku.start("chaos.order", spec)] = spec
+    _drain(chaos, list(specs), deadline)
     time.sleep(1.0)  # let late writers (resumed paused workers) finish and log
     logs = [w.log.read_text(errors="replace") for w in cluster.workers]
     ledger = read_ledger(cluster.workdir / "ledger")
@@ -121,7 +135,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
 
 def _maybe_cancel(chaos: Any, rng: random.Random, live: list[str], profile: Profile,
                   cancelled: set[str]) -> None:
-    if rng.random() < len(live) / max(1, profile.cancel_every * 10):
+    if rng.random() < 2 / profile.cancel_every:
         run_id = rng.choice(live)
         cancelled.add(run_id)
         chaos.pikku.cancel(run_id, "chaos cancel")

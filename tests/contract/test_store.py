@@ -646,3 +646,13 @@ def test_a_result_too_large_as_bson_is_refused_as_bad_input(nx_server: object) -
 def test_from_url_opens_no_connection(nx_server: object) -> None:
     store = MongoWorkflowStore.from_url("mongodb://127.0.0.1:1/never?directConnection=true")
     assert store.db.client._topology._opened is False  # nothing to inherit across a fork
+
+
+def test_a_final_error_spends_the_step_whatever_attempts_are_left(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, retries=5)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    state = store.set_error(run_id, "charge", 1, {"message": "declined"}, T0 + 1,
+                            retry_at_ms=T0 + 2, final=True)
+    assert state.status == "failed" and state.due_at is None
+    assert store.claim_step(run_id, "charge", FN, T0 + 10, LEASE).state is None

@@ -643,3 +643,25 @@ def test_58_a_poisoned_shard_does_not_rerun_its_healthy_siblings(pikku: PikkuCel
     assert runs == {0: 1, 1: 1, 2: 1, 3: 2, 4: 1}  # the poisoned one used both attempts
     assert all(s.status == "succeeded" for s in pikku.get_steps(run_id)
                if s.step_name != "shard-3")
+
+
+def test_no_retry_for_fails_the_step_at_the_first_such_error(pikku: PikkuCelery) -> None:
+    class Declined(Exception):
+        pass
+
+    calls: list[int] = []
+
+    @pikku.step(retries=5, retry_delay=0, no_retry_for=(Declined,))
+    def charge(data: Any) -> None:
+        calls.append(1)
+        raise Declined("card declined")
+
+    @pikku.workflow()
+    def pay(wf: Any, data: Any) -> Any:
+        return wf.do("charge", charge)
+
+    run_id = pikku.start(pay, None, inline=True)
+    assert pikku.get_run(run_id).status == "failed"
+    assert calls == [1]
+    with pytest.raises(InvalidInputError, match="no_retry_for"):
+        pikku.step(no_retry_for=("ValueError",))(lambda data: data)  # type: ignore[arg-type]
