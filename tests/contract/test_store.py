@@ -656,3 +656,18 @@ def test_a_final_error_spends_the_step_whatever_attempts_are_left(store: Workflo
                             retry_at_ms=T0 + 2, final=True)
     assert state.status == "failed" and state.due_at is None
     assert store.claim_step(run_id, "charge", FN, T0 + 10, LEASE).state is None
+
+
+def test_9_a_lost_history_write_never_misreports_the_step(store: WorkflowStore) -> None:
+    """The process died between the step write and the history write: readers still report
+    the step's current attempt and status from the step document."""
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    store.set_result(run_id, "charge", 1, "done", T0 + 1)
+    if isinstance(store, InMemoryWorkflowStore):
+        store._history.clear()
+    else:
+        store.db["workflow_step_history"].delete_many({})  # type: ignore[attr-defined]
+    history = store.get_history(run_id)
+    assert [(h.attempt, h.status, h.result) for h in history] == [(1, "succeeded", "done")]

@@ -1,0 +1,34 @@
+"""The public API is what ``pikku_celery`` exports: this test freezes it, so a name is added
+or removed on purpose, never by accident."""
+
+from __future__ import annotations
+
+import pikku_celery
+
+CONTRACT = {  # ../shared/design/contract.md section 1
+    "PikkuCelery", "WorkflowContext", "MongoWorkflowStore", "InMemoryWorkflowStore",
+    "RedisLeaseService", "InMemoryLeaseService", "WorkflowRun", "StepState", "StepAttempt",
+    "PikkuError", "WorkflowStepSupersededError", "WorkflowStepLeaseExpiredError",
+    "WorkflowStepFunctionMismatchError", "WorkflowNotFoundError", "WorkflowRunNotFoundError",
+    "WorkflowRunFailedError", "WorkflowCancelledError", "LeaseTakenError", "LeaseLostError",
+}
+EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "WorkflowReplayError",
+          "WorkflowStepNotFoundError", "WorkflowStore", "get_pikku", "hold_lease"}
+
+
+def test_the_exported_names_are_exactly_the_public_api() -> None:
+    assert set(pikku_celery.__all__) == CONTRACT | EXTRAS
+    for name in pikku_celery.__all__:
+        assert hasattr(pikku_celery, name), name
+
+
+def test_every_error_derives_from_pikku_error() -> None:
+    errors = [getattr(pikku_celery, n) for n in pikku_celery.__all__
+              if n.endswith("Error") and n != "PikkuError"]
+    assert errors and all(issubclass(e, pikku_celery.PikkuError) for e in errors)
+
+
+def test_the_read_api_of_pikku_celery() -> None:
+    for method in ("step", "workflow", "graph", "start", "get_run", "get_steps", "get_history",
+                   "wait", "cancel", "resume", "list_runs", "reap", "beat_schedule_entry"):
+        assert callable(getattr(pikku_celery.PikkuCelery, method)), method
