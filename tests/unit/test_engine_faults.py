@@ -164,3 +164,50 @@ def test_a_pass_resends_a_pending_step_whose_message_was_lost(pikku: PikkuCelery
     clock.ms += 30_001
     pikku.engine.advance(run_id)
     assert recorder.steps == [("faults.body", run_id, "s")]
+
+
+def test_52_a_graph_node_whose_worker_died_is_dispatched_again(pikku: PikkuCelery,
+                                                               clock: FakeClock) -> None:
+    node = pikku.step(name="faults.node")(lambda data: "node done")
+    pikku.graph("faults.graph", nodes={"a": node, "b": node}, edges=[("a", "b")])
+    run_id = pikku.start("faults.graph", None)
+    pikku.engine.advance(run_id)
+    held = pikku.engine.claimer.claim(run_id, "a", "faults.node", 1_000)
+    pikku.engine.heartbeat.remove(held.held)  # the worker running node "a" died
+    recorder = pikku.engine.dispatcher
+    recorder.steps.clear()
+    clock.ms += 1_001
+    pikku.engine.advance(run_id)  # the planner sees the lapsed lease and re-sends the node
+    assert recorder.steps == [("faults.node", run_id, "a")]
+    definition = pikku.registry.steps["faults.node"]
+    assert pikku.engine.execute_step(definition, run_id, "a").attempt == 2
+    pikku.engine.advance(run_id)
+    pikku.engine.execute_step(definition, run_id, "b")
+    assert pikku.engine.advance(run_id) == "completed"
+    assert [(h.step_name, h.attempt, h.status) for h in pikku.get_history(run_id)] == [
+        ("a", 1, "failed"), ("a", 2, "succeeded"), ("b", 1, "succeeded")]
+
+
+def test_13_a_graph_run_leased_elsewhere_is_rewoken_not_planned(pikku: PikkuCelery) -> None:
+    from pikku_celery import keys
+
+    node = pikku.step(name="faults.g13")(lambda data: None)
+    pikku.graph("faults.g13", nodes={"a": node}, edges=[])
+    run_id = pikku.start("faults.g13", None)
+    recorder = pikku.engine.dispatcher
+    recorder.wakes.clear()
+    recorder.steps.clear()
+    assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "elsewhere", 60_000)
+    assert pikku.app.tasks["pikku.orchestrate"].run(run_id) == "rewake"
+    assert recorder.wakes == [(run_id, 1.0)] and recorder.steps == []
+
+
+def test_42_retry_delays_are_fixed_when_set_and_exponential_otherwise() -> None:
+    from pikku_celery.definitions import make_step
+
+    fixed = make_step(lambda d: d, "f", retries=3, retry_delay="250ms", lease=None, bind=False)
+    backoff = make_step(lambda d: d, "b", retries=30, retry_delay=None, lease=None, bind=False)
+    assert [fixed.delay_before(n) for n in (2, 3, 4)] == [250, 250, 250]
+    assert [backoff.delay_before(n) for n in (2, 3, 4, 5)] == [1000, 2000, 4000, 8000]
+    assert backoff.delay_before(30) == 300_000  # capped at five minutes
+    assert fixed.delay_before(2, override_ms=0) == 0  # wf.do(retry_delay=...) wins
