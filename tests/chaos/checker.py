@@ -29,6 +29,7 @@ class Report:
     compensation_executions: int = 0
     recovery_s: list[float] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    worker_crashes: int = 0
 
     def recovery_summary(self) -> str:
         if not self.recovery_s:
@@ -46,6 +47,7 @@ class Report:
             f"faults {sum(self.faults.values())}: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())),
             f"late writes refused {self.late_writes_refused}",
+            f"workers that exited on their own and were restarted {self.worker_crashes}",
             f"double-recorded outcomes {self.double_recorded}",
             f"lost or stuck runs {len(self.stuck)}",
             f"compensations recorded {self.compensations_recorded} "

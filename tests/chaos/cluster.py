@@ -44,6 +44,7 @@ class Worker:
     pool: str
     skew_s: float = 0.0
     pids: set[int] = field(default_factory=set)
+    replaced: bool = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -148,6 +149,17 @@ class Cluster:
         _wait(lambda: "ready." in worker.log.read_text(errors="replace"),
               f"worker {worker.name}", timeout_s)
         worker.pids = worker.group_pids()
+
+    def supervise(self) -> list[Worker]:
+        """Restart workers that exited on their own, as systemd or Kubernetes would: a Redis
+        broker restart can crash a Celery worker ("Unrecoverable error: AttributeError:
+        'NoneType' object has no attribute 'hostname'" in kombu's Redis transport; the same
+        class of bug as celery/kombu#582). Returns the workers that had exited."""
+        crashed = [w for w in self.workers if not w.alive() and not w.replaced]
+        for worker in crashed:
+            worker.replaced = True
+            self.start_worker(worker.pool, worker.skew_s)
+        return crashed
 
     def live_workers(self) -> list[Worker]:
         return [w for w in self.workers if w.alive()]

@@ -84,6 +84,7 @@ class FaultInjector:
         return set(open_starts.values())
 
     def _replace(self, worker: Worker) -> None:
+        worker.replaced = True
         new = self.cluster.start_worker(worker.pool, worker.skew_s)
         threading.Thread(target=self.cluster.wait_ready, args=(new,), daemon=True).start()
 

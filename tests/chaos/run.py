@@ -100,6 +100,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     injector = FaultInjector(cluster, chaos.pikku, chaos.app, seed, ["prefork", "threads"],
                              LEASE_S)
     cancelled: set[str] = set()
+    crashes: list[str] = []
     begun = time.monotonic()
     deadline = begun + profile.drain_s + profile.faults * profile.fault_interval_s
     while len(injector.events) < profile.faults and time.monotonic() < deadline:
@@ -114,6 +115,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
             specs[run_id] = spec
             live.append(run_id)
         time.sleep(rng.expovariate(1 / profile.fault_interval_s))
+        _supervise(cluster, crashes)
         live = live or list(specs)
         _maybe_cancel(chaos, rng, live, profile, cancelled)
         try:
@@ -125,12 +127,21 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
             print(f"chaos: t+{event.t - begun:5.1f}s {event.kind} {event.detail}", flush=True)
     for spec in pending:
         specs[chaos.pikku.start("chaos.order", spec)] = spec
-    _drain(chaos, list(specs), deadline)
+    _drain(chaos, list(specs), deadline, lambda: _supervise(cluster, crashes))
     time.sleep(1.0)  # let late writers (resumed paused workers) finish and log
     logs = [w.log.read_text(errors="replace") for w in cluster.workers]
     ledger = read_ledger(cluster.workdir / "ledger")
-    return check(chaos.pikku, specs, cancelled, ledger, injector.events, logs,
-                 recovery_bound_s=LEASE_S + REAPER_S + 10.0)
+    report = check(chaos.pikku, specs, cancelled, ledger, injector.events, logs,
+                   recovery_bound_s=LEASE_S + REAPER_S + 10.0)
+    report.worker_crashes = len(crashes)
+    return report
+
+
+def _supervise(cluster: Cluster, crashes: list[str]) -> None:
+    for worker in cluster.supervise():
+        crashes.append(worker.name)
+        print(f"chaos: {worker.name} exited on its own (code {worker.proc.returncode}); "
+              "restarted, as a process supervisor would", flush=True)
 
 
 def _maybe_cancel(chaos: Any, rng: random.Random, live: list[str], profile: Profile,
@@ -141,9 +152,10 @@ def _maybe_cancel(chaos: Any, rng: random.Random, live: list[str], profile: Prof
         chaos.pikku.cancel(run_id, "chaos cancel")
 
 
-def _drain(chaos: Any, run_ids: list[str], deadline: float) -> None:
+def _drain(chaos: Any, run_ids: list[str], deadline: float, supervise: Any) -> None:
     pending = list(run_ids)
     while pending and time.monotonic() < deadline:
+        supervise()
         pending = [r for r in pending if not chaos.pikku.get_run(r).is_terminal]
         time.sleep(0.5)
 
