@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import kombu
 import pymongo
 import redis
 
@@ -177,6 +178,11 @@ class Cluster:
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        if self.broker_kind == "amqp":  # the RabbitMQ server is shared: leave no queue behind
+            with contextlib.suppress(Exception), kombu.Connection(RABBIT_URL) as conn:
+                channel = conn.channel()
+                channel.queue_delete(f"chaos-{self.tag}")
+                channel.exchange_delete(f"chaos-{self.tag}")
 
     def cleanup(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
