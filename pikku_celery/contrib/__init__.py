@@ -1,0 +1,1 @@
+"""Integrations with web frameworks (imported only on demand: neither is a dependency)."""
