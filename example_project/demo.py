@@ -40,8 +40,23 @@ def main(argv: list[str] | None = None) -> int:
         for line in stack.started:
             print(f"stack: {line}")
         _configure(stack.redis_url, stack.mongo_url)
-        with Workers(2) as workers:
-            return Demo(workers, args.runs, args.timeout).run()
+        try:
+            with Workers(2) as workers:
+                return Demo(workers, args.runs, args.timeout).run()
+        finally:
+            _forget(stack.redis_url)
+
+
+def _forget(redis_url: str) -> None:
+    """Delete this demo's keys (leases, token counters, its queue) from a Redis it may share."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    prefix, queue = os.environ["PIKKU_KEY_PREFIX"], os.environ["PIKKU_QUEUE"]
+    doomed = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    doomed += list(client.scan_iter(match=f"{queue}*", count=1000))
+    if doomed:
+        client.delete(*doomed)
 
 
 def _configure(redis_url: str, mongo_url: str) -> None:

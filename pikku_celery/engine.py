@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 from pikku_celery import keys
@@ -129,7 +130,9 @@ class Engine:
                 self._notify_parent(run.run_id, dispatcher or self.dispatcher)
             return run.status
         definition = self.registry.workflow(run.workflow)
-        with hold_lease(self.leases, keys.run_lease_key(run_id), self.settings.run_lease_ms):
+        # hold_lease reads a bare number as seconds: say milliseconds explicitly.
+        ttl = timedelta(milliseconds=self.settings.run_lease_ms)
+        with hold_lease(self.leases, keys.run_lease_key(run_id), ttl):
             return self._pass(run, definition.fn, dispatcher or self.dispatcher)
 
     def _pass(self, run: WorkflowRun, fn: Any, dispatcher: Dispatcher) -> str:

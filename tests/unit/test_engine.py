@@ -665,3 +665,18 @@ def test_no_retry_for_fails_the_step_at_the_first_such_error(pikku: PikkuCelery)
     assert calls == [1]
     with pytest.raises(InvalidInputError, match="no_retry_for"):
         pikku.step(no_retry_for=("ValueError",))(lambda data: data)  # type: ignore[arg-type]
+
+
+def test_the_run_lease_lasts_run_lease_not_a_thousand_times_more(pikku: PikkuCelery) -> None:
+    """Regression (found by the demo in CI): the pass held the run lease with a TTL in
+    milliseconds read as seconds, so a worker killed mid-pass stranded its run for 8 hours."""
+    seen: list[int] = []
+
+    @pikku.workflow()
+    def looks(wf: Any, data: Any) -> None:
+        lease = pikku.engine.leases.get(keys.run_lease_key(wf.run_id))
+        assert lease is not None
+        seen.append(lease.expires_at_ms - lease.granted_at_ms)
+
+    pikku.start(looks, None, inline=True)
+    assert seen and 0 < seen[0] <= pikku.engine.settings.run_lease_ms
