@@ -48,6 +48,7 @@ pikku = PikkuCelery(
     leases=RedisLeaseService.from_url(ENV.get("CHAOS_REDIS", "redis://127.0.0.1:6379/0"),
                                       key_prefix=ENV.get("CHAOS_PREFIX", "chaos")),
     step_lease=float(ENV.get("CHAOS_LEASE_S", "2")),
+    run_lease=float(ENV.get("CHAOS_RUN_LEASE_S", "3")),
     reaper_interval=float(ENV.get("CHAOS_REAPER_S", "0.5")),
     undispatched_after=float(ENV.get("CHAOS_UNDISPATCHED_S", "3")),
     stalled_after=float(ENV.get("CHAOS_STALLED_S", "3")),
@@ -102,6 +103,15 @@ def compensate(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
 def order(wf: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
     """Seven steps: ok, flaky, slow, a fan-out of two, a sleep, and a last step that is
     fatal for some orders (compensated once, then the run fails)."""
+    ledger("pass", None, run=wf.run_id)
+    time.sleep(0.25)  # a pass takes a moment, so kills can land in the middle of one
+    try:
+        return _order_steps(wf, spec)
+    finally:  # runs on a pause too (a BaseException): the ledger sees every pass end
+        ledger("pass_end", None, run=wf.run_id)
+
+
+def _order_steps(wf: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
     n = spec["order"]
     first = wf.do("reserve", work, {"kind": "ok", "order": n})
     wf.do("charge", work, {"kind": "flaky", "fail_until": spec.get("fail_until", 2),

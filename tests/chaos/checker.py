@@ -30,11 +30,12 @@ class Report:
     recovery_s: list[float] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     worker_crashes: int = 0
+    pass_recovery_s: list[float] = field(default_factory=list)
 
-    def recovery_summary(self) -> str:
-        if not self.recovery_s:
-            return "no interrupted step was measured"
-        values = sorted(self.recovery_s)
+    def recovery_summary(self, values: list[float] | None = None) -> str:
+        values = sorted(self.recovery_s if values is None else values)
+        if not values:
+            return "none measured"
         p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
         return (f"n={len(values)} p50={statistics.median(values):.2f}s p95={p95:.2f}s "
                 f"max={values[-1]:.2f}s")
@@ -53,6 +54,7 @@ class Report:
             f"compensations recorded {self.compensations_recorded} "
             f"(bodies executed {self.compensation_executions})",
             f"recovery after a kill: {self.recovery_summary()}",
+            f"next pass after an orchestrator kill: {self.recovery_summary(self.pass_recovery_s)}",
             f"violations {len(self.violations)}",
         ]
         return "\n".join(lines + [f"  ! {v}" for v in self.violations[:30]])
@@ -60,7 +62,7 @@ class Report:
 
 def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
           ledger: list[dict[str, Any]], faults: list[FaultEvent], logs: list[str],
-          recovery_bound_s: float) -> Report:
+          recovery_bound_s: float, pass_bound_s: float) -> Report:
     report = Report(runs=len(specs), executions=sum(e["event"] == "start" for e in ledger))
     report.late_writes_refused = sum(log.count("superseded by attempt") for log in logs)
     by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -70,6 +72,7 @@ def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
     for run_id, spec in specs.items():
         _check_run(pikku, run_id, spec, run_id in cancelled, by_run[run_id], report)
     _recovery(ledger, faults, recovery_bound_s, report)
+    _pass_recovery(ledger, faults, pass_bound_s, report)
     return report
 
 
@@ -161,3 +164,27 @@ def _recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent], bound_s: f
                         report.violations.append(
                             f"step {entry['step']!r} of run {entry['run']} came back "
                             f"{took:.1f}s after a kill (bound {bound_s:.1f}s)")
+
+
+def _pass_recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent], bound_s: float,
+                   report: Report) -> None:
+    """After a worker is killed mid-pass, the run's next pass must come once the run lease
+    lapses (plus a re-wake), not hours later."""
+    passes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in ledger:
+        if entry["event"] in ("pass", "pass_end"):
+            passes[entry["run"]].append(entry)
+    for fault in faults:
+        if fault.kind != "kill_orchestrator":
+            continue
+        for run_id, entries in passes.items():
+            before = [e for e in entries if e["t"] <= fault.t and e["pid"] in fault.pids]
+            if not before or before[-1]["event"] != "pass":
+                continue
+            later = [e for e in entries if e["event"] == "pass" and e["t"] > fault.t]
+            if later:
+                took = later[0]["t"] - fault.t
+                report.pass_recovery_s.append(took)
+                if took > bound_s:
+                    report.violations.append(f"run {run_id} had its next pass {took:.1f}s "
+                                             f"after its orchestrator was killed")

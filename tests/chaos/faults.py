@@ -20,6 +20,7 @@ from tests.chaos.ledger import read_ledger
 
 KINDS = {  # kind -> weight
     "kill_worker": 3,
+    "kill_orchestrator": 2,
     "kill_child": 2,
     "pause_worker": 2,
     "duplicate_step": 3,
@@ -72,6 +73,31 @@ class FaultInjector:
         busy = [w for w in live if w.group_pids() & busy_pids]
         self.last_choice = f"{len(busy)} of {len(live)} live workers mid-step"
         return self.rng.choice(busy or live)
+
+    def _orchestrating_pids(self) -> set[int]:
+        open_passes: dict[tuple[str, int], int] = {}
+        for entry in read_ledger(self.cluster.workdir / "ledger")[-400:]:
+            key = (entry.get("run", ""), entry["pid"])
+            if entry["event"] == "pass":
+                open_passes[key] = entry["pid"]
+            elif entry["event"] == "pass_end":
+                open_passes.pop(key, None)
+        return set(open_passes.values())
+
+    def _kill_orchestrator(self, run_ids: list[str]) -> FaultEvent | None:
+        """SIGKILL a worker in the middle of an orchestration pass (it holds a run lease):
+        the run must carry on once that lease lapses."""
+        passing = self._orchestrating_pids()
+        live = [w for w in self.cluster.live_workers()
+                if w.name not in self._paused and w.group_pids() & passing]
+        if not live or len(self.cluster.live_workers()) < 2:
+            return None
+        worker = self.rng.choice(live)
+        pids = worker.group_pids()
+        worker.signal(signal.SIGKILL)
+        worker.proc.wait(10)
+        self._replace(worker)
+        return FaultEvent("kill_orchestrator", time.monotonic(), pids, worker.name)
 
     def _busy_pids(self) -> set[int]:
         open_starts: dict[tuple[str, int, int], int] = {}

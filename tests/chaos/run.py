@@ -27,6 +27,8 @@ from tests.chaos.ledger import read_ledger
 
 LEASE_S = 2.0
 REAPER_S = 0.5
+RUN_LEASE_S = 3.0
+STALLED_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,8 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     logs = [w.log.read_text(errors="replace") for w in cluster.workers]
     ledger = read_ledger(cluster.workdir / "ledger")
     report = check(chaos.pikku, specs, cancelled, ledger, injector.events, logs,
-                   recovery_bound_s=LEASE_S + REAPER_S + 10.0)
+                   recovery_bound_s=LEASE_S + REAPER_S + 10.0,
+                   pass_bound_s=RUN_LEASE_S + STALLED_S + 10.0)
     report.worker_crashes = len(crashes)
     return report
 

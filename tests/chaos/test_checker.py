@@ -50,3 +50,16 @@ def test_a_slow_recovery_is_flagged() -> None:
     _recovery(ledger, [FaultEvent("kill_worker", 2.0, {7})], 12.5, report)
     assert report.recovery_s == [28.0]
     assert any("came back 28.0s after a kill" in v for v in report.violations)
+
+
+def test_a_run_stranded_by_a_killed_orchestrator_is_flagged() -> None:
+    from tests.chaos.checker import _pass_recovery
+
+    report = Report()
+    ledger = [{"event": "pass", "t": 1.0, "pid": 7, "run": "r"},
+              {"event": "pass", "t": 3000.0, "pid": 8, "run": "r"},
+              {"event": "pass_end", "t": 3000.1, "pid": 8, "run": "r"}]
+    _pass_recovery(ledger, [FaultEvent("kill_orchestrator", 2.0, {7})], 16.0, report)
+    assert report.pass_recovery_s == [2998.0]
+    assert any("next pass 2998.0s after its orchestrator was killed" in v
+               for v in report.violations)
