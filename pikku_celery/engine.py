@@ -27,6 +27,7 @@ from pikku_celery.errors import (
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.leases.hold import hold_lease
+from pikku_celery.reaper import Reaper
 from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
@@ -41,7 +42,6 @@ from pikku_celery.records import (
     WorkflowRun,
 )
 from pikku_celery.replay import (
-    CHILD_PREFIX,
     SUSPEND_PREFIX,
     PassInterrupted,
     Pause,
@@ -96,7 +96,7 @@ class Engine:
         self.clock = ServerClock(leases)
         self.heartbeat = Heartbeat(store, leases, self.clock)
         self.claimer = Claimer(store, leases, self.clock, self.heartbeat, host=worker)
-        self._redispatched: dict[tuple[str, str, str], float] = {}
+        self._reaper = Reaper(self)
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -127,7 +127,7 @@ class Engine:
             # Redeliveries for settled runs are routine: no lease is taken. A child run makes
             # sure its parent heard (idempotent: the parent's step settles once).
             if run.parent_run_id is not None:
-                self._notify_parent(run.run_id, dispatcher or self.dispatcher)
+                self.notify_parent(run.run_id, dispatcher or self.dispatcher)
             return run.status
         definition = self.registry.workflow(run.workflow)
         # hold_lease reads a bare number as seconds: say milliseconds explicitly.
@@ -183,10 +183,11 @@ class Engine:
                 "type": "WorkflowRunEnded",
                 "message": f"run {run.run_id} ended {status} before this step settled"},
                 self.now_ms())
-            self._notify_parent(run.run_id, dispatcher or self.dispatcher)
+            self.notify_parent(run.run_id, dispatcher or self.dispatcher)
         return status
 
-    def _notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
+    def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
+        """Settle the parent's step with a finished child's outcome, and wake the parent."""
         child = self.store.get_run(child_run_id)
         if child is None or child.parent_run_id is None or not child.is_terminal:
             return
@@ -208,7 +209,7 @@ class Engine:
         if created:
             dispatcher.wake_run(child.run_id)
         elif child.is_terminal:  # the parent missed the news (a crash in between)
-            self._notify_parent(child.run_id, dispatcher)
+            self.notify_parent(child.run_id, dispatcher)
 
     def resume(self, run_id: str) -> bool:
         """Release a suspended run: open its suspension gates and wake it."""
@@ -243,7 +244,7 @@ class Engine:
             if child is not None and not child.is_terminal:
                 self.cancel(child_run_id, reason or f"parent run {run_id} was cancelled")
         if wrote:
-            self._notify_parent(run_id, self.dispatcher)
+            self.notify_parent(run_id, self.dispatcher)
         return wrote
 
     # --- steps ----------------------------------------------------------------------------
@@ -357,67 +358,8 @@ class Engine:
     # --- the reaper -----------------------------------------------------------------------
 
     def reap(self, dispatcher: Dispatcher | None = None) -> dict[str, int]:
-        """Re-dispatch steps whose worker died or whose message was lost, and wake stalled
-        runs. Safe from any number of processes: a dispatch only asks for a claim, and the
-        claim is the guarded write that decides."""
-        dispatcher = dispatcher or self.dispatcher
-        now = self.leases.now_ms()
-        s = self.settings
-        counts = {"lapsed": 0, "due": 0, "stalled": 0}
-        for step in self.store.find_lapsed_steps(now, s.sweep_limit):
-            if step.function and self._not_recently("lapsed", step, now, s.step_lease_ms):
-                dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
-                counts["lapsed"] += 1
-        for step in self.store.find_due_steps(now, now - s.undispatched_after_ms, s.sweep_limit):
-            if not self._not_recently("due", step, now, s.undispatched_after_ms):
-                continue
-            counts["due"] += 1
-            if step.function is None or step.function.startswith(CHILD_PREFIX):
-                dispatcher.wake_run(step.run_id)
-            else:
-                dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
-        for run in self.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit):
-            # Touched either way, so the sweep rotates through idle runs instead of
-            # re-checking the same ``sweep_limit`` ones forever.
-            self.store.touch_run(run.run_id, now)
-            steps = self.store.list_steps(run.run_id)
-            self._recover_children(steps, dispatcher)
-            if not any(self._in_flight(step, now) for step in steps):
-                dispatcher.wake_run(run.run_id)  # its wake-up message was lost
-                counts["stalled"] += 1
-        return counts
-
-    def _recover_children(self, steps: list[StepState], dispatcher: Dispatcher) -> None:
-        """A child that ended while its parent was not told (a crash between the two
-        writes) is reported now; the parent's step settles once whoever gets there first."""
-        for step in steps:
-            if step.status == STEP_RUNNING and step.child_run_id is not None:
-                child = self.store.get_run(step.child_run_id)
-                if child is not None and child.is_terminal:
-                    self._notify_parent(child.run_id, dispatcher)
-
-    def _in_flight(self, step: StepState, now_ms: int) -> bool:
-        """Something will wake the run by itself: a live (or child-parked) step, a timer not
-        yet due, or a dispatch too recent to call lost."""
-        if step.status == STEP_RUNNING:
-            lease = step.lease_expires_at
-            return lease is None or lease.timestamp() * 1000 >= now_ms
-        if step.status == STEP_PENDING:
-            recent_ms = now_ms - self.settings.undispatched_after_ms
-            return step.updated_at.timestamp() * 1000 >= recent_ms
-        if step.due_at is not None:
-            return step.due_at.timestamp() * 1000 > now_ms
-        return False
-
-    def _not_recently(self, kind: str, step: StepState, now_ms: int, window_ms: int) -> bool:
-        key = (kind, f"{step.run_id}:{step.step_name}", str(step.attempt))
-        last = self._redispatched.get(key)
-        if last is not None and now_ms - last < window_ms:
-            return False
-        if len(self._redispatched) > 10_000:
-            self._redispatched.clear()
-        self._redispatched[key] = now_ms
-        return True
+        """One sweep for lost work (see ``pikku_celery.reaper``); returns what it resumed."""
+        return self._reaper.sweep(dispatcher or self.dispatcher)
 
 
 class _PassHost:

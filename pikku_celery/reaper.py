@@ -1,0 +1,87 @@
+"""The reaper: finds work that nothing will resume by itself, and resumes it.
+
+Steps whose lease lapsed (their worker died), ``pending`` steps nobody picked up (their
+message died in a killed worker's prefetch), due sleeps and retries, stalled runs (a lost
+wake-up), and child runs whose parent was never told. Safe from any number of processes at
+once: re-dispatching a step only asks for a claim, and the claim is the guarded write that
+decides; waking a run only asks for a pass, and the run lease admits one at a time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pikku_celery.records import STEP_PENDING, STEP_RUNNING, StepState
+from pikku_celery.replay import CHILD_PREFIX
+
+if TYPE_CHECKING:
+    from pikku_celery.engine import Dispatcher, Engine
+
+_MEMORY = 10_000  # redispatch memory entries before it is cleared
+
+
+class Reaper:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        # (kind, step, attempt) -> when this process last re-sent it: one re-send per window.
+        self._sent: dict[tuple[str, str, int], int] = {}
+
+    def sweep(self, dispatcher: Dispatcher) -> dict[str, int]:
+        engine, s = self._engine, self._engine.settings
+        now = engine.leases.now_ms()
+        counts = {"lapsed": 0, "due": 0, "stalled": 0}
+        for step in engine.store.find_lapsed_steps(now, s.sweep_limit):
+            if step.function and self._first_in("lapsed", step, now, s.step_lease_ms):
+                dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+                counts["lapsed"] += 1
+        for step in engine.store.find_due_steps(now, now - s.undispatched_after_ms,
+                                                s.sweep_limit):
+            if not self._first_in("due", step, now, s.undispatched_after_ms):
+                continue
+            counts["due"] += 1
+            if step.function is None or step.function.startswith(CHILD_PREFIX):
+                dispatcher.wake_run(step.run_id)
+            else:
+                dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+        for run in engine.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit):
+            # Touched either way, so the sweep rotates through idle runs instead of
+            # re-checking the same ``sweep_limit`` ones forever.
+            engine.store.touch_run(run.run_id, now)
+            steps = engine.store.list_steps(run.run_id)
+            self._recover_children(steps, dispatcher)
+            if not any(self._in_flight(step, now) for step in steps):
+                dispatcher.wake_run(run.run_id)  # its wake-up message was lost
+                counts["stalled"] += 1
+        return counts
+
+    def _recover_children(self, steps: list[StepState], dispatcher: Dispatcher) -> None:
+        """A child that ended while its parent was not told (a crash between the two
+        writes) is reported now; the parent's step settles once whoever gets there first."""
+        for step in steps:
+            if step.status == STEP_RUNNING and step.child_run_id is not None:
+                child = self._engine.store.get_run(step.child_run_id)
+                if child is not None and child.is_terminal:
+                    self._engine.notify_parent(child.run_id, dispatcher)
+
+    def _in_flight(self, step: StepState, now_ms: int) -> bool:
+        """Something will wake the run by itself: a live (or child-parked) step, a timer not
+        yet due, or a dispatch too recent to call lost."""
+        if step.status == STEP_RUNNING:
+            lease = step.lease_expires_at
+            return lease is None or lease.timestamp() * 1000 >= now_ms
+        if step.status == STEP_PENDING:
+            recent_ms = now_ms - self._engine.settings.undispatched_after_ms
+            return step.updated_at.timestamp() * 1000 >= recent_ms
+        if step.due_at is not None:
+            return step.due_at.timestamp() * 1000 > now_ms
+        return False
+
+    def _first_in(self, kind: str, step: StepState, now_ms: int, window_ms: int) -> bool:
+        key = (kind, f"{step.run_id}:{step.step_name}", step.attempt)
+        last = self._sent.get(key)
+        if last is not None and now_ms - last < window_ms:
+            return False
+        if len(self._sent) > _MEMORY:
+            self._sent.clear()
+        self._sent[key] = now_ms
+        return True
