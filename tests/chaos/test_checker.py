@@ -63,3 +63,15 @@ def test_a_run_stranded_by_a_killed_orchestrator_is_flagged() -> None:
     assert report.pass_recovery_s == [2998.0]
     assert any("next pass 2998.0s after its orchestrator was killed" in v
                for v in report.violations)
+
+
+def test_a_run_failed_by_exhausted_attempts_is_accepted_only_when_they_are_spent() -> None:
+    from tests.chaos.checker import _exhausted_by_faults
+
+    spent = _step(status="failed", attempt=4, max_attempts=4,
+                  error={"type": "WorkflowStepLeaseExpiredError"})
+    assert _exhausted_by_faults([spent])
+    assert not _exhausted_by_faults([_step(status="failed", attempt=2, max_attempts=4,
+                                           error={"type": "WorkflowStepLeaseExpiredError"})])
+    assert not _exhausted_by_faults([_step(status="failed", attempt=4, max_attempts=4,
+                                           error={"type": "Fatal"})])
