@@ -141,11 +141,6 @@ class Claimer:
         return self._settle(claimed, write,
                             landed=lambda s: s.status == "failed" and s.error == error)
 
-    def release(self, claimed: Claimed) -> None:
-        """Stop holding without settling (the step parks on a child run, or we crashed)."""
-        self.heartbeat.remove(claimed.held)
-        self.leases.release(claimed.held.lease)
-
     def _settle(self, claimed: Claimed, write: Any,
                 landed: Callable[[StepState], bool]) -> StepState:
         """The fenced write, retried while MongoDB is unreachable: the heartbeat keeps

@@ -143,8 +143,11 @@ class Engine:
         try:
             output = fn(wf, run.input)
         except Pause:
-            self.store.touch_run(run.run_id, self.now_ms())
-            self._fence_if_cancelled(run.run_id)
+            # A cancel can land while a pass runs, after the pass read the steps: whatever
+            # the pass created since (steps, children) is fenced now, as the cancel fenced
+            # the rest. A worker that claimed one in between is told by its heartbeat.
+            if self.store.touch_run(run.run_id, self.now_ms()) == RUN_CANCELLED:
+                self.cancel(run.run_id, None)
             return "paused"
         except PassInterrupted as interrupted:
             raise interrupted.__cause__ or RuntimeError("pass interrupted") from None
@@ -160,15 +163,6 @@ class Engine:
         except InvalidInputError as exc:
             return self.finish(run, RUN_FAILED, error=serialize_error(exc),
                                dispatcher=dispatcher)
-
-    def _fence_if_cancelled(self, run_id: str) -> None:
-        """A cancel can land while a pass runs, after the pass read the steps: whatever the
-        pass created since (steps, children) is fenced now, as the cancel fenced the rest.
-        A worker that claimed one in between is told by its heartbeat; its write is refused.
-        """
-        run = self.store.get_run(run_id)
-        if run is not None and run.status == RUN_CANCELLED:
-            self.cancel(run_id, run.cancel_reason)
 
     def finish(self, run: WorkflowRun, status: str, *, output: Any = None,
                error: dict[str, Any] | None = None, dispatcher: Dispatcher | None = None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -65,7 +65,6 @@ class StepState:
     child_run_id: str | None = None
     retry_delay_ms: int = 0
     on_error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def attempts_left(self) -> int:

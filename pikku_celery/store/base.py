@@ -90,8 +90,9 @@ class WorkflowStore(Protocol):
         Returns ``False`` (and writes nothing) if the run was in another status."""
         ...
 
-    def touch_run(self, run_id: str, now_ms: int) -> None:
-        """Record that a pass looked at the run (for the stalled-run sweep)."""
+    def touch_run(self, run_id: str, now_ms: int) -> str | None:
+        """Record that a pass looked at the run (for the stalled-run sweep) and return its
+        status as of that write (``None`` for an unknown run): one round trip."""
         ...
 
     def list_runs(

@@ -92,12 +92,14 @@ class InMemoryWorkflowStore:
                 doc[R.CANCEL_REASON] = cancel_reason
             return True
 
-    def touch_run(self, run_id: str, now_ms: int) -> None:
+    def touch_run(self, run_id: str, now_ms: int) -> str | None:
         check_name("run id", run_id)
         with self._lock:
             doc = self._runs.get(run_id)
-            if doc is not None:
-                doc[R.UPDATED] = max(doc[R.UPDATED], now_ms)
+            if doc is None:
+                return None
+            doc[R.UPDATED] = max(doc[R.UPDATED], now_ms)
+            return str(doc[R.STATUS])
 
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
                   limit: int = 50, created_before_ms: int | None = None,

@@ -156,10 +156,11 @@ class MongoWorkflowStore:
                 {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields})
         return found.matched_count == 1
 
-    def touch_run(self, run_id: str, now_ms: int) -> None:
+    def touch_run(self, run_id: str, now_ms: int) -> str | None:
         check_name("run id", run_id)
-        self._runs.update_one({R.ID: run_id, R.UPDATED: {"$lt": now_ms}},
-                              {"$set": {R.UPDATED: now_ms}})
+        doc = self._runs.find_one_and_update({R.ID: run_id}, {"$max": {R.UPDATED: now_ms}},
+                                             projection={R.STATUS: 1}, return_document=_AFTER)
+        return None if doc is None else str(doc[R.STATUS])
 
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
                   limit: int = 50, created_before_ms: int | None = None,
