@@ -32,6 +32,7 @@ from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import StepState
 from pikku_celery.store.base import WorkflowStore
+from pikku_celery.validate import as_stored, check_step_document
 
 
 class StepContext:
@@ -80,10 +81,16 @@ class NotClaimed:
     wake_run: bool = False
 
 
+MAX_MESSAGE_CHARS = 4000
+
+
 def serialize_error(exc: BaseException) -> dict[str, Any]:
     """The stored form of a step or run error: type, message and a bounded traceback."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": tb[-4000:]}
+    message = str(exc)
+    if len(message) > MAX_MESSAGE_CHARS:  # an error must always be storable
+        message = message[:MAX_MESSAGE_CHARS] + f"... [{len(message)} characters]"
+    return {"type": type(exc).__name__, "message": message, "traceback": tb[-4000:]}
 
 
 class Claimer:
@@ -125,10 +132,17 @@ class Claimer:
         return Claimed(outcome.state, held)
 
     def succeed(self, claimed: Claimed, result: Any) -> StepState:
-        """Record the result; ``WorkflowStepSupersededError`` if the attempt lost the step."""
+        """Record the result; ``WorkflowStepSupersededError`` if the attempt lost the step,
+        ``InvalidInputError`` (nothing written) if it can never be stored."""
+        try:
+            check_step_document(claimed.state.step_name, claimed.state.data, result=result)
+            stored = as_stored(result)
+        except InvalidInputError:
+            self._let_go(claimed.held)
+            raise
         return self._settle(claimed, lambda now: self.store.set_result(
             claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now),
-            landed=lambda s: s.status == "succeeded" and s.result == result)
+            landed=lambda s: s.status == "succeeded" and s.result == stored)
 
     def fail(self, claimed: Claimed, error: dict[str, Any], retry_delay_ms: int, *,
              final: bool = False) -> StepState:
@@ -138,16 +152,28 @@ class Claimer:
             return self.store.set_error(
                 claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, error,
                 now, retry_at_ms=now + retry_delay_ms, final=final)
+        try:
+            check_step_document(claimed.state.step_name, claimed.state.data, error=error)
+            stored = as_stored(error)
+        except InvalidInputError:
+            self._let_go(claimed.held)
+            raise
         return self._settle(claimed, write,
-                            landed=lambda s: s.status == "failed" and s.error == error)
+                            landed=lambda s: s.status == "failed" and s.error == stored)
 
     def _settle(self, claimed: Claimed, write: Any,
                 landed: Callable[[StepState], bool]) -> StepState:
-        """The fenced write, retried while MongoDB is unreachable: the heartbeat keeps
-        holding the step meanwhile, so the attempt is not lost to an outage shorter than its
-        lease, and a write that landed but whose reply was lost is recognised."""
+        """The fenced write, retried while MongoDB is unreachable, and recognising a write
+        that landed but whose reply was lost.
+
+        Retries end at the deadline the lease had when the settle began: the heartbeat
+        keeps renewing meanwhile (an outage shorter than the lease must not cost the
+        attempt), but it must not move the end of the retries, or a write that can never
+        succeed would hold the step, and the worker slot, forever. A write the store calls
+        impossible (``InvalidInputError``: a document MongoDB refuses) is not retried."""
         held = claimed.held
         held.settling = True  # a beat racing the write must not call the refusal a loss
+        deadline = held.held_until
         delay_s, retried = 0.1, False
         try:
             while True:
@@ -163,19 +189,25 @@ class Claimer:
                 except (InvalidInputError, LeaseLostError):
                     raise
                 except Exception:
-                    if held.lost.is_set() or time.monotonic() + delay_s >= held.held_until:
+                    if held.lost.is_set() or time.monotonic() + delay_s >= deadline:
                         raise
                     time.sleep(delay_s)
                     delay_s, retried = min(delay_s * 2, 2.0), True
         finally:
-            self.heartbeat.remove(held)
-            # A failed release is harmless: the lease lapses by itself.
-            with contextlib.suppress(Exception):
-                self.leases.release(held.lease)
+            self._let_go(held)
+
+    def _let_go(self, held: HeldStep) -> None:
+        """Stop renewing ``held`` and free its Redis lease; the store lease is left to the
+        settle that follows (or to lapse, for the reaper)."""
+        self.heartbeat.remove(held)
+        # A failed release is harmless: the lease lapses by itself.
+        with contextlib.suppress(Exception):
+            self.leases.release(held.lease)
 
     def _landed(self, claimed: Claimed, landed: Callable[[StepState], bool]
                 ) -> StepState | None:
-        """After a retried write was refused: did our earlier try land after all?"""
+        """After a retried write was refused: did our earlier try land after all? Compared
+        with the value as stored (a tuple comes back a list)."""
         state = self.store.get_step(claimed.state.run_id, claimed.state.step_name)
         if state is not None and state.attempt == claimed.state.attempt and landed(state):
             return state

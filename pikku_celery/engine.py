@@ -22,6 +22,7 @@ from pikku_celery.errors import (
     LeaseTakenError,
     PikkuError,
     WorkflowCancelledError,
+    WorkflowRunConflictError,
     WorkflowRunNotFoundError,
 )
 from pikku_celery.heartbeat import Heartbeat
@@ -37,6 +38,7 @@ from pikku_celery.records import (
     STEP_PENDING,
     STEP_RUNNING,
     STEP_SCHEDULED,
+    STEP_SUCCEEDED,
     StepAttempt,
     StepState,
     WorkflowRun,
@@ -48,7 +50,7 @@ from pikku_celery.replay import (
     WorkflowContext,
 )
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
-from pikku_celery.validate import check_name
+from pikku_celery.validate import as_stored, check_name
 
 log = logging.getLogger("pikku_celery")
 _LIVE = (RUN_RUNNING, RUN_SUSPENDED)
@@ -115,6 +117,12 @@ class Engine:
         if created:
             self.store.record_version(definition.name, definition.version, definition.source,
                                       now)
+        elif run.workflow != definition.name:
+            raise WorkflowRunConflictError(
+                run_id, f"it is a run of {run.workflow!r}, not {definition.name!r}")
+        elif run.input != as_stored(data):
+            raise WorkflowRunConflictError(
+                run_id, f"it is a run of {run.workflow!r} with another input")
         return run, created
 
     def advance(self, run_id: str, dispatcher: Dispatcher | None = None) -> str:
@@ -178,7 +186,14 @@ class Engine:
                 "message": f"run {run.run_id} ended {status} before this step settled"},
                 self.now_ms())
             self.notify_parent(run.run_id, dispatcher or self.dispatcher)
-        return status
+            return status
+        # Another writer ended the run while this pass ran. A cancel that landed after the
+        # pass read the steps fenced only what existed then: fence what the pass created
+        # since (as the pause path does), or a step it just dispatched would still run.
+        current = self.store.get_run(run.run_id)
+        if current is not None and current.status == RUN_CANCELLED:
+            self.cancel(run.run_id, None)
+        return status if current is None else current.status
 
     def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
         """Settle the parent's step with a finished child's outcome, and wake the parent."""
@@ -198,25 +213,54 @@ class Engine:
 
     def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
                      child_run_id: str, dispatcher: Dispatcher) -> None:
-        child, created = self.create_run(workflow, data, run_id=child_run_id,
-                                         parent=(parent_run_id, step_name))
+        try:
+            child, created = self.create_run(workflow, data, run_id=child_run_id,
+                                             parent=(parent_run_id, step_name))
+        except WorkflowRunConflictError as exc:
+            self._fail_child_step(parent_run_id, step_name, child_run_id, str(exc), dispatcher)
+            return
+        if (child.parent_run_id, child.parent_step_name) != (parent_run_id, step_name):
+            # Someone created a run under the child's id first: it is not this parent's
+            # child, and its outcome must never be taken for one.
+            self._fail_child_step(
+                parent_run_id, step_name, child_run_id,
+                f"run id {child_run_id!r} is already taken by a run that is not the child "
+                f"of step {step_name!r} of run {parent_run_id}", dispatcher)
+            return
         if created:
             dispatcher.wake_run(child.run_id)
         elif child.is_terminal:  # the parent missed the news (a crash in between)
             self.notify_parent(child.run_id, dispatcher)
 
+    def _fail_child_step(self, parent_run_id: str, step_name: str, child_run_id: str,
+                         message: str, dispatcher: Dispatcher) -> None:
+        log.warning("pikku: %s", message)
+        error = {"type": WorkflowRunConflictError.__name__, "child_run_id": child_run_id,
+                 "message": message}
+        if self.store.settle_waiting_step(parent_run_id, step_name, self.now_ms(),
+                                          error=error, child_run_id=child_run_id):
+            dispatcher.wake_run(parent_run_id)
+
     def resume(self, run_id: str) -> bool:
-        """Release a suspended run: open its suspension gates and wake it."""
-        self.get_run(run_id)
-        now = self.now_ms()
-        # Gates open only when this call moved the run: a resume that raced a pass still
-        # suspending the run is refused (False), and the run stays resumable.
-        if not self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now):
+        """Release a suspended run: open its suspension gates, then move it to ``running``
+        and wake it. ``False`` when there was nothing to resume.
+
+        Gates open *before* the run moves, so a pass that was suspending the run meanwhile
+        sees the open gate when it re-reads it after its own write (``suspend_run``) and
+        takes the run back: no order of the two leaves a run ``suspended`` behind an open
+        gate."""
+        if self.get_run(run_id).status not in _LIVE:
             return False
+        now = self.now_ms()
+        opened = False
         for step in self.store.list_steps(run_id):
             if step.step_name.startswith(SUSPEND_PREFIX) and step.status == STEP_SCHEDULED:
-                self.store.settle_waiting_step(run_id, step.step_name, now, gate=True,
-                                               result={"resumed_at_ms": now})
+                opened |= self.store.settle_waiting_step(run_id, step.step_name, now,
+                                                         gate=True,
+                                                         result={"resumed_at_ms": now})
+        moved = self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now)
+        if not (opened or moved):
+            return False
         self.dispatcher.wake_run(run_id)
         return True
 
@@ -260,8 +304,11 @@ class Engine:
             return self._record_failure(definition, claim, exc, dispatcher)
         try:
             self.claimer.succeed(claim, result)
-        except InvalidInputError as exc:  # the body returned something we cannot store
-            return self._record_failure(definition, claim, exc, dispatcher)
+        except InvalidInputError as exc:
+            # The body returned something that can never be stored (a datetime, a result
+            # too large beside the step's data): another attempt would return the same, so
+            # the step fails at once, whatever attempts are left.
+            return self._record_failure(definition, claim, exc, dispatcher, final=True)
         self._continue(run_id, dispatcher)
         return StepOutcome("succeeded", result=result, attempt=claim.state.attempt)
 
@@ -289,12 +336,19 @@ class Engine:
             raise
 
     def _record_failure(self, definition: StepDefinition, claim: Claimed, exc: Exception,
-                        dispatcher: Dispatcher) -> StepOutcome:
+                        dispatcher: Dispatcher, *, final: bool = False) -> StepOutcome:
         state = claim.state
         override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
         delay_ms = definition.delay_before(state.attempt + 1, override)
-        final = isinstance(exc, definition.no_retry_for)
-        settled = self.claimer.fail(claim, serialize_error(exc), delay_ms, final=final)
+        final = final or isinstance(exc, definition.no_retry_for)
+        try:
+            settled = self.claimer.fail(claim, serialize_error(exc), delay_ms, final=final)
+        except InvalidInputError as unstorable:
+            # Even the error does not fit beside the step's data: record its type alone.
+            settled = self.claimer.fail(claim, {
+                "type": type(exc).__name__,
+                "message": f"the error could not be stored: {unstorable}"[:2000]},
+                delay_ms, final=final)
         if settled.due_at is not None:
             dispatcher.arm_timer(state.run_id, state.step_name,
                                  int(settled.due_at.timestamp() * 1000))
@@ -366,9 +420,22 @@ class _PassHost:
     def now_ms(self) -> int:
         return _guarded(self._engine.now_ms)
 
-    def suspend_run(self, run_id: str, reason: str) -> None:
-        _guarded(lambda: self._engine.store.transition_run(
-            run_id, [RUN_RUNNING], RUN_SUSPENDED, self.now_ms()))
+    def suspend_run(self, run_id: str, gate: str) -> bool:
+        """Record the run suspended behind ``gate``; ``False`` if the gate turned out open.
+
+        A resume can land between this pass's read of the gate and this write. The write
+        cannot check another document, so the gate is read again after it: ``resume``
+        opens gates before it moves the run, so if it moved the run first, the gate is open
+        by now and the run is taken back to ``running`` here."""
+        store = self._engine.store
+        _guarded(lambda: store.transition_run(run_id, [RUN_RUNNING], RUN_SUSPENDED,
+                                              self.now_ms()))
+        state = _guarded(lambda: store.get_step(run_id, gate))
+        if state is None or state.status != STEP_SUCCEEDED:
+            return True
+        _guarded(lambda: store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING,
+                                              self.now_ms()))
+        return False
 
     def is_lost_dispatch(self, state: StepState) -> bool:
         if state.status != STEP_PENDING:

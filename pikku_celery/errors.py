@@ -78,6 +78,20 @@ class WorkflowRunNotFoundError(PikkuError):
         self._message = f"no workflow run with id {run_id!r}"
 
 
+class WorkflowRunConflictError(PikkuError):
+    """A run id given to ``start`` already names a run of another workflow or input.
+
+    Starting with a chosen ``run_id`` is idempotent only for the *same* start: a different
+    workflow or input under that id is a caller's mistake (or another caller's id) and must
+    never silently return somebody else's run."""
+
+    def __init__(self, run_id: str, reason: str):
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(run_id, reason)
+        self._message = f"run id {run_id!r} is already taken: {reason}"
+
+
 class WorkflowStepNotFoundError(PikkuError):
     """The run has no step with this name."""
 

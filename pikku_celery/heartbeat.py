@@ -119,7 +119,11 @@ class Heartbeat:
         now_ms = self._clock.now_ms()
         by_lease: dict[int, list[HeldStep]] = {}
         for h in held:
-            by_lease.setdefault(h.lease_ms, []).append(h)
+            # A step given up just now (its Redis renewal failed past its last confirmed
+            # deadline) must not have its store lease extended: that would only delay the
+            # reclaim of a step this process no longer runs by up to one lease.
+            if not h.lost.is_set():
+                by_lease.setdefault(h.lease_ms, []).append(h)
         for lease_ms, group in by_lease.items():
             try:
                 refused = self._store.renew_leases(

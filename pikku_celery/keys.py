@@ -7,6 +7,41 @@ what to inspect. Redis keys here are *logical*: the lease service adds its ``key
 
 from __future__ import annotations
 
+import uuid
+
+# --- Ids derived from a run id and a name ------------------------------------------------
+
+# Fixed namespaces: derived ids must be the same on every machine and across versions.
+INVOCATION_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0001")
+CHILD_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0002")
+_FRAMED_INVOCATION_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0003")
+_FRAMED_CHILD_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0004")
+
+
+def _derived(plain: uuid.UUID, framed: uuid.UUID, run_id: str, name: str) -> str:
+    """An id for ``(run_id, name)`` that no other pair can produce.
+
+    ``f"{run_id}:{name}"`` alone is ambiguous once a caller-chosen run id contains ``:``
+    (``("a:b", "c")`` and ``("a", "b:c")`` would share a step, its result and its child
+    run). A run id without ``:`` splits at the first ``:`` unambiguously, and keeps the id
+    it always had, so stored runs stay readable; a run id with ``:`` is length-framed under
+    another namespace, a space the plain ids can only reach through a SHA-1 collision.
+    """
+    if ":" not in run_id:
+        return str(uuid.uuid5(plain, f"{run_id}:{name}"))
+    return str(uuid.uuid5(framed, f"{len(run_id)}:{run_id}:{name}"))
+
+
+def invocation_id(run_id: str, step_name: str) -> str:
+    """The step's id and idempotency key: stable across attempts, stores and machines."""
+    return _derived(INVOCATION_NAMESPACE, _FRAMED_INVOCATION_NAMESPACE, run_id, step_name)
+
+
+def child_run_id(parent_run_id: str, step_name: str) -> str:
+    """The run id of the child workflow started by step ``step_name`` of a parent run."""
+    return _derived(CHILD_NAMESPACE, _FRAMED_CHILD_NAMESPACE, parent_run_id, step_name)
+
+
 # --- Redis (logical keys; RedisLeaseService prefixes them) ---------------------------
 
 
@@ -16,8 +51,10 @@ def run_lease_key(run_id: str) -> str:
 
 
 def step_lease_key(run_id: str, step_name: str) -> str:
-    """The step lease held by the worker running the step body."""
-    return f"workflow-step:{run_id}:{step_name}"
+    """The step lease held by the worker running the step body. It ends with the step's
+    fixed-length invocation id, never the raw step name, so no two steps of any two runs can
+    share it however their run ids and names are spelled (``workflow-step:a:b:c`` would)."""
+    return f"workflow-step:{run_id}:{invocation_id(run_id, step_name)}"
 
 
 REAPER_LEASE_KEY = "workflow-reaper"

@@ -48,25 +48,38 @@ class Reaper:
             # re-checking the same ``sweep_limit`` ones forever.
             engine.store.touch_run(run.run_id, now)
             steps = engine.store.list_steps(run.run_id)
-            self._recover_children(steps, dispatcher)
-            if not any(self._in_flight(step, now) for step in steps):
+            live_children = self._recover_children(steps, dispatcher)
+            if not any(self._in_flight(step, now, live_children) for step in steps):
                 dispatcher.wake_run(run.run_id)  # its wake-up message was lost
                 counts["stalled"] += 1
         return counts
 
-    def _recover_children(self, steps: list[StepState], dispatcher: Dispatcher) -> None:
-        """A child that ended while its parent was not told (a crash between the two
-        writes) is reported now; the parent's step settles once whoever gets there first."""
+    def _recover_children(self, steps: list[StepState], dispatcher: Dispatcher) -> set[str]:
+        """Report children that ended while the parent was not told (a crash between the two
+        writes); the parent's step settles once, whoever gets there first. Returns the
+        names of steps whose child run is alive: only those wait on something.
+
+        A step parked on a child run that does not exist (its creation failed after the
+        step was recorded) waits on nothing; the caller wakes the parent, whose pass
+        creates the child again."""
+        live: set[str] = set()
         for step in steps:
             if step.status == STEP_RUNNING and step.child_run_id is not None:
                 child = self._engine.store.get_run(step.child_run_id)
-                if child is not None and child.is_terminal:
+                if child is None:
+                    continue
+                if child.is_terminal:
                     self._engine.notify_parent(child.run_id, dispatcher)
+                else:
+                    live.add(step.step_name)
+        return live
 
-    def _in_flight(self, step: StepState, now_ms: int) -> bool:
-        """Something will wake the run by itself: a live (or child-parked) step, a timer not
+    def _in_flight(self, step: StepState, now_ms: int, live_children: set[str]) -> bool:
+        """Something will wake the run by itself: a live step, a live child run, a timer not
         yet due, or a dispatch too recent to call lost."""
         if step.status == STEP_RUNNING:
+            if step.child_run_id is not None:
+                return step.step_name in live_children
             lease = step.lease_expires_at
             return lease is None or lease.timestamp() * 1000 >= now_ms
         if step.status == STEP_PENDING:

@@ -9,11 +9,11 @@ does the writes. Nothing here talks to MongoDB, Redis or Celery directly.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pikku_celery import keys
 from pikku_celery.definitions import StepDefinition, check_retries
 from pikku_celery.durations import Duration, to_ms
 from pikku_celery.errors import (
@@ -32,7 +32,6 @@ from pikku_celery.store.base import NewStep
 
 CHILD_PREFIX = "workflow:"
 SUSPEND_PREFIX = "__suspend:"
-CHILD_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0002")
 
 
 class Pause(BaseException):
@@ -62,7 +61,7 @@ class ReplayHost(Protocol):
 
     def step_definition(self, step: Any) -> StepDefinition: ...
 
-    def suspend_run(self, run_id: str, reason: str) -> None: ...
+    def suspend_run(self, run_id: str, gate: str) -> bool: ...
 
     def is_lost_dispatch(self, state: StepState) -> bool: ...
 
@@ -153,7 +152,7 @@ class WorkflowContext:
         workflow_name = workflow if isinstance(workflow, str) else getattr(
             getattr(workflow, "pikku_workflow", None), "name", getattr(workflow, "__name__", ""))
         name = self._physical(step_name)
-        child_run_id = str(uuid.uuid5(CHILD_NAMESPACE, f"{self.run_id}:{name}"))
+        child_run_id = keys.child_run_id(self.run_id, name)
         function = CHILD_PREFIX + workflow_name
         state = self._steps.get(name)
         if state is None:
@@ -175,7 +174,8 @@ class WorkflowContext:
                                          data={"reason": reason}, status=STEP_SCHEDULED))
         if state.status == STEP_SUCCEEDED:
             return
-        self._host.suspend_run(self.run_id, reason)
+        if not self._host.suspend_run(self.run_id, name):
+            return  # resumed while this pass was suspending the run: the gate is open
         raise Pause
 
     def cancel(self, reason: str | None = None) -> None:

@@ -10,6 +10,7 @@ attempt is scheduled by the workflow, never by Celery's ``max_retries``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -154,6 +155,7 @@ class WorkerReaper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._holder = uuid.uuid4().hex
+        self._stand_aside = False
 
     def start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -173,11 +175,25 @@ class WorkerReaper:
                 log.exception("pikku reaper sweep failed")
 
     def sweep_once(self) -> dict[str, int] | None:
+        """Sweep if this process wins the reaper lease. A process whose sweep failed gives
+        the role up and stands aside for one interval: the live holder re-acquires its own
+        lease, so a process whose MongoDB calls fail fast would otherwise keep the role
+        (and nobody would sweep) for as long as it stays broken."""
         engine = self._engine()
-        ttl_ms = max(1, int(self.interval_s * 1000 * 0.9))
-        if engine.leases.acquire(keys.REAPER_LEASE_KEY, self._holder, ttl_ms) is None:
+        if self._stand_aside:
+            self._stand_aside = False
             return None
-        counts = engine.reap()
+        ttl_ms = max(1, int(self.interval_s * 1000 * 0.9))
+        lease = engine.leases.acquire(keys.REAPER_LEASE_KEY, self._holder, ttl_ms)
+        if lease is None:
+            return None
+        try:
+            counts = engine.reap()
+        except BaseException:
+            self._stand_aside = True
+            with contextlib.suppress(Exception):  # unreleased, it lapses within the interval
+                engine.leases.release(lease)
+            raise
         if any(counts.values()):
             log.info("pikku reaper: %s", counts)
         return counts

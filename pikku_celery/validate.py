@@ -49,6 +49,30 @@ def check_value(what: str, value: Any) -> int:
     return size
 
 
+def as_stored(value: Any) -> Any:
+    """``value`` as a store gives it back (tuples become lists): what to compare a stored
+    value with. ``value`` must have passed ``check_value``."""
+    return json.loads(json.dumps(value))
+
+
+def check_step_document(step_name: str, data: Any, *, result: Any = None,
+                        error: Any = None) -> None:
+    """Check that an outcome fits in the step document beside the step's data.
+
+    Each value alone passing ``check_value`` is not enough: MongoDB refuses an update whose
+    *resulting* document passes 16 MiB (error 17419), and a write that can never succeed
+    must fail the attempt at once, not be retried."""
+    outcome = "error" if error is not None else "result"
+    size = check_value(f"{outcome} of step {step_name!r}",
+                       error if error is not None else result)
+    data_size = len(json.dumps(data, separators=(",", ":")).encode())
+    if size + data_size > MAX_VALUE_BYTES:
+        raise InvalidInputError(
+            f"{outcome} of step {step_name!r} is {size} bytes as JSON and the step's data "
+            f"{data_size}: together over the {MAX_VALUE_BYTES}-byte limit of one MongoDB "
+            "document; store large data elsewhere and pass a key")
+
+
 def _walk(what: str, value: Any, path: str) -> None:
     if value is None or isinstance(value, bool | str):
         return

@@ -8,13 +8,13 @@ stand-in and mongomock, and they never depend on a worker's own wall clock.
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from pikku_celery.keys import HistoryField as H
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
+from pikku_celery.keys import invocation_id as invocation_id
 from pikku_celery.records import (
     STEP_FAILED,
     STEP_PENDING,
@@ -26,15 +26,7 @@ from pikku_celery.records import (
 )
 from pikku_celery.store.base import NewRun, NewStep
 
-# Fixed namespace: invocation ids must be the same on every machine and across versions.
-INVOCATION_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0001")
-
 Doc = dict[str, Any]
-
-
-def invocation_id(run_id: str, step_name: str) -> str:
-    """The step's id and idempotency key: stable across attempts, stores and machines."""
-    return str(uuid.uuid5(INVOCATION_NAMESPACE, f"{run_id}:{step_name}"))
 
 
 def history_id(step_id: str, attempt: int) -> str:

@@ -70,7 +70,7 @@ class WorkflowStore(Protocol):
     def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:
         """Insert a ``running`` run; idempotent by ``run_id``. Returns ``(run, created)``.
         Atomic (insert with a unique id). A different workflow under an existing id raises
-        ``InvalidInputError`` and changes nothing."""
+        ``WorkflowRunConflictError`` and changes nothing."""
         ...
 
     def get_run(self, run_id: str) -> WorkflowRun | None: ...

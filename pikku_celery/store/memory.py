@@ -12,8 +12,10 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pikku_celery import keys
 from pikku_celery.errors import (
     InvalidInputError,
+    WorkflowRunConflictError,
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
@@ -61,9 +63,9 @@ class InMemoryWorkflowStore:
             existing = self._runs.get(run.run_id)
             if existing is not None:
                 if existing[R.WORKFLOW] != run.workflow:
-                    raise InvalidInputError(
-                        f"run id {run.run_id!r} already belongs to workflow "
-                        f"{existing[R.WORKFLOW]!r}, not {run.workflow!r}"
+                    raise WorkflowRunConflictError(
+                        run.run_id, f"it already belongs to workflow {existing[R.WORKFLOW]!r}, "
+                        f"not {run.workflow!r}"
                     )
                 return _docs.run_from_doc(copy.deepcopy(existing)), False
             doc = copy.deepcopy(_docs.new_run_doc(run, now_ms))
@@ -133,7 +135,7 @@ class InMemoryWorkflowStore:
 
     def get_step(self, run_id: str, step_name: str) -> StepState | None:
         with self._lock:
-            doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+            doc = self._steps.get(keys.invocation_id(run_id, step_name))
             return None if doc is None else _docs.step_from_doc(copy.deepcopy(doc))
 
     def list_steps(self, run_id: str) -> list[StepState]:
@@ -186,7 +188,7 @@ class InMemoryWorkflowStore:
         refused: set[tuple[str, str]] = set()
         with self._lock:
             for run_id, step_name, attempt in held:
-                doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+                doc = self._steps.get(keys.invocation_id(run_id, step_name))
                 if (doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING
                         or doc[S.LEASE] is None):
                     refused.add((run_id, step_name))
@@ -196,7 +198,7 @@ class InMemoryWorkflowStore:
 
     def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
         with self._lock:
-            doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+            doc = self._steps.get(keys.invocation_id(run_id, step_name))
             if doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING:
                 return False
             doc[S.LEASE] = None
@@ -207,7 +209,7 @@ class InMemoryWorkflowStore:
                             child_run_id: str | None = None, gate: bool = False) -> bool:
         check_value(f"result of step {step_name!r}", result)
         with self._lock:
-            doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+            doc = self._steps.get(keys.invocation_id(run_id, step_name))
             if doc is None or not _is_waiting(doc, now_ms, child_run_id, gate):
                 return False
             status = STEP_FAILED if error is not None else STEP_SUCCEEDED
@@ -225,9 +227,10 @@ class InMemoryWorkflowStore:
             docs = [d for d in self._run_steps(run_id) if d[S.STATUS] in _UNSETTLED
                     or (d[S.STATUS] == STEP_FAILED and d[S.DUE] is not None)]
             for doc in docs:
+                in_flight = doc[S.STATUS] == STEP_RUNNING
                 doc.update({S.STATUS: STEP_FAILED, S.ERROR: copy.deepcopy(error),
                             S.RESULT: None, S.LEASE: None, S.DUE: None, S.UPDATED: now_ms})
-                if doc.get(S.STARTED) is not None:
+                if in_flight:  # a failed attempt waiting for its retry keeps its entry
                     self._put_history(_docs.settled_history(doc))
             return len(docs)
 
@@ -289,13 +292,13 @@ class InMemoryWorkflowStore:
         return docs
 
     def _step_doc(self, run_id: str, step_name: str) -> Doc:
-        doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+        doc = self._steps.get(keys.invocation_id(run_id, step_name))
         if doc is None:
             raise WorkflowStepNotFoundError(run_id, step_name)
         return doc
 
     def _fenced(self, run_id: str, step_name: str, attempt: int) -> Doc:
-        doc = self._steps.get(_docs.invocation_id(run_id, step_name))
+        doc = self._steps.get(keys.invocation_id(run_id, step_name))
         if doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING:
             current = None if doc is None else doc[S.ATTEMPT]
             raise WorkflowStepSupersededError(run_id, step_name, attempt, current)

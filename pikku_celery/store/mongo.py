@@ -38,11 +38,12 @@ from typing import Any
 from bson.errors import InvalidDocument
 from pymongo import ASCENDING, DESCENDING, MongoClient, ReturnDocument
 from pymongo.database import Database
-from pymongo.errors import DocumentTooLarge, DuplicateKeyError
+from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure
 
 from pikku_celery import keys
 from pikku_celery.errors import (
     InvalidInputError,
+    WorkflowRunConflictError,
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
@@ -130,9 +131,9 @@ class MongoWorkflowStore:
             if existing is None:  # pragma: no cover - runs are never deleted
                 raise
             if existing[R.WORKFLOW] != run.workflow:
-                raise InvalidInputError(
-                    f"run id {run.run_id!r} already belongs to workflow "
-                    f"{existing[R.WORKFLOW]!r}, not {run.workflow!r}"
+                raise WorkflowRunConflictError(
+                    run.run_id, f"it already belongs to workflow {existing[R.WORKFLOW]!r}, "
+                    f"not {run.workflow!r}"
                 ) from None
             return _docs.run_from_doc(existing), False
 
@@ -201,7 +202,7 @@ class MongoWorkflowStore:
             return _docs.step_from_doc(existing), False
 
     def get_step(self, run_id: str, step_name: str) -> StepState | None:
-        doc = self._steps.find_one({S.ID: _docs.invocation_id(run_id, step_name)})
+        doc = self._steps.find_one({S.ID: keys.invocation_id(run_id, step_name)})
         return None if doc is None else _docs.step_from_doc(doc)
 
     def list_steps(self, run_id: str) -> list[StepState]:
@@ -210,7 +211,7 @@ class MongoWorkflowStore:
 
     def claim_step(self, run_id: str, step_name: str, function: str | None, now_ms: int,
                    lease_ms: int, worker: str | None = None) -> ClaimResult:
-        step_id = _docs.invocation_id(run_id, step_name)
+        step_id = keys.invocation_id(run_id, step_name)
         # Steady state: a fresh step is claimed by one write, with no read before it.
         claimed = self._steps.find_one_and_update(
             first_claim_filter(step_id, function, now_ms),
@@ -266,7 +267,7 @@ class MongoWorkflowStore:
                      lease_ms: int) -> set[tuple[str, str]]:
         if not held:
             return set()
-        ids = {_docs.invocation_id(run, name): (run, name, attempt) for run, name, attempt in held}
+        ids = {keys.invocation_id(run, name): (run, name, attempt) for run, name, attempt in held}
         by_attempt: dict[int, list[str]] = {}
         for step_id, (_, _, attempt) in ids.items():
             by_attempt.setdefault(attempt, []).append(step_id)
@@ -287,7 +288,7 @@ class MongoWorkflowStore:
 
     def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
         found = self._steps.update_one(
-            {S.ID: _docs.invocation_id(run_id, step_name), S.ATTEMPT: attempt,
+            {S.ID: keys.invocation_id(run_id, step_name), S.ATTEMPT: attempt,
              S.STATUS: STEP_RUNNING},
             {"$set": {S.LEASE: None}})
         return found.matched_count == 1
@@ -296,7 +297,7 @@ class MongoWorkflowStore:
                             result: Any = None, error: dict[str, Any] | None = None,
                             child_run_id: str | None = None, gate: bool = False) -> bool:
         check_value(f"result of step {step_name!r}", result)
-        guard: Doc = {S.ID: _docs.invocation_id(run_id, step_name)}
+        guard: Doc = {S.ID: keys.invocation_id(run_id, step_name)}
         if child_run_id is not None:
             guard.update({S.STATUS: STEP_RUNNING, S.CHILD_RUN: child_run_id})
         else:
@@ -315,19 +316,23 @@ class MongoWorkflowStore:
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
         check_name("run id", run_id)
-        docs = list(self._steps.find({S.RUN: run_id, **_UNSETTLED}))
-        if not docs:
-            return 0
-        self._steps.update_many(
-            {S.ID: {"$in": [d[S.ID] for d in docs]},
-             S.STATUS: {"$in": [STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING, STEP_FAILED]}},
-            {"$set": {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
-                      S.DUE: None, S.UPDATED: now_ms}})
-        for doc in docs:
-            if doc.get(S.STARTED) is not None:
-                doc.update({S.STATUS: STEP_FAILED, S.ERROR: error, S.UPDATED: now_ms})
-                self._put_history(_docs.settled_history(doc))
-        return len(docs)
+        fenced = 0
+        for doc in self._steps.find({S.RUN: run_id, **_UNSETTLED}):
+            # Each step is fenced by a write that repeats what was read (attempt, status,
+            # due): one that settled since the read keeps its outcome and its history entry,
+            # and only an attempt this write fenced gets a cancelled entry. Cancels are rare
+            # and runs have few unsettled steps: one write each is cheap.
+            guard: Doc = {S.ID: doc[S.ID], S.ATTEMPT: doc[S.ATTEMPT], S.STATUS: doc[S.STATUS],
+                          S.DUE: doc.get(S.DUE)}
+            found = self._steps.find_one_and_update(guard, {"$set": {
+                S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
+                S.DUE: None, S.UPDATED: now_ms}}, return_document=_AFTER)
+            if found is None:
+                continue
+            fenced += 1
+            if doc[S.STATUS] == STEP_RUNNING:  # an attempt in flight ends here; a failed
+                self._put_history(_docs.settled_history(found))  # one keeps its entry
+        return fenced
 
     # --- history ----------------------------------------------------------------------
 
@@ -380,7 +385,7 @@ class MongoWorkflowStore:
 
     def _settle(self, run_id: str, step_name: str, attempt: int, fields: Doc, *,
                 extra_guard: Doc | None = None, must_match: bool = True) -> StepState | None:
-        step_id = _docs.invocation_id(run_id, step_name)
+        step_id = keys.invocation_id(run_id, step_name)
         guard: Doc = {S.ID: step_id, S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING,
                       **(extra_guard or {})}
         with _storable(f"outcome of step {step_name!r}"):
@@ -409,12 +414,26 @@ class MongoWorkflowStore:
         self._history.replace_one({H.ID: entry[H.ID]}, entry, upsert=True)
 
 
+# Server errors that no retry can fix: the write itself is impossible.
+#   2 BadValue, 10334 BSONObjectTooLarge, 17419 resulting document after update is larger
+#   than 16 MiB, 17280 key too large to index, 121 DocumentValidationFailure,
+#   15 Overflow, 17420 document too large after update (older servers).
+PERMANENT_WRITE_CODES = frozenset({2, 15, 121, 10334, 17280, 17419, 17420})
+
+
 @contextlib.contextmanager
 def _storable(what: str) -> Iterator[None]:
-    """BSON can be larger than the JSON the input checks measure (array indexes are keys):
-    a document MongoDB cannot hold is refused client-side, before anything is sent, and
-    reported like any other bad input."""
+    """A write MongoDB can never accept is reported as bad input, so callers fail at once
+    instead of retrying it. BSON can be larger than the JSON the input checks measure
+    (array indexes are keys): a document pymongo cannot encode is refused client-side,
+    before anything is sent; one the server refuses (an update whose *result* passes
+    16 MiB, a validation rule) is refused by error code."""
     try:
         yield
     except (DocumentTooLarge, InvalidDocument) as exc:
         raise InvalidInputError(f"{what} cannot be stored in MongoDB: {exc}") from exc
+    except OperationFailure as exc:
+        if exc.code not in PERMANENT_WRITE_CODES:
+            raise
+        raise InvalidInputError(f"{what} cannot be stored in MongoDB (error {exc.code}): "
+                                f"{exc}") from exc

@@ -18,6 +18,7 @@ import pytest
 
 from pikku_celery.errors import (
     InvalidInputError,
+    WorkflowRunConflictError,
     WorkflowStepFunctionMismatchError,
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
@@ -88,7 +89,7 @@ def test_create_run_is_idempotent_by_id(store: WorkflowStore) -> None:
 
 def test_create_run_refuses_the_same_id_for_another_workflow(store: WorkflowStore) -> None:
     store.create_run(NewRun("r-2", "order", None), T0)
-    with pytest.raises(InvalidInputError, match="already belongs to workflow 'order'"):
+    with pytest.raises(WorkflowRunConflictError, match="already belongs to workflow 'order'"):
         store.create_run(NewRun("r-2", "refund", None), T0)
     run = store.get_run("r-2")
     assert run is not None and run.workflow == "order"

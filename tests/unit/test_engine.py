@@ -229,11 +229,11 @@ def test_start_with_a_run_id_is_idempotent(pikku: PikkuCelery) -> None:
     def idem(wf: Any, data: Any) -> Any:
         return wf.do("once", once)
 
-    first = pikku.start(idem, {"a": 1}, run_id="fixed", inline=True)
-    second = pikku.start(idem, {"a": 2}, run_id="fixed", inline=True)
+    first = pikku.start(idem, {"a": [1, 2]}, run_id="fixed", inline=True)
+    second = pikku.start(idem, {"a": (1, 2)}, run_id="fixed", inline=True)  # stored equal
     assert first == second == "fixed"
     assert count == [1]
-    assert pikku.get_run("fixed").input == {"a": 1}
+    assert pikku.get_run("fixed").input == {"a": [1, 2]}
     assert len(pikku.list_runs(workflow="idem")) == 1
 
 
