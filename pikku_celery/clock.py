@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Protocol
 
+from pikku_celery._fork import reset_in_forked_child
+
 
 class _TimeSource(Protocol):
     def now_ms(self) -> int: ...
@@ -29,6 +31,13 @@ class ServerClock:
         self._lock = threading.Lock()
         self._offset_ms: float | None = None
         self._sampled_at = 0.0
+        # The parent's reaper thread uses this clock while the prefork pool forks children:
+        # a child must not inherit the lock held (see ``pikku_celery._fork``).
+        reset_in_forked_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The anchor stays valid: the monotonic clock is the machine's, not the process's.
+        self._lock = threading.Lock()
 
     def now_ms(self) -> int:
         with self._lock:

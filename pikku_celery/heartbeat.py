@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pikku_celery._fork import reset_in_forked_child
 from pikku_celery.clock import ServerClock
 from pikku_celery.leases.base import Lease, LeaseService
 from pikku_celery.store.base import WorkflowStore
@@ -61,6 +62,16 @@ class Heartbeat:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        reset_in_forked_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        # A forked child starts with none of the parent's steps: their bodies run in the
+        # parent, whose own heartbeat renews them (renewing them here too would keep a dead
+        # parent's leases alive). Its locks may have been copied held (``pikku_celery._fork``).
+        self._lock = threading.Lock()
+        self._held = {}
+        self._wake = threading.Event()
+        self._thread = None
 
     def add(self, held: HeldStep) -> None:
         with self._lock:
