@@ -1,8 +1,9 @@
 """The reference store: the full contract in one process, every operation under one lock.
 
 Not a mock: it keeps the same documents as the MongoDB store and takes the same decisions
-(``_decide``), so the contract suite runs unchanged on both. Values are deep-copied in and
-out, as a database would, so callers can never alias stored state.
+(``_decide``), so the contract suite runs unchanged on both. Values are stored as JSON would
+carry them (a tuple comes back a list, as from MongoDB) and copied out, so callers can never
+alias stored state.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pikku_celery.records import (
 from pikku_celery.store import _docs
 from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
 from pikku_celery.store.base import ClaimResult, NewRun, NewStep
-from pikku_celery.validate import check_listing, check_name, check_value
+from pikku_celery.validate import as_stored, check_listing, check_name, check_value
 
 Doc = dict[str, Any]
 _UNSETTLED = (STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING)
@@ -68,7 +69,8 @@ class InMemoryWorkflowStore:
                         f"not {run.workflow!r}"
                     )
                 return _docs.run_from_doc(copy.deepcopy(existing)), False
-            doc = copy.deepcopy(_docs.new_run_doc(run, now_ms))
+            doc = _docs.new_run_doc(run, now_ms)
+            doc[R.INPUT] = as_stored(doc[R.INPUT])
             self._runs[run.run_id] = doc
             return _docs.run_from_doc(copy.deepcopy(doc)), True
 
@@ -88,8 +90,8 @@ class InMemoryWorkflowStore:
             doc = self._runs.get(run_id)
             if doc is None or doc[R.STATUS] not in set(from_statuses):
                 return False
-            doc.update({R.STATUS: to_status, R.OUTPUT: copy.deepcopy(output),
-                        R.ERROR: copy.deepcopy(error), R.UPDATED: now_ms})
+            doc.update({R.STATUS: to_status, R.OUTPUT: as_stored(output),
+                        R.ERROR: as_stored(error), R.UPDATED: now_ms})
             if cancel_reason is not None:
                 doc[R.CANCEL_REASON] = cancel_reason
             return True
@@ -130,6 +132,7 @@ class InMemoryWorkflowStore:
             existing = self._steps.get(doc[S.ID])
             if existing is not None:
                 return _docs.step_from_doc(copy.deepcopy(existing)), False
+            doc[S.DATA] = as_stored(doc[S.DATA])
             self._steps[doc[S.ID]] = copy.deepcopy(doc)
             return _docs.step_from_doc(doc), True
 
@@ -165,7 +168,7 @@ class InMemoryWorkflowStore:
         check_value(f"result of step {step_name!r}", result)
         with self._lock:
             doc = self._fenced(run_id, step_name, attempt)
-            doc.update({S.STATUS: STEP_SUCCEEDED, S.RESULT: copy.deepcopy(result),
+            doc.update({S.STATUS: STEP_SUCCEEDED, S.RESULT: as_stored(result),
                         S.ERROR: None, S.LEASE: None, S.DUE: None, S.UPDATED: now_ms})
             self._put_history(_docs.settled_history(doc))
             return _docs.step_from_doc(copy.deepcopy(doc))
@@ -177,7 +180,7 @@ class InMemoryWorkflowStore:
         with self._lock:
             doc = self._fenced(run_id, step_name, attempt)
             spent = final or attempt >= doc[S.MAX_ATTEMPTS]
-            doc.update({S.STATUS: STEP_FAILED, S.ERROR: copy.deepcopy(error), S.RESULT: None,
+            doc.update({S.STATUS: STEP_FAILED, S.ERROR: as_stored(error), S.RESULT: None,
                         S.LEASE: None, S.DUE: None if spent else (retry_at_ms or now_ms),
                         S.UPDATED: now_ms})
             self._put_history(_docs.settled_history(doc))
@@ -213,8 +216,8 @@ class InMemoryWorkflowStore:
             if doc is None or not _is_waiting(doc, now_ms, child_run_id, gate):
                 return False
             status = STEP_FAILED if error is not None else STEP_SUCCEEDED
-            doc.update({S.STATUS: status, S.RESULT: copy.deepcopy(result),
-                        S.ERROR: copy.deepcopy(error), S.LEASE: None, S.DUE: None,
+            doc.update({S.STATUS: status, S.RESULT: as_stored(result),
+                        S.ERROR: as_stored(error), S.LEASE: None, S.DUE: None,
                         S.UPDATED: now_ms})
             if doc.get(S.STARTED) is None:
                 doc[S.STARTED] = now_ms
@@ -228,7 +231,7 @@ class InMemoryWorkflowStore:
                     or (d[S.STATUS] == STEP_FAILED and d[S.DUE] is not None)]
             for doc in docs:
                 in_flight = doc[S.STATUS] == STEP_RUNNING
-                doc.update({S.STATUS: STEP_FAILED, S.ERROR: copy.deepcopy(error),
+                doc.update({S.STATUS: STEP_FAILED, S.ERROR: as_stored(error),
                             S.RESULT: None, S.LEASE: None, S.DUE: None, S.UPDATED: now_ms})
                 if in_flight:  # a failed attempt waiting for its retry keeps its entry
                     self._put_history(_docs.settled_history(doc))
