@@ -9,6 +9,9 @@ decides; waking a run only asks for a pass, and the run lease admits one at a ti
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pikku_celery.records import STEP_PENDING, STEP_RUNNING, StepState
@@ -17,6 +20,7 @@ from pikku_celery.replay import CHILD_PREFIX
 if TYPE_CHECKING:
     from pikku_celery.engine import Dispatcher, Engine
 
+log = logging.getLogger("pikku_celery")
 _MEMORY = 10_000  # redispatch memory entries before it is cleared
 
 
@@ -25,24 +29,32 @@ class Reaper:
         self._engine = engine
         # (kind, step, attempt) -> when this process last re-sent it: one re-send per window.
         self._sent: dict[tuple[str, str, int], int] = {}
+        # Where the next sweep's page starts, per kind: (sort key ms, invocation id).
+        self._cursor: dict[str, tuple[int, str]] = {}
+        self._unknown: set[str] = set()
 
     def sweep(self, dispatcher: Dispatcher) -> dict[str, int]:
         engine, s = self._engine, self._engine.settings
         now = engine.leases.now_ms()
         counts = {"lapsed": 0, "due": 0, "stalled": 0}
-        for step in engine.store.find_lapsed_steps(now, s.sweep_limit):
+        lapsed = engine.store.find_lapsed_steps(now, s.sweep_limit,
+                                                after=self._cursor.get("lapsed"))
+        self._advance("lapsed", lapsed, lambda step: step.lease_expires_at)
+        for step in lapsed:
             if step.function and self._first_in("lapsed", step, now, s.step_lease_ms):
-                dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+                self._dispatch(step, dispatcher)
                 counts["lapsed"] += 1
-        for step in engine.store.find_due_steps(now, now - s.undispatched_after_ms,
-                                                s.sweep_limit):
+        due = engine.store.find_due_steps(now, now - s.undispatched_after_ms, s.sweep_limit,
+                                          after=self._cursor.get("due"))
+        self._advance("due", due, lambda step: step.updated_at)
+        for step in due:
             if not self._first_in("due", step, now, s.undispatched_after_ms):
                 continue
             counts["due"] += 1
             if step.function is None or step.function.startswith(CHILD_PREFIX):
                 dispatcher.wake_run(step.run_id)
             else:
-                dispatcher.dispatch_step(step.function, step.run_id, step.step_name)
+                self._dispatch(step, dispatcher)
         for run in engine.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit):
             # Touched either way, so the sweep rotates through idle runs instead of
             # re-checking the same ``sweep_limit`` ones forever.
@@ -88,6 +100,30 @@ class Reaper:
         if step.due_at is not None:
             return step.due_at.timestamp() * 1000 > now_ms
         return False
+
+    def _advance(self, kind: str, page: list[StepState],
+                 key: Callable[[StepState], datetime | None]) -> None:
+        """Page through the sweep's matches across sweeps: a full page means more may
+        follow, so the next sweep starts after its last step; a short one wraps around.
+        Oldest-first alone would leave steps nobody can claim (a task removed by a deploy)
+        at the head of every page, and the steps behind them would never be seen."""
+        if len(page) < self._engine.settings.sweep_limit:
+            self._cursor.pop(kind, None)
+            return
+        last = key(page[-1])
+        assert last is not None
+        self._cursor[kind] = (round(last.timestamp() * 1000), page[-1].invocation_id)
+
+    def _dispatch(self, step: StepState, dispatcher: Dispatcher) -> None:
+        function = step.function
+        assert function is not None
+        if function not in self._engine.registry.steps and function not in self._unknown:
+            self._unknown.add(function)  # once per task per process, not once per sweep
+            log.error("pikku reaper: step %r of run %s needs task %r, which this worker "
+                      "does not register (removed by a deploy?); it stays unclaimed until "
+                      "a worker that registers %r runs", step.step_name, step.run_id,
+                      function, function)
+        dispatcher.dispatch_step(function, step.run_id, step.step_name)
 
     def _first_in(self, kind: str, step: StepState, now_ms: int, window_ms: int) -> bool:
         key = (kind, f"{step.run_id}:{step.step_name}", step.attempt)

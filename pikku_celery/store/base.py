@@ -213,13 +213,17 @@ class WorkflowStore(Protocol):
 
     # --- sweeps (each bounded by ``limit``) -------------------------------------------
 
-    def find_lapsed_steps(self, now_ms: int, limit: int) -> list[StepState]:
-        """``running`` steps whose lease deadline has passed (parked steps have none)."""
+    def find_lapsed_steps(self, now_ms: int, limit: int,
+                          after: tuple[int, str] | None = None) -> list[StepState]:
+        """``running`` steps whose lease deadline has passed (parked steps have none), in
+        ``(lease deadline, invocation id)`` order, starting after ``after`` when given."""
         ...
 
-    def find_due_steps(self, now_ms: int, dispatched_before_ms: int, limit: int) -> list[StepState]:
+    def find_due_steps(self, now_ms: int, dispatched_before_ms: int, limit: int,
+                       after: tuple[int, str] | None = None) -> list[StepState]:
         """Steps that should be running but nobody picked up: ``pending`` since before
-        ``dispatched_before_ms``, ``scheduled`` or retryable ``failed`` whose due time passed."""
+        ``dispatched_before_ms``, ``scheduled`` or retryable ``failed`` whose due time passed;
+        in ``(updated, invocation id)`` order, starting after ``after`` when given."""
         ...
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:

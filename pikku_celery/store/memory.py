@@ -265,21 +265,27 @@ class InMemoryWorkflowStore:
 
     # --- sweeps -----------------------------------------------------------------------
 
-    def find_lapsed_steps(self, now_ms: int, limit: int) -> list[StepState]:
+    def find_lapsed_steps(self, now_ms: int, limit: int,
+                          after: tuple[int, str] | None = None) -> list[StepState]:
         with self._lock:
-            docs = sorted((d for d in self._steps.values()
-                           if d[S.STATUS] == STEP_RUNNING and lease_lapsed(d, now_ms)),
-                          key=lambda d: d[S.LEASE])
-            return [_docs.step_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
+            docs = [d for d in self._steps.values()
+                    if d[S.STATUS] == STEP_RUNNING and lease_lapsed(d, now_ms)]
+            return self._page(docs, S.LEASE, after, limit)
 
-    def find_due_steps(self, now_ms: int, dispatched_before_ms: int,
-                       limit: int) -> list[StepState]:
+    def find_due_steps(self, now_ms: int, dispatched_before_ms: int, limit: int,
+                       after: tuple[int, str] | None = None) -> list[StepState]:
         with self._lock:
-            docs = sorted((d for d in self._steps.values()
-                           if (d[S.STATUS] == STEP_PENDING and d[S.UPDATED] < dispatched_before_ms)
-                           or (d[S.STATUS] in (STEP_SCHEDULED, STEP_FAILED) and is_due(d, now_ms))),
-                          key=lambda d: d[S.UPDATED])
-            return [_docs.step_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
+            docs = [d for d in self._steps.values()
+                    if (d[S.STATUS] == STEP_PENDING and d[S.UPDATED] < dispatched_before_ms)
+                    or (d[S.STATUS] in (STEP_SCHEDULED, STEP_FAILED) and is_due(d, now_ms))]
+            return self._page(docs, S.UPDATED, after, limit)
+
+    @staticmethod
+    def _page(docs: list[Doc], field: str, after: tuple[int, str] | None,
+              limit: int) -> list[StepState]:
+        keyed = sorted(((d[field], d[S.ID]), d) for d in docs)
+        page = [d for key, d in keyed if after is None or key > after][:limit]
+        return [_docs.step_from_doc(copy.deepcopy(d)) for d in page]
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
         with self._lock:

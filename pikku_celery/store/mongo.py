@@ -359,18 +359,22 @@ class MongoWorkflowStore:
 
     # --- sweeps -----------------------------------------------------------------------
 
-    def find_lapsed_steps(self, now_ms: int, limit: int) -> list[StepState]:
-        cursor = self._steps.find({S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None, "$lt": now_ms}}
-                                  ).sort(S.LEASE, ASCENDING)
+    def find_lapsed_steps(self, now_ms: int, limit: int,
+                          after: tuple[int, str] | None = None) -> list[StepState]:
+        query: Doc = {S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None, "$lt": now_ms}}
+        query.update(_page_after(S.LEASE, after))
+        cursor = self._steps.find(query).sort([(S.LEASE, ASCENDING), (S.ID, ASCENDING)])
         return [_docs.step_from_doc(d) for d in cursor.limit(limit)]
 
-    def find_due_steps(self, now_ms: int, dispatched_before_ms: int,
-                       limit: int) -> list[StepState]:
-        cursor = self._steps.find({"$or": [
+    def find_due_steps(self, now_ms: int, dispatched_before_ms: int, limit: int,
+                       after: tuple[int, str] | None = None) -> list[StepState]:
+        due: Doc = {"$or": [
             {S.STATUS: STEP_PENDING, S.UPDATED: {"$lt": dispatched_before_ms}},
             {S.STATUS: {"$in": [STEP_SCHEDULED, STEP_FAILED]},
              S.DUE: {"$ne": None, "$lte": now_ms}},
-        ]}).sort(S.UPDATED, ASCENDING)  # oldest first: a page is never starved
+        ]}
+        query = {"$and": [due, _page_after(S.UPDATED, after)]} if after else due
+        cursor = self._steps.find(query).sort([(S.UPDATED, ASCENDING), (S.ID, ASCENDING)])
         return [_docs.step_from_doc(d) for d in cursor.limit(limit)]
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
@@ -412,6 +416,14 @@ class MongoWorkflowStore:
 
     def _put_history(self, entry: Doc) -> None:
         self._history.replace_one({H.ID: entry[H.ID]}, entry, upsert=True)
+
+
+def _page_after(field: str, after: tuple[int, str] | None) -> Doc:
+    """The filter of a page that starts after ``(field value, _id)`` in that sort order."""
+    if after is None:
+        return {}
+    value, step_id = after
+    return {"$or": [{field: {"$gt": value}}, {field: value, S.ID: {"$gt": step_id}}]}
 
 
 # Server errors that no retry can fix: the write itself is impossible.

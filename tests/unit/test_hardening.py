@@ -487,3 +487,30 @@ def test_18_a_step_returning_a_datetime_fails_at_once_naming_the_type() -> None:
     assert (state.status, state.attempt, state.due_at) == ("failed", 1, None)
     assert state.error["type"] == "InvalidInputError" and "datetime" in state.error["message"]
 
+
+
+# --- 8: sweeps page past steps nobody can claim ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["due", "lapsed"])
+def test_8_a_sweep_pages_past_steps_nobody_can_claim(kind: str, caplog: Any) -> None:
+    clock = FakeClock()
+    store = InMemoryWorkflowStore()
+    pikku = _pikku(store, clock)
+    pikku.step(name="h8.live")(lambda data: None)
+    store.create_run(NewRun("r8", "wf", None), T0)
+    names = [f"gone-{i:03d}" for i in range(150)] + ["live"]
+    for name in names:  # 150 steps of a task a deploy removed, then one that can run
+        function = "h8.live" if name == "live" else "h8.removed"
+        store.insert_step(NewStep("r8", name, function), clock.ms)
+        if kind == "lapsed":
+            assert store.claim_step("r8", name, function, clock.ms, 1_000).state is not None
+        clock.ms += 1
+    clock.ms += 60_000
+    recorder = pikku.engine.dispatcher
+    with caplog.at_level("ERROR", logger="pikku_celery"):
+        for _ in range(2):
+            pikku.reap()
+    assert ("h8.live", "r8", "live") in recorder.steps
+    reports = [r for r in caplog.records if "h8.removed" in r.getMessage()]
+    assert len(reports) == 1 and "does not register" in reports[0].getMessage()
