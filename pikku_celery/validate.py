@@ -17,6 +17,13 @@ from pikku_celery.errors import InvalidInputError
 MAX_NAME_LEN = 200
 # MongoDB refuses documents over 16 MiB; leave room for the step's own fields.
 MAX_VALUE_BYTES = 15 * 1024 * 1024
+# MongoDB stores at most 100 levels of nesting per document, counted as BSON counts them:
+# the document is level 1 and every object or array inside adds one. Every value pikku
+# stores (a run's input or output, a step's data, result or error) is a field of its own
+# document, so the value itself may nest MAX_DOCUMENT_DEPTH - 1 levels. A value pikku wraps
+# before storing it again (a graph node's data, a compensation's) is checked again then.
+MAX_DOCUMENT_DEPTH = 100
+MAX_VALUE_DEPTH = MAX_DOCUMENT_DEPTH - 1
 _INT64 = 2**63
 
 
@@ -74,6 +81,34 @@ def check_step_document(step_name: str, data: Any, *, result: Any = None,
 
 
 def _walk(what: str, value: Any, path: str) -> None:
+    # Iterative, in document order: a value nested thousands of levels deep (or a list that
+    # contains itself) is refused at level MAX_VALUE_DEPTH + 1, never by a RecursionError
+    # half-way down (which the web API would answer with a 500 and a worker with a crash).
+    pending: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while pending:
+        item, where, depth = pending.pop()
+        if isinstance(item, list | tuple | dict):
+            pending.extend(reversed(_children(what, item, where, depth + 1)))
+        else:
+            _check_scalar(what, item, where)
+
+
+def _children(what: str, value: list[Any] | tuple[Any, ...] | dict[Any, Any], path: str,
+              depth: int) -> list[tuple[Any, str, int]]:
+    if depth > MAX_VALUE_DEPTH:
+        raise InvalidInputError(
+            f"{what} is nested too deeply: {path} is at level {depth + 1} of its stored "
+            f"document, and MongoDB stores at most {MAX_DOCUMENT_DEPTH} (the document is one "
+            "level, each object or array one more)"
+        )
+    if isinstance(value, dict):
+        for key in value:
+            _check_key(what, key, path)
+        return [(item, f"{path}.{key}", depth) for key, item in value.items()]
+    return [(item, f"{path}[{index}]", depth) for index, item in enumerate(value)]
+
+
+def _check_scalar(what: str, value: Any, path: str) -> None:
     if value is None or isinstance(value, bool | str):
         return
     if isinstance(value, int):
@@ -83,15 +118,6 @@ def _walk(what: str, value: Any, path: str) -> None:
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             raise InvalidInputError(f"{what}: {value!r} at {path} is not valid JSON")
-        return
-    if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _walk(what, item, f"{path}[{index}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_key(what, key, path)
-            _walk(what, item, f"{path}.{key}")
         return
     raise InvalidInputError(
         f"{what}: value at {path} of type {type(value).__name__} is not JSON-serialisable"

@@ -5,6 +5,7 @@ responses. Errors map to statuses here, once: unknown run or workflow 404, bad i
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -15,6 +16,7 @@ from pikku_celery.errors import (
     WorkflowNotFoundError,
     WorkflowRunNotFoundError,
 )
+from pikku_celery.validate import MAX_DOCUMENT_DEPTH
 
 Response = tuple[int, Any]
 
@@ -30,6 +32,22 @@ def to_json(record: Any) -> Any:
     if isinstance(record, list | tuple):
         return [to_json(v) for v in record]
     return record
+
+
+def parse_body(raw: bytes | str) -> Any:
+    """A request body as JSON; ``None`` when it is empty or not JSON (the handler then says
+    what it expected). Call it inside ``handle``: a body nested deeper than Python's parser
+    recurses (a few thousand levels) raises ``RecursionError``, refused here as bad input
+    rather than answered with a 500; a shallower body that is still too deep to store is
+    refused by the input checks like any other value."""
+    try:
+        return json.loads(raw or b"null")
+    except ValueError:
+        return None
+    except RecursionError:
+        raise InvalidInputError(
+            f"the request body is nested too deeply (MongoDB stores at most "
+            f"{MAX_DOCUMENT_DEPTH} levels per document)") from None
 
 
 def handle(call: Callable[[], Response]) -> Response:

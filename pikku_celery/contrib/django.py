@@ -7,7 +7,6 @@ Celery app is, as the Celery-with-Django guide sets it up.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
@@ -16,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.contrib._api import Response, RunsApi
+from pikku_celery.contrib._api import Response, RunsApi, handle, parse_body
 
 
 def pikku_urls(pikku: PikkuCelery) -> list[URLPattern]:
@@ -26,11 +25,8 @@ def pikku_urls(pikku: PikkuCelery) -> list[URLPattern]:
         status, payload = response
         return JsonResponse(payload, status=status)
 
-    def body(request: HttpRequest) -> Any:
-        try:
-            return json.loads(request.body or b"null")
-        except ValueError:
-            return None
+    def body(request: HttpRequest) -> Any:  # parsed inside ``handle``: too deep is a 400
+        return parse_body(request.body)
 
     @require_GET
     def list_runs(request: HttpRequest) -> JsonResponse:
@@ -51,12 +47,12 @@ def pikku_urls(pikku: PikkuCelery) -> list[URLPattern]:
     @csrf_exempt
     @require_POST
     def cancel(request: HttpRequest, run_id: str) -> JsonResponse:
-        return reply(api.cancel(run_id, body(request)))
+        return reply(handle(lambda: api.cancel(run_id, body(request))))
 
     @csrf_exempt
     @require_POST
     def start(request: HttpRequest, workflow: str) -> JsonResponse:
-        return reply(api.start(workflow, body(request)))
+        return reply(handle(lambda: api.start(workflow, body(request))))
 
     return [
         path("runs", list_runs, name="pikku-runs"),

@@ -12,7 +12,7 @@ from flask import Blueprint, Flask, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.contrib._api import Response, RunsApi
+from pikku_celery.contrib._api import Response, RunsApi, handle, parse_body
 
 EXTENSION = "pikku"
 
@@ -37,8 +37,8 @@ def blueprint(pikku: PikkuCelery) -> Blueprint:
         status, payload = response
         return jsonify(payload), status
 
-    def body() -> Any:
-        return request.get_json(silent=True)
+    def body() -> Any:  # parsed inside ``handle``: a too-deep body is a 400
+        return parse_body(request.get_data()) if request.is_json else None
 
     bp.add_url_rule("/runs", "list_runs", lambda: reply(api.list_runs(request.args)))
     bp.add_url_rule("/runs/<run_id>", "get_run", lambda run_id: reply(api.get_run(run_id)))
@@ -47,7 +47,9 @@ def blueprint(pikku: PikkuCelery) -> Blueprint:
     bp.add_url_rule("/runs/<run_id>/history", "get_history",
                     lambda run_id: reply(api.get_history(run_id)))
     bp.add_url_rule("/runs/<run_id>/cancel", "cancel",
-                    lambda run_id: reply(api.cancel(run_id, body())), methods=["POST"])
+                    lambda run_id: reply(handle(lambda: api.cancel(run_id, body()))),
+                    methods=["POST"])
     bp.add_url_rule("/<workflow>/runs", "start",
-                    lambda workflow: reply(api.start(workflow, body())), methods=["POST"])
+                    lambda workflow: reply(handle(lambda: api.start(workflow, body()))),
+                    methods=["POST"])
     return bp
