@@ -9,7 +9,8 @@ Why: one task id can run more than once (a Redis visibility timeout or a lost wo
 redelivers the same message). Celery's MongoDB backend keeps the *first* SUCCESS for a task
 id, so a stale copy that finishes first wins over the attempt that owns the step. For step
 tasks this backend keeps the outcome of the highest attempt instead: each write carries the
-attempt that ran (``pikku_attempt``) and its filter refuses to replace a document written by
+attempt that ran (``pikku_attempt``, as the engine reported it, never as a message header
+could claim) and its filter refuses to replace a document written by
 a higher attempt, in the same single write (no read-then-write):
 
     t0  copy A (attempt 1) pauses mid-step
@@ -21,6 +22,7 @@ a higher attempt, in the same single write (no read-then-write):
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from bson.errors import InvalidDocument
@@ -30,7 +32,23 @@ from pymongo.errors import DuplicateKeyError
 
 log = logging.getLogger("pikku_celery.backend")
 ATTEMPT_FIELD = "pikku_attempt"
-REQUEST_ATTEMPT = "pikku_attempt"
+# The attempt that ran, per task request, set by the step task from the engine's own
+# outcome. Not a request attribute: Celery copies every message header onto the request, so
+# a forged header could otherwise claim attempt 999 and fence out every real outcome.
+_ATTEMPTS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def record_attempt(request: Any, attempt: int) -> None:
+    """Tell the backend which attempt the task request ``request`` ran."""
+    _ATTEMPTS[request] = attempt
+
+
+def attempt_of(request: Any) -> int:
+    """The attempt recorded for ``request``; 0 (never fences anything out) when none was."""
+    try:
+        return _ATTEMPTS.get(request, 0)
+    except TypeError:  # not weak-referenceable: nothing was recorded for it
+        return 0
 
 
 class PikkuResultBackend(MongoBackend):  # type: ignore[misc]
@@ -41,7 +59,7 @@ class PikkuResultBackend(MongoBackend):  # type: ignore[misc]
         if not self._is_step(request):
             return super()._store_result(task_id, result, state, traceback=traceback,
                                          request=request, **kwargs)
-        attempt = int(getattr(request, REQUEST_ATTEMPT, 0) or 0)
+        attempt = attempt_of(request)
         meta = self._get_result_meta(result=self.encode(result), state=state,
                                      traceback=traceback, request=request, format_date=False)
         meta["_id"] = task_id

@@ -21,6 +21,7 @@ from celery import Celery, Task
 from celery.exceptions import Ignore
 
 from pikku_celery import keys
+from pikku_celery.backend import record_attempt
 from pikku_celery.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -94,12 +95,12 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
         except WorkflowStepSupersededError as exc:
             # The result backend fences on this: a superseded attempt cannot replace the
             # outcome a later attempt stored under the same task id.
-            task.request.pikku_attempt = exc.attempt
+            record_attempt(task.request, exc.attempt)
             log.warning("WorkflowStepSupersededError: %s", exc)
             raise
         if outcome.kind == "not_claimed":
             raise Ignore()
-        task.request.pikku_attempt = outcome.attempt
+        record_attempt(task.request, outcome.attempt)
         if outcome.error is not None:
             raise outcome.error
         return outcome.result

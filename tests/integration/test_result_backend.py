@@ -13,7 +13,7 @@ from celery.backends.mongodb import MongoBackend
 from celery.contrib.testing.worker import start_worker
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.backend import PikkuResultBackend
+from pikku_celery.backend import PikkuResultBackend, record_attempt
 from tests.conftest import REDIS_URL
 from tests.support.nx import NxServer
 
@@ -33,7 +33,8 @@ def _app(backend_url: str, broker: str = "memory://") -> tuple[Celery, PikkuCele
 
 
 def _store(backend: Any, task_id: str, result: Any, attempt: int, name: str) -> None:
-    request = Context(id=task_id, task=name, pikku_attempt=attempt, args=[], kwargs={})
+    request = Context(id=task_id, task=name, args=[], kwargs={})
+    record_attempt(request, attempt)
     backend.store_result(task_id, result, "SUCCESS", request=request)
 
 
@@ -108,3 +109,15 @@ def test_async_result_of_a_step_task_returns_the_recorded_outcome(backend_url: s
             assert plain.delay(1).get(timeout=10, interval=0.05) == 2
     finally:
         signals.task_postrun.disconnect(collect)
+
+
+def test_a_forged_attempt_header_fences_nothing_out(backend_url: str) -> None:
+    """Celery copies message headers onto the request: a header naming attempt 999 must not
+    become the stored attempt, or no real outcome could ever replace it (issue 8 item 13)."""
+    app, pikku = _app(backend_url)
+    pikku.step(name="results.forged")(lambda data: data)
+    forged = Context(id="t-f", task="results.forged", pikku_attempt=999, args=[], kwargs={})
+    app.backend.store_result("t-f", "forged", "SUCCESS", request=forged)
+    assert app.backend.collection.find_one({"_id": "t-f"})["pikku_attempt"] == 0
+    _store(app.backend, "t-f", "real", 1, "results.forged")
+    assert app.backend.get_task_meta("t-f")["result"] == "real"
