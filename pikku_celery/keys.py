@@ -61,7 +61,8 @@ REAPER_LEASE_KEY = "workflow-reaper"
 
 # Physical Redis layout of one lease (see pikku_celery/leases/redis.py):
 #   <prefix>:lease:{<logical key>}        hash {holder, token} with a PEXPIRE
-#   <prefix>:lease-token:{<logical key>}  integer counter, never deleted
+#   <prefix>:lease-token:{<logical key>}  integer counter, never deleted; expires after a
+#                                         month (at least) without a grant or renewal
 LEASE_HASH_FMT = "{prefix}:lease:{{{key}}}"
 LEASE_TOKEN_FMT = "{prefix}:lease-token:{{{key}}}"
 

@@ -29,16 +29,20 @@ from pikku_celery.errors import (
     WorkflowRunNotFoundError,
     WorkflowStepSupersededError,
 )
+from pikku_celery.validate import check_name
 
 if TYPE_CHECKING:
     from pikku_celery.engine import Engine
 
 log = logging.getLogger("pikku_celery")
+Route = Callable[[str, tuple[Any, ...], Any], dict[str, Any]]
 
 ORCHESTRATE = "pikku.orchestrate"
 TIMER = "pikku.timer"
 REAP = "pikku.reap"
 RUN_LEASE_RETRY_S = 1.0
+# No ``queue`` here: a task attribute would beat the user's ``task_routes``. pikku's own
+# queue, when configured, is chosen per message (routing.py), after the user's routing.
 STEP_TASK_DEFAULTS: dict[str, Any] = {
     "acks_late": True,
     "reject_on_worker_lost": True,
@@ -47,41 +51,52 @@ STEP_TASK_DEFAULTS: dict[str, Any] = {
 }
 
 
-def check_message(run_id: object, step_name: object | None = None) -> None:
-    """A forged or malformed message is refused before it reaches the store."""
-    if not isinstance(run_id, str) or not run_id:
-        raise InvalidInputError(f"malformed pikku message: run_id must be a non-empty string, "
-                                f"got {run_id!r}")
-    if step_name is not None and (not isinstance(step_name, str) or not step_name):
-        raise InvalidInputError(f"malformed pikku message: step_name must be a non-empty "
-                                f"string, got {step_name!r}")
+_NO_STEP = object()
+
+
+def check_message(run_id: object, step_name: object = _NO_STEP) -> None:
+    """A forged or malformed message is refused before it touches Redis or the store: its
+    names must be names the store could hold (``check_name``), so a forged message with a
+    500 KB step name never becomes a 500 KB lease key."""
+    try:
+        check_name("run id", run_id)
+        if step_name is not _NO_STEP:
+            check_name("step name", step_name)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"malformed pikku message: {exc}") from None
 
 
 class CeleryDispatcher:
     """Sends engine work as Celery messages; long waits are chained, never one long ETA."""
 
-    def __init__(self, app: Celery, engine_ref: Callable[[], Engine], max_countdown_s: float
-                 ) -> None:
+    def __init__(self, app: Celery, engine_ref: Callable[[], Engine], max_countdown_s: float,
+                 route: Route | None = None) -> None:
         self._app = app
         self._engine = engine_ref
         self.max_countdown_s = max_countdown_s
+        # Extra routing options per message (pikku's queue, when one is configured).
+        self._route: Route = route or (lambda name, args, task: {})
 
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
         task = self._app.tasks.get(function)
+        route = self._route(function, (run_id, step_name), task)
         if task is not None:
-            task.apply_async((run_id, step_name))
+            task.apply_async((run_id, step_name), **route)
         else:
-            self._app.send_task(function, args=(run_id, step_name))
+            self._app.send_task(function, args=(run_id, step_name), **route)
 
     def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
-        self._app.tasks[ORCHESTRATE].apply_async((run_id,), countdown=countdown_s or None)
+        task = self._app.tasks[ORCHESTRATE]
+        task.apply_async((run_id,), countdown=countdown_s or None,
+                         **self._route(ORCHESTRATE, (run_id,), task))
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         # A broker ETA longer than the Redis transport's visibility timeout would be
         # redelivered while it waits: chain short timers instead (each re-arms the next).
         wait_s = max(0.0, (due_ms - self._engine().now_ms()) / 1000)
-        self._app.tasks[TIMER].apply_async((run_id, step_name),
-                                           countdown=min(wait_s, self.max_countdown_s) or None)
+        task = self._app.tasks[TIMER]
+        task.apply_async((run_id, step_name), countdown=min(wait_s, self.max_countdown_s) or None,
+                         **self._route(TIMER, (run_id, step_name), task))
 
 
 def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,

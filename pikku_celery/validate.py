@@ -30,14 +30,23 @@ _INT64 = 2**63
 def check_name(what: str, value: object) -> str:
     """Return ``value`` if it is a usable name for a workflow, step or run."""
     if not isinstance(value, str):
-        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}: {value!r}")
+        raise InvalidInputError(
+            f"{what} must be a string, got {type(value).__name__}: {_shown(value)}")
     if not value or len(value) > MAX_NAME_LEN:
-        raise InvalidInputError(f"{what} must be 1 to {MAX_NAME_LEN} characters, got {value!r}")
+        raise InvalidInputError(
+            f"{what} must be 1 to {MAX_NAME_LEN} characters, got {_shown(value)}")
     if value.startswith("$") or "\x00" in value or value != value.strip():
         raise InvalidInputError(
             f"{what} {value!r} is not allowed (no leading '$', NUL or surrounding spaces)"
         )
     return value
+
+
+def _shown(value: object) -> str:
+    # A forged name can be half a megabyte: an error message (logged, stored as a task
+    # result) shows its start and its length, never all of it.
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def check_value(what: str, value: Any) -> int:

@@ -3,7 +3,9 @@
 A lease is held by a ``holder`` (an opaque string chosen by the caller) and carries a
 ``token`` that rises by one every time the key passes to a *different* holder (or is
 re-granted after a lapse or release). The same holder re-acquiring a live lease keeps its
-token. Tokens never go backwards for a key, so they fence writes made under the lease.
+token. Tokens never go backwards for a key, so they fence writes made under the lease
+(``RedisLeaseService``: while the key is in use, and for at least 30 days after its last
+grant or renewal; see its counter TTL).
 
 All expiry arithmetic is done on the service's clock (the Redis server's ``TIME`` for
 ``RedisLeaseService``), never on the caller's local wall clock: a worker whose clock is

@@ -5,7 +5,8 @@ Schema (all guarded by one ``threading.Lock``, so every method is one atomic ste
 * ``_leases[key]``  -> the last lease granted on ``key`` (holder, token, expiry); an entry
   whose ``expires_at_ms`` is not after ``now`` is lapsed and treated as absent.
 * ``_tokens[key]``  -> the last token handed out for ``key``. Never deleted, so tokens keep
-  rising across lapses and releases, exactly like the Redis token counter.
+  rising across lapses and releases, like the Redis token counter (which expires only after
+  a month without any grant or renewal of its key: a process does not live that idle).
 
 Time comes from the injected ``clock_ms`` (default: wall-clock epoch ms), so tests can make
 a lease lapse without sleeping. Full semantics, not a mock: ``RedisLeaseService`` must
@@ -121,16 +122,30 @@ def _same_grant(current: Lease, lease: Lease) -> bool:
     return current.holder == lease.holder and current.token == lease.token
 
 
+# pikku's longest key is a step lease: ``workflow-step:`` + a run id (at most 200
+# characters) + ``:`` + a 36-character invocation id. Anything far longer is refused before
+# it becomes a Redis key (a forged 500 KB name would otherwise leave a 500 KB counter).
+MAX_KEY_LEN = 512
+MAX_HOLDER_LEN = 512
+
+
 def check_key(key: object) -> None:
-    """Refuse anything but a non-empty ``str`` as a lease key."""
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"invalid lease key: {key!r} (must be a non-empty str)")
+    """Refuse anything but a non-empty ``str`` of at most ``MAX_KEY_LEN`` characters."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LEN:
+        raise ValueError(f"invalid lease key: {_shown(key)} (must be a non-empty str of at "
+                         f"most {MAX_KEY_LEN} characters)")
 
 
 def check_holder(holder: object) -> None:
-    """Refuse anything but a non-empty ``str`` as a lease holder."""
-    if not isinstance(holder, str) or not holder:
-        raise ValueError(f"invalid lease holder: {holder!r} (must be a non-empty str)")
+    """Refuse anything but a non-empty ``str`` of at most ``MAX_HOLDER_LEN`` characters."""
+    if not isinstance(holder, str) or not holder or len(holder) > MAX_HOLDER_LEN:
+        raise ValueError(f"invalid lease holder: {_shown(holder)} (must be a non-empty str "
+                         f"of at most {MAX_HOLDER_LEN} characters)")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def check_ttl_ms(ttl_ms: object) -> None:

@@ -4,8 +4,21 @@ Keys (see ``pikku_celery.keys``; ``<prefix>`` is the service's ``key_prefix``):
 
 * ``<prefix>:lease:{<key>}``        hash ``{holder, token}`` with a ``PEXPIRE`` of the TTL.
   The key exists exactly while the lease is live: Redis expiry *is* the lease deadline.
-* ``<prefix>:lease-token:{<key>}``  integer counter, ``INCR``-ed for every fresh grant and
-  never deleted or expired, so tokens keep rising across lapses and releases.
+* ``<prefix>:lease-token:{<key>}``  integer counter, ``INCR``-ed for every fresh grant, so
+  tokens keep rising across lapses and releases. It is never deleted, and expires only
+  after ``counter_ttl_ms(ttl)`` = max(30 days, 1000 x the lease TTL) with no grant and no
+  renewal of its key (every ACQUIRE and every renewal pushes it back), so a key that is used
+  once does not stay in Redis forever.
+
+What the counter TTL means for "tokens never go backwards": it holds for as long as the key
+is in use, and for 30 days (at least 1000 lease TTLs) after its last grant or renewal. Only
+a key idle that long starts again at token 1, when no lease on it can be live: a lease hash
+lives one TTL past its last grant or renewal, a thousandth of the counter's. The one thing
+that could then meet a repeated token is a ``Lease`` handle kept from before the idle month;
+refresh and release compare the holder too, and pikku draws a fresh random holder for every
+grant, so even that handle cannot act on the new grant. (Step writes are fenced by the
+store's attempt number, not by this token.) Counters written before the TTL existed get it
+at their next use.
 
 The ``{<key>}`` hash tag puts both keys of one lease in one cluster slot, so ACQUIRE may
 touch both. (``refresh_many`` passes many leases to one script; on Redis Cluster those must
@@ -28,6 +41,15 @@ from pikku_celery.keys import LEASE_HASH_FMT, LEASE_TOKEN_FMT
 from pikku_celery.leases.base import Lease
 from pikku_celery.leases.memory import check_holder, check_key, check_ttl_ms
 
+COUNTER_TTL_FLOOR_MS = 30 * 24 * 3600 * 1000
+COUNTER_TTL_LEASES = 1000
+
+
+def counter_ttl_ms(ttl_ms: int) -> int:
+    """How long a token counter outlives the last grant or renewal of its key."""
+    return max(COUNTER_TTL_FLOOR_MS, COUNTER_TTL_LEASES * ttl_ms)
+
+
 # Shared by every script: server time in epoch ms.
 _NOW_MS = """
 local t = redis.call('TIME')
@@ -41,6 +63,7 @@ ACQUIRE = (
 -- KEYS[2]  token counter; INCR-ed on every fresh grant, never deleted
 -- ARGV[1]  holder
 -- ARGV[2]  ttl_ms
+-- ARGV[3]  counter_ttl_ms: the counter expires this long after the last grant or renewal
 -- returns  {token, server_now_ms}, or nil when another holder's lease is live
 """
     + _NOW_MS
@@ -57,27 +80,32 @@ else
   redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', string.format('%d', token))
 end
 redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
 return {token, now_ms}
 """
 )
 
 REFRESH_MANY = (
     """
--- REFRESH_MANY: extend every lease whose holder and token still match, in one call.
--- KEYS[i]      lease hash of lease i (i = 1..n)
--- ARGV[3i-2]   holder of lease i
--- ARGV[3i-1]   token of lease i
--- ARGV[3i]     ttl_ms for lease i
+-- REFRESH_MANY: extend every lease whose holder and token still match, in one call, and
+-- push back the expiry of its token counter.
+-- KEYS[2i-1]   lease hash of lease i (i = 1..n)
+-- KEYS[2i]     token counter of lease i
+-- ARGV[4i-3]   holder of lease i
+-- ARGV[4i-2]   token of lease i
+-- ARGV[4i-1]   ttl_ms for lease i
+-- ARGV[4i]     counter_ttl_ms for lease i
 -- returns      {server_now_ms, flag_1, ..., flag_n}; flag 1 = extended, 0 = refused
 """
     + _NOW_MS
     + """
 local out = {now_ms}
-for i = 1, #KEYS do
-  local held = redis.call('HMGET', KEYS[i], 'holder', 'token')
+for i = 1, #KEYS / 2 do
+  local held = redis.call('HMGET', KEYS[2 * i - 1], 'holder', 'token')
   local flag = 0
-  if held[1] == ARGV[3 * i - 2] and held[2] == ARGV[3 * i - 1] then
-    redis.call('PEXPIRE', KEYS[i], math.max(1, tonumber(ARGV[3 * i])))
+  if held[1] == ARGV[4 * i - 3] and held[2] == ARGV[4 * i - 2] then
+    redis.call('PEXPIRE', KEYS[2 * i - 1], math.max(1, tonumber(ARGV[4 * i - 1])))
+    redis.call('PEXPIRE', KEYS[2 * i], tonumber(ARGV[4 * i]))
     flag = 1
   end
   out[i + 1] = flag
@@ -170,7 +198,7 @@ class RedisLeaseService:
         check_holder(holder)
         check_ttl_ms(ttl_ms)
         keys = [self.lease_hash_key(key), self.token_counter_key(key)]
-        reply = self._acquire(keys=keys, args=[holder, ttl_ms])
+        reply = self._acquire(keys=keys, args=[holder, ttl_ms, counter_ttl_ms(ttl_ms)])
         if reply is None:
             return None
         token, now_ms = (int(part) for part in reply)
@@ -191,8 +219,8 @@ class RedisLeaseService:
         args: list[str | int] = []
         for lease, ttl_ms in leases:
             check_ttl_ms(ttl_ms)
-            keys.append(self.lease_hash_key(lease.key))
-            args.extend((lease.holder, str(lease.token), ttl_ms))
+            keys.extend((self.lease_hash_key(lease.key), self.token_counter_key(lease.key)))
+            args.extend((lease.holder, str(lease.token), ttl_ms, counter_ttl_ms(ttl_ms)))
         now_ms, *flags = (int(part) for part in self._refresh_many(keys=keys, args=args))
         return [
             _renewed(lease, ttl_ms, now_ms) if flag else None

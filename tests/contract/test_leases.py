@@ -545,7 +545,7 @@ def test_token_counter_survives_release_and_shares_the_lease_slot(
     assert redis_service.release(first)
     assert redis_client.exists(hash_key) == 0
     assert int(redis_client.get(counter_key) or 0) == 1
-    assert redis_client.pttl(counter_key) == -1  # the counter never expires
+    assert redis_client.pttl(counter_key) > 0  # it expires only after a long idle time
     assert expect(redis_service.acquire("job", "b", LONG_TTL_MS)).token == 2
 
 
