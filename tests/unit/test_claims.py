@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, keys
-from pikku_celery.claims import Claimed, Claimer
+from pikku_celery.claims import Claimed, Claimer, NotClaimed
 from pikku_celery.clock import ServerClock
+from pikku_celery.errors import WorkflowStepSupersededError
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.store.base import NewRun, NewStep
 
@@ -84,3 +85,101 @@ def test_the_worker_is_the_claiming_process() -> None:
     claimer, claimed = _claimed(store)
     claimer.succeed(claimed, "done")
     assert [h.worker for h in store.get_history("run")] == [f"test:{os.getpid()}"]
+
+
+# --- issue 13: mutants of the claim layer that no test noticed -----------------------------
+
+
+class CountingStore(InMemoryWorkflowStore):
+    """Counts the claims that reach the store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims = 0
+
+    def claim_step(self, *args: Any, **kwargs: Any) -> Any:
+        self.claims += 1
+        return super().claim_step(*args, **kwargs)
+
+
+@pytest.mark.parametrize("same_process", [True, False])
+def test_a_duplicate_delivery_stops_at_the_redis_gate(same_process: bool) -> None:
+    """A second delivery of a step a live worker holds costs no store claim, and it leaves
+    the holder's Redis lease alone (holder and token): releasing it would let a third
+    delivery through the gate while the first still runs."""
+    store = CountingStore()
+    claimer, first = _claimed(store)
+    if not same_process:  # another worker process: its own claimer, the same services
+        claimer = Claimer(store, claimer.leases, claimer.clock,
+                          Heartbeat(store, claimer.leases, claimer.clock), host="other")
+    key = keys.step_lease_key("run", "s")
+    holder = claimer.leases.get(key)
+    assert holder is not None and store.claims == 1
+    again = claimer.claim("run", "s", "f", 30_000)
+    assert isinstance(again, NotClaimed) and not again.wake_run
+    assert store.claims == 1, "a duplicate delivery reached the store"
+    after = claimer.leases.get(key)
+    assert after is not None and (after.holder, after.token) == (holder.holder, holder.token), (
+        "the duplicate touched the live holder's Redis lease")
+    assert first.held.lease.holder == holder.holder
+
+
+class ActsOnRetry(InMemoryWorkflowStore):
+    """The first settle fails as an outage does, and before the retry another writer acts
+    on the step (``meanwhile``): a reclaim, a cancel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.meanwhile: Any = None
+
+    def _outage(self) -> None:
+        act, self.meanwhile = self.meanwhile, None
+        if act is not None:
+            act()
+            raise ConnectionError("mongodb unreachable")
+
+    def set_result(self, *args: Any, **kwargs: Any) -> Any:
+        self._outage()
+        return super().set_result(*args, **kwargs)
+
+    def set_error(self, *args: Any, **kwargs: Any) -> Any:
+        self._outage()
+        return super().set_error(*args, **kwargs)
+
+
+def test_a_retried_settle_never_takes_a_newer_attempts_outcome_for_its_own() -> None:
+    """Attempt 1's settle fails (outage); meanwhile its lease lapsed, attempt 2 ran and
+    recorded the same result. The retry is refused, and the refusal must stand: attempt 1
+    lost the step, it is not "the write that landed"."""
+    store = ActsOnRetry()
+    claimer, claimed = _claimed(store)
+    far = claimer.leases.now_ms() + 10 * 30_000
+
+    def another_worker_runs_attempt_2() -> None:
+        state = InMemoryWorkflowStore.claim_step(store, "run", "s", "f", far, 30_000)
+        assert state.state is not None and state.state.attempt == 2
+        InMemoryWorkflowStore.set_result(store, "run", "s", 2, "done", far + 1)
+
+    store.meanwhile = another_worker_runs_attempt_2
+    with pytest.raises(WorkflowStepSupersededError) as info:
+        claimer.succeed(claimed, "done")
+    assert (info.value.attempt, info.value.current_attempt) == (1, 2)
+    assert claimed.held.lost.is_set()
+
+
+@pytest.mark.parametrize("outcome", ["result", "error"])
+def test_a_retried_settle_never_takes_a_cancel_for_its_own_outcome(outcome: str) -> None:
+    """Attempt 1's settle fails (outage); meanwhile the run was cancelled, which fails the
+    step under the same attempt number. The retry is refused, and the refusal must stand:
+    the step's failure is the cancel's, not this attempt's."""
+    store = ActsOnRetry()
+    claimer, claimed = _claimed(store)
+    cancel = {"type": "WorkflowCancelledError", "message": "cancelled"}
+    store.meanwhile = lambda: store.cancel_steps("run", cancel, claimer.leases.now_ms())
+    with pytest.raises(WorkflowStepSupersededError):
+        if outcome == "result":
+            claimer.succeed(claimed, "done")
+        else:
+            claimer.fail(claimed, {"type": "ConnectionError", "message": "card api down"}, 0)
+    step = store.get_step("run", "s")
+    assert step is not None and (step.status, step.attempt, step.error) == ("failed", 1, cancel)

@@ -24,6 +24,7 @@ from pikku_celery import (
     keys,
 )
 from pikku_celery.leases.base import Lease
+from tests.support.threads import ThreadsJoined
 
 
 class Recorder:
@@ -583,25 +584,27 @@ def test_public_reads_refuse_operator_ids(pikku: PikkuCelery) -> None:
                  lambda: pikku.resume({"$gt": ""}), lambda: pikku.get_steps({"$gt": ""})):
         with pytest.raises(InvalidInputError, match="run id"):
             call()
+    run_id = pikku.start(pikku.workflow("noop")(lambda wf, data: wf.sleep("s", "1h")), None)
     with pytest.raises(InvalidInputError, match="reason"):
-        run_id = pikku.start(pikku.workflow("noop")(lambda wf, data: wf.sleep("s", "1h")),
-                             None)
         pikku.cancel(run_id, {"why": 1})  # type: ignore[arg-type]
+    assert pikku.get_run(run_id).status == "running"  # refused before any write
 
 
 def test_55_concurrent_passes_on_one_run_never_overlap(pikku: PikkuCelery) -> None:
-    import time as _time
-
+    """Seven orchestrators arrive while a pass is inside the workflow body (held there by
+    an event, not a sleep): every one is turned away, and none runs the body meanwhile."""
     pikku.engine.dispatcher = Recorder()
     inside: list[int] = []
     overlaps: list[int] = []
+    entered, release = threading.Event(), threading.Event()
 
     @pikku.workflow()
     def contended(wf: Any, data: Any) -> None:
         if inside:
             overlaps.append(1)
         inside.append(1)
-        _time.sleep(0.05)
+        entered.set()
+        release.wait(30)
         inside.pop()
         wf.sleep("wait", "1h")
 
@@ -614,13 +617,16 @@ def test_55_concurrent_passes_on_one_run_never_overlap(pikku: PikkuCelery) -> No
         except LeaseTakenError:
             outcomes.append("taken")
 
-    threads = [threading.Thread(target=orchestrate) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadsJoined() as threads:
+        threads.start(orchestrate)
+        assert entered.wait(30), "the first pass never reached the body"
+        contenders = ThreadsJoined()
+        with contenders:
+            for _ in range(7):
+                contenders.start(orchestrate)
+        release.set()
     assert overlaps == []
-    assert "paused" in outcomes and "taken" in outcomes
+    assert sorted(outcomes) == ["paused"] + ["taken"] * 7
 
 
 def test_58_a_poisoned_shard_does_not_rerun_its_healthy_siblings(pikku: PikkuCelery) -> None:
