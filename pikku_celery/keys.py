@@ -80,6 +80,7 @@ class RunField:
     """Fields of a ``workflow_runs`` document (``_id`` is the run id)."""
 
     ID = "_id"
+    RUN = "run_id"  # a copy of _id, the listing's tie-break: indexable beside other fields
     WORKFLOW = "workflow"
     STATUS = "status"
     INPUT = "input"

@@ -40,6 +40,7 @@ def to_datetime(ms: int | None) -> datetime | None:
 def new_run_doc(run: NewRun, now_ms: int) -> Doc:
     return {
         R.ID: run.run_id,
+        R.RUN: run.run_id,
         R.WORKFLOW: run.workflow,
         R.STATUS: "running",
         R.INPUT: run.input,

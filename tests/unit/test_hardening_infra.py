@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +35,9 @@ from pikku_celery.leases.base import Lease
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH, check_value
 from tests.conftest import mongo_database
+from tests.support.query_recorder import record_store
 
+ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000
 FN = "hardening.fn"
 
@@ -228,3 +233,198 @@ def _raw_poster(framework: str) -> tuple[PikkuCelery, Callable[[str, str], tuple
         return response.status_code, json.loads(response.content)
 
     return pikku, post_django
+
+
+# --- 22: every store query is served by an index ------------------------------------------
+#
+# Without ``explain`` (no real MongoDB here): an index serves a query when, after a prefix
+# of fields the query pins by equality (``$in`` counts: MongoDB merges one sorted scan per
+# value), come the query's sort fields (those not pinned to one value), in order, all in
+# the index's direction or all reversed; with no sort, the next index field is one the
+# query bounds by a range (or the query has no range). Every equality field of the query
+# must be in that prefix, except when the prefix starts by pinning ``_id``, a run id or a
+# step id: then what is scanned is one document, one run's steps or one step's history.
+# A ``$or`` (or ``$and`` of ``$or``) is checked clause by clause, as the planner plans it.
+
+BOUNDED_BY = {"_id", "run_id", "step_id"}
+RANGE_OPS = {"$lt", "$lte", "$gt", "$gte"}
+# Queries allowed to sort in memory after an index bounded them by a range, and why: the
+# reaper's sweeps. Each range is the sweep's backlog (steps whose lease lapsed, pending
+# steps nobody picked up, due sleeps and retries: what no worker has handled yet), and the
+# order is only for paging through it. An index in updated_ms order for the due steps
+# would instead walk every failed step ever, on every sweep.
+SORTED_IN_MEMORY: dict[tuple[str, str], str] = {
+    ("workflow_steps", "lease_expires_ms"): "lapsed steps",
+    ("workflow_steps", "updated_ms"): "pending steps nobody picked up",
+    ("workflow_steps", "due_ms"): "due scheduled and failed steps",
+}
+
+
+def _clauses(query: dict[str, Any]) -> list[dict[str, Any]]:
+    """The query as OR-ed flat clauses (field -> condition)."""
+    base: dict[str, Any] = {}
+    alternatives: list[list[dict[str, Any]]] = []
+    for field, condition in query.items():
+        if field == "$or":
+            alternatives.append([c for sub in condition for c in _clauses(sub)])
+        elif field == "$and":
+            alternatives.extend(_clauses(sub) for sub in condition)
+        else:
+            base[field] = condition
+    result = [base]
+    for options in alternatives:
+        result = [_merged(r, o) for r in result for o in options]
+    return result
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for field, condition in b.items():
+        mine = out.get(field)
+        if isinstance(mine, dict) and isinstance(condition, dict):
+            out[field] = {**mine, **condition}
+        elif field not in out or isinstance(mine, dict):
+            out[field] = condition  # an equality wins over a range on the same field
+    return out
+
+
+def _points(condition: Any) -> int | None:
+    """How many values an equality pins (``None``: not an equality)."""
+    if not isinstance(condition, dict):
+        return 1
+    if "$eq" in condition:
+        return 1
+    if "$in" in condition:
+        return len(condition["$in"])
+    return None
+
+
+def _is_range(condition: Any) -> bool:
+    return isinstance(condition, dict) and bool(RANGE_OPS & set(condition))
+
+
+def serves(index: list[tuple[str, int]], clause: dict[str, Any],
+           sort: list[tuple[str, int]]) -> str | None:
+    """``"sorted"``, ``"bounded"`` (no sort needed), ``"range"`` (bounded by a range, then
+    sorted in memory), or ``None`` when the index does not serve the clause."""
+    equal = {f for f, c in clause.items() if _points(c) is not None}
+    single = {f for f, c in clause.items() if _points(c) == 1}
+    ranged = {f for f, c in clause.items() if _is_range(c)}
+    j = 0
+    while j < len(index) and index[j][0] in equal:
+        j += 1
+    prefix = {f for f, _ in index[:j]}
+    pinned = j > 0 and index[0][0] in BOUNDED_BY
+    if not pinned and not equal <= prefix:
+        return None
+    if pinned:
+        return "bounded"
+    rest = index[j:]
+    wanted = [(f, d) for f, d in sort if f not in single]
+    if wanted:
+        head = rest[:len(wanted)]
+        if [f for f, _ in head] == [f for f, _ in wanted]:
+            same = [d == w for (_, d), (_, w) in zip(head, wanted, strict=True)]
+            if all(same) or not any(same):
+                return "sorted"
+        return "range" if rest and rest[0][0] in ranged else None
+    if j == 0 and not (rest and rest[0][0] in ranged):
+        return None  # a collection scan
+    if ranged and not (rest and rest[0][0] in ranged):
+        return None
+    return "bounded"
+
+
+def unserved(record: dict[str, Any], indexes: dict[str, list[list[tuple[str, int]]]]
+             ) -> list[str]:
+    """Why ``record`` is not served by ``indexes`` (empty when it is)."""
+    collection = record["collection"]
+    if record["op"] not in ("find", "find_one", "find_one_and_update", "update_one",
+                            "update_many", "replace_one", "delete_one", "delete_many",
+                            "count_documents"):
+        return [f"{record['op']} cannot be checked"]
+    candidates = [[("_id", 1)], *indexes.get(collection, [])]
+    sort = [(f, d) for f, d in record["sort"] or []]
+    problems = []
+    for clause in _clauses(record["filter"]):
+        verdicts = [serves(index, clause, sort) for index in candidates]
+        if "sorted" in verdicts or "bounded" in verdicts:
+            continue
+        ranged = {f for f, c in clause.items() if _is_range(c)}
+        allowed = any((collection, f) in SORTED_IN_MEMORY for f in ranged)
+        if "range" in verdicts and allowed:
+            continue
+        problems.append(f"{record['method']}: {collection}.{record['op']} {clause} "
+                        f"sort {sort} ({'sorted in memory' if 'range' in verdicts else 'scan'})")
+    return problems
+
+
+def declared_indexes() -> dict[str, list[list[tuple[str, int]]]]:
+    db, client = mongo_database("mongomock", None)
+    store = MongoWorkflowStore(db)
+    store.create_indexes()
+    found: dict[str, list[list[tuple[str, int]]]] = {}
+    for name in db.list_collection_names():
+        for info in db[name].index_information().values():
+            found.setdefault(name, []).append([(f, int(d)) for f, d in info["key"]])
+    client.drop_database(db.name)  # type: ignore[attr-defined]
+    return found
+
+
+def _record_contract_suite(tmp_path: Path) -> list[dict[str, Any]]:
+    """Run the store contract suites on mongomock with every query recorded."""
+    log = tmp_path / "queries.jsonl"
+    suites = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "contract").glob(
+        "test_store*.py"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *suites, "-q", "-k", "mongomock", "-p",
+         "tests.support.query_recorder", "-p", "no:cacheprovider", "-x"],
+        cwd=ROOT, env={**os.environ, "PIKKU_QUERY_LOG": str(log)}, capture_output=True,
+        text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _record_listings() -> list[dict[str, Any]]:
+    """Every shape of ``list_runs``: each filter, with and without a page cursor."""
+    records: list[dict[str, Any]] = []
+    db, client = mongo_database("mongomock", None)
+    store = MongoWorkflowStore(db)
+    record_store(store, records.append)
+    for i in range(3):
+        store.create_run(NewRun(f"l-{i}", "order", None), T0 + i)
+    last = store.list_runs(limit=2)[-1]
+    for workflow in (None, "order"):
+        for status in (None, "running"):
+            store.list_runs(workflow=workflow, status=status)
+            store.list_runs(workflow=workflow, status=status, created_before_ms=T0 + 1)
+            store.list_runs(workflow=workflow, status=status, before_run_id=last.run_id,
+                            created_before_ms=round(last.created_at.timestamp() * 1000))
+    client.drop_database(db.name)  # type: ignore[attr-defined]
+    return records
+
+
+def test_every_store_query_is_served_by_a_declared_index(tmp_path: Path) -> None:
+    records = _record_contract_suite(tmp_path) + _record_listings()
+    indexes = declared_indexes()
+    issued_by = {r["method"] for r in records}
+    public = {name for name in vars(MongoWorkflowStore)
+              if not name.startswith("_") and name not in ("from_url", "create_indexes")}
+    assert "?" not in issued_by
+    # Every public method that queries was exercised (insert-only ones issue no filter).
+    assert public - issued_by <= {"record_version", "describe", "ping"}, public - issued_by
+    problems = sorted({p for record in records for p in unserved(record, indexes)})
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_index_check_is_not_vacuous() -> None:
+    listing = {"collection": "workflow_runs", "op": "find", "method": "list_runs",
+               "filter": {"workflow": "order", "status": {"$in": ["running", "failed"]}},
+               "sort": [["created_ms", -1], ["run_id", -1]]}
+    before = {"workflow_runs": [[("status", 1), ("updated_ms", 1)],  # the indexes of issue 8
+                                [("workflow", 1), ("created_ms", -1)], [("created_ms", -1)]]}
+    assert unserved(listing, before)
+    assert not unserved(listing, declared_indexes())
+    scan = {"collection": "workflow_steps", "op": "find", "method": "x",
+            "filter": {"worker": "w"}, "sort": None}
+    assert unserved(scan, declared_indexes())
