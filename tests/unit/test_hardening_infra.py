@@ -15,10 +15,12 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 
 import tests.unit.test_contrib as contrib_tests
 from pikku_celery import (
@@ -428,3 +430,18 @@ def test_the_index_check_is_not_vacuous() -> None:
     scan = {"collection": "workflow_steps", "op": "find", "method": "x",
             "filter": {"worker": "w"}, "sort": None}
     assert unserved(scan, declared_indexes())
+
+
+# --- 21: what the distribution ships --------------------------------------------------------
+
+
+def test_the_distribution_requires_celery_with_its_redis_extra_and_ships_py_typed() -> None:
+    # kombu's Redis transport imports what only celery[redis] installs: a plain celery
+    # dependency leaves a Redis-broker worker dying with ModuleNotFoundError at start-up.
+    requirements = [Requirement(r) for r in metadata.requires("pikku-celery") or []]
+    celery = [r for r in requirements if r.name == "celery" and r.marker is None]
+    assert len(celery) == 1 and "redis" in celery[0].extras, celery
+    assert resources.files("pikku_celery").joinpath("py.typed").is_file()
+    project = (ROOT / "pyproject.toml").read_text()
+    section = project.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+    assert 'pikku_celery = ["py.typed"]' in section  # shipped in sdists and wheels
