@@ -184,11 +184,33 @@ class WorkerReaper:
         self._stop.set()
 
     def _loop(self) -> None:
+        # First thing, at worker start: one clear line per service that does not answer,
+        # rather than "ready" and then a traceback every interval.
+        outages = OutageLog(self._probe, self.interval_s)
+        outages.at_start()
         while not self._stop.wait(self.interval_s):
             try:
                 self.sweep_once()
-            except Exception:
-                log.exception("pikku reaper sweep failed")
+            except Exception as exc:
+                outages.failed(exc)
+            else:
+                outages.succeeded()
+
+    def _probe(self) -> dict[str, str | None]:
+        """Each service that can tell (``describe``/``ping``): ``None`` when it answers,
+        else why not."""
+        engine = self._engine()
+        found: dict[str, str | None] = {}
+        for service in (engine.store, engine.leases):
+            describe, ping = getattr(service, "describe", None), getattr(service, "ping", None)
+            if describe is None or ping is None:
+                continue  # in-memory: nothing to reach
+            try:
+                ping()
+                found[describe()] = None
+            except Exception as exc:
+                found[describe()] = str(exc)
+        return found
 
     def sweep_once(self) -> dict[str, int] | None:
         """Sweep if this process wins the reaper lease. A process whose sweep failed gives
@@ -213,3 +235,57 @@ class WorkerReaper:
         if any(counts.values()):
             log.info("pikku reaper: %s", counts)
         return counts
+
+
+class OutageLog:
+    """One line when a service stops answering and one when it answers again, instead of a
+    traceback every reaper interval for as long as it is down.
+
+    A failed sweep asks each service to answer (``ping``): when one does not, the failure is
+    that outage, logged at ERROR once, then at DEBUG on every sweep until it ends. When all
+    answer, the failure is the sweep's own: logged with its traceback once, and again only
+    if it changes or after a sweep succeeded."""
+
+    def __init__(self, probe: Callable[[], dict[str, str | None]], interval_s: float) -> None:
+        self._probe = probe
+        self._interval_s = interval_s
+        self._down: dict[str, str] = {}  # service -> why it does not answer
+        self._last_error: str | None = None
+
+    def at_start(self) -> None:
+        found = self._probe()
+        self._update(found)
+        if found and not self._down:
+            log.info("pikku: %s answer%s; the reaper sweeps every %g s",
+                     " and ".join(found), "" if len(found) > 1 else "s", self._interval_s)
+
+    def failed(self, exc: Exception) -> None:
+        self._update(self._probe())
+        if self._down:
+            log.debug("pikku reaper: sweep failed while %s does not answer: %s",
+                      " and ".join(self._down), exc)
+            return
+        text = f"{type(exc).__name__}: {exc}"
+        if text == self._last_error:
+            log.debug("pikku reaper: sweep failed again: %s", text)
+            return
+        self._last_error = text
+        log.error("pikku reaper sweep failed (logged again only if the error changes)",
+                  exc_info=exc)
+
+    def succeeded(self) -> None:
+        self._last_error = None
+        if self._down:  # a sweep that stood aside proves nothing: ask the services
+            self._update(self._probe())
+
+    def _update(self, found: dict[str, str | None]) -> None:
+        down = {service: why for service, why in found.items() if why is not None}
+        for service, why in down.items():
+            if service not in self._down:
+                log.error("pikku: %s. Runs cannot start or advance until it answers; the "
+                          "worker keeps running and retries every %g s, quietly (one line "
+                          "when it answers again)", why.rstrip("."), self._interval_s)
+        for service in self._down:
+            if service not in down:
+                log.warning("pikku: %s answers again; the reaper resumed", service)
+        self._down = down

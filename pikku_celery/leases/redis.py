@@ -241,6 +241,21 @@ class RedisLeaseService:
         holder, token, pttl_ms, now_ms = reply
         return Lease(key, _text(holder), int(token), int(now_ms) + int(pttl_ms), int(now_ms))
 
+    def describe(self) -> str:
+        """``Redis at redis://<host>:<port>/<db>``, for log lines: never the password."""
+        kwargs = self._client.connection_pool.connection_kwargs
+        if kwargs.get("path"):
+            return f"Redis at unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
+        return (f"Redis at redis://{kwargs.get('host', 'localhost')}:"
+                f"{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}")
+
+    def ping(self) -> None:
+        """Ask the server to answer; ``ConnectionError`` naming it when it does not."""
+        try:
+            self._client.ping()
+        except redis.RedisError as exc:
+            raise ConnectionError(f"{self.describe()} is unreachable: {exc}") from exc
+
     def now_ms(self) -> int:
         """The Redis server clock (``TIME``) in epoch ms, never the local clock."""
         seconds, micros = self._client.time()

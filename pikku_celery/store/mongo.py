@@ -53,15 +53,25 @@ same millisecond.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+import functools
+import inspect
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import parse_qsl, urlsplit
 
 from bson.errors import InvalidDocument
 from pymongo import ASCENDING, DESCENDING, MongoClient, ReturnDocument
 from pymongo.database import Database
-from pymongo.errors import DocumentTooLarge, DuplicateKeyError, OperationFailure
+from pymongo.errors import (
+    DocumentTooLarge,
+    DuplicateKeyError,
+    OperationFailure,
+    ServerSelectionTimeoutError,
+)
 
 from pikku_celery import keys
+from pikku_celery.durations import Duration, to_seconds
 from pikku_celery.errors import (
     InvalidInputError,
     WorkflowRunConflictError,
@@ -115,16 +125,39 @@ class MongoWorkflowStore:
         self._indexes_ready = not create_indexes
 
     @classmethod
-    def from_url(cls, url: str, **client_options: Any) -> MongoWorkflowStore:
-        """Connect to ``url``; the database is the URL's path, ``pikku`` when it is empty."""
+    def from_url(cls, url: str, *, server_selection_timeout: Duration | None = None,
+                 **client_options: Any) -> MongoWorkflowStore:
+        """Connect to ``url``; the database is the URL's path, ``pikku`` when it is empty.
+
+        ``server_selection_timeout`` (any duration; default 5 s, or the URL's
+        ``serverSelectionTimeoutMS``) is how long a call waits for a usable server before it
+        fails with ``MongoUnreachableError``; pymongo's own default, 30 s, would hold a
+        ``start`` or a worker's sweep that long. Other keyword arguments go to
+        ``MongoClient``."""
         # connect=False: no connection and no monitor thread until first use, so a store
         # built in a Celery app module is safe across the prefork pool's fork.
-        client: MongoClient[Doc] = MongoClient(url, **{"connect": False, **client_options})
+        options: dict[str, Any] = {"connect": False, **client_options}
+        given = {k.lower() for k in options} | {k.lower() for k, _ in parse_qsl(
+            urlsplit(url).query)}
+        if server_selection_timeout is not None or "serverselectiontimeoutms" not in given:
+            timeout_s = to_seconds(DEFAULT_SERVER_SELECTION_TIMEOUT_S
+                                   if server_selection_timeout is None
+                                   else server_selection_timeout,
+                                   what="server_selection_timeout")
+            options["serverSelectionTimeoutMS"] = max(1, round(timeout_s * 1000))
+        client: MongoClient[Doc] = MongoClient(url, **options)
         return cls(client.get_default_database(default=keys.DEFAULT_DATABASE))
+
+    def describe(self) -> str:
+        """``MongoDB at mongodb://<hosts>/<database>``, for log lines: never credentials."""
+        return describe_database(self.db)
+
+    def ping(self) -> None:
+        """Ask the server to answer; ``MongoUnreachableError`` naming it when none does."""
+        self.db.command("ping")
 
     def create_indexes(self) -> None:
         """Create every index (idempotent); done automatically before the first insert."""
-        self._indexes_ready = True
         newest_first = [(R.CREATED, DESCENDING), (R.RUN, DESCENDING)]
         self._runs.create_index([(R.STATUS, ASCENDING), (R.UPDATED, ASCENDING)])
         self._runs.create_index([(R.STATUS, ASCENDING), *newest_first])
@@ -134,6 +167,8 @@ class MongoWorkflowStore:
         for field in (S.LEASE, S.UPDATED, S.DUE):
             self._steps.create_index([(S.STATUS, ASCENDING), (field, ASCENDING)])
         self._history.create_index([(H.RUN, ASCENDING)])
+        # Only now: a first call that met an unreachable server must try again next time.
+        self._indexes_ready = True
 
     # --- runs -------------------------------------------------------------------------
 
@@ -451,6 +486,64 @@ def _page_after(field: str, after: tuple[int, str] | None) -> Doc:
         return {}
     value, step_id = after
     return {"$or": [{field: {"$gt": value}}, {field: value, S.ID: {"$gt": step_id}}]}
+
+
+DEFAULT_SERVER_SELECTION_TIMEOUT_S = 5.0
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class MongoUnreachableError(ServerSelectionTimeoutError):
+    """No MongoDB server answered within the server-selection timeout.
+
+    The message names the server and the setting. Deliberately a pymongo error (code catching
+    ``ServerSelectionTimeoutError`` or ``ConnectionFailure`` keeps working), not a
+    ``PikkuError``: the engine treats a ``PikkuError`` raised during a pass as the
+    workflow's own failure and fails the run, while an outage only interrupts the pass, to be
+    retried."""
+
+
+def describe_database(db: Any) -> str:
+    """Where ``db`` lives, from the client's seed list (which holds no credentials)."""
+    try:
+        hosts = ",".join(f"{host}:{port}" for host, port in
+                         db.client.topology_description.server_descriptions())
+    except Exception:  # a client without a topology (mongomock)
+        return f"MongoDB database {db.name!r}"
+    return f"MongoDB at mongodb://{hosts}/{db.name}"
+
+
+def _unreachable(db: Any, exc: ServerSelectionTimeoutError) -> MongoUnreachableError:
+    # pymongo's message is the reason, then the timeout and a long topology dump.
+    reason = re.sub(r" \(configured timeouts:[^)]*\)", "", str(exc).split(", Timeout:")[0])
+    try:
+        timeout = f"{db.client.options.server_selection_timeout:g} s"
+    except Exception:  # pragma: no cover - every pymongo client has options
+        timeout = "the server-selection timeout"
+    return MongoUnreachableError(
+        f"{describe_database(db)} is unreachable: no server answered within {timeout} "
+        f"(server_selection_timeout): {reason[:300]}")
+
+
+def _naming_the_server(method: Callable[P, T]) -> Callable[P, T]:
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(*args, **kwargs)
+        except MongoUnreachableError:
+            raise
+        except ServerSelectionTimeoutError as exc:
+            store: Any = args[0]
+            raise _unreachable(store.db, exc) from exc
+    return call
+
+
+# Every public store method reports an unreachable server by name, whichever call (a start,
+# a read of the web API, a worker's sweep) met it first.
+for _name, _method in list(vars(MongoWorkflowStore).items()):
+    if inspect.isfunction(_method) and not _name.startswith("_"):
+        setattr(MongoWorkflowStore, _name, _naming_the_server(_method))
 
 
 # Server errors that no retry can fix: the write itself is impossible.

@@ -1,9 +1,18 @@
 """Hardening of issue 8 against the real Redis: names and counters bounded before they
-reach Redis (14)."""
+reach Redis (14), and real ``celery -A`` workers whose MongoDB or Redis does not answer
+(20)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +27,10 @@ from pikku_celery import (
     RedisLeaseService,
 )
 from pikku_celery.leases.redis import COUNTER_TTL_FLOOR_MS, counter_ttl_ms
+from tests.conftest import REDIS_URL
+from tests.integration import outage_app as oa
+from tests.integration.test_celery_workers import ROOT, Worker, wait_for
+from tests.support.nx import NxServer, free_port
 from tests.unit.test_engine import Recorder
 
 HUGE = "x" * 500_000
@@ -130,3 +143,132 @@ def test_a_counter_outlives_a_long_lease_by_a_thousand_ttls(
     assert all(leases.refresh_many([(lease, 500) for lease in many]))
     for lease in many:
         assert int(redis_client.pttl(leases.token_counter_key(lease.key))) > 10_000
+
+
+# --- 20: a worker whose MongoDB or Redis does not answer ----------------------------------
+
+OUTAGE_TIMEOUT_S = 60.0  # a guard against a hung wait, never a timing assertion
+
+
+class _Forwarder:
+    """A TCP port that forwards to Redis once opened: Redis "coming back" on a fixed URL."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.port = free_port()
+        self._target = target
+        self._server: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+
+    def open(self) -> None:
+        server = socket.create_server(("127.0.0.1", self.port))
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(self._target)
+            self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in [self._server, *self._sockets]:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+
+@pytest.fixture
+def outage_worker(key_prefix: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(mongo_url: str, redis_url: str) -> Worker:
+        env = {**os.environ, oa.ENV_BROKER: REDIS_URL, oa.ENV_MONGO: mongo_url,
+               oa.ENV_REDIS: redis_url, oa.ENV_PREFIX: key_prefix,
+               oa.ENV_QUEUE: f"pikku-outage-{uuid.uuid4().hex[:10]}", "PYTHONUNBUFFERED": "1"}
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.integration.outage_app",
+                 "worker", "-P", "solo", "-Q", env[oa.ENV_QUEUE], "-n",
+                 f"outage-{uuid.uuid4().hex[:6]}@%h", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat", "--loglevel", "INFO"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        worker = Worker("outage", "solo", proc, log_path)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        with contextlib.suppress(ProcessLookupError):
+            worker.proc.terminate()
+        try:
+            worker.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def _lines(worker: Worker, fragment: str) -> list[str]:
+    return [line for line in worker.log().splitlines() if fragment in line]
+
+
+def _wait_for_sweeps(worker: Worker, fragment: str, count: int) -> None:
+    wait_for(lambda: len(_lines(worker, fragment)) >= count, OUTAGE_TIMEOUT_S,
+             f"{count} log lines with {fragment!r}", worker.log)
+
+
+def test_a_worker_names_each_unreachable_service_once_not_every_sweep(
+        outage_worker: Callable[..., Worker]) -> None:
+    mongo_port, redis_port = free_port(), free_port()
+    worker = outage_worker(f"mongodb://shop:s3cret@127.0.0.1:{mongo_port}/shop",
+                           f"redis://:s3cret@127.0.0.1:{redis_port}/0")
+    wait_for(lambda: "ready." in worker.log(), OUTAGE_TIMEOUT_S, "the worker to be ready",
+             worker.log)
+    _wait_for_sweeps(worker, "sweep failed while", 5)  # five failed sweeps, at least
+    errors = _lines(worker, "ERROR/")
+    assert len(errors) == 2, worker.log()
+    assert any(f"pikku: MongoDB at mongodb://127.0.0.1:{mongo_port}/shop is unreachable"
+               in line for line in errors), errors
+    assert any(f"pikku: Redis at redis://127.0.0.1:{redis_port}/0 is unreachable"
+               in line for line in errors), errors
+    assert "Traceback" not in worker.log()
+    assert "s3cret" not in worker.log()
+    assert worker.alive()  # it keeps running, retrying quietly
+
+
+def test_a_worker_logs_once_when_redis_answers_again(
+        outage_worker: Callable[..., Worker], nx_server: NxServer, redis_client: redis.Redis,
+        key_prefix: str) -> None:
+    redis_host = redis_client.connection_pool.connection_kwargs
+    forwarder = _Forwarder((redis_host["host"], int(redis_host["port"])))
+    try:
+        worker = outage_worker(nx_server.url_for(f"pikku_outage_{uuid.uuid4().hex[:8]}"),
+                               f"redis://127.0.0.1:{forwarder.port}/"
+                               f"{redis_host.get('db', 0)}")
+        _wait_for_sweeps(worker, "is unreachable", 1)
+        _wait_for_sweeps(worker, "sweep failed while", 3)
+        forwarder.open()  # Redis comes back on the same URL
+        _wait_for_sweeps(worker, "answers again; the reaper resumed", 1)
+        # Sweeps run again: each takes the reaper lease afresh.
+        counter = RedisLeaseService(redis_client, key_prefix=key_prefix).token_counter_key(
+            "workflow-reaper")
+        wait_for(lambda: int(redis_client.get(counter) or 0) >= 3, OUTAGE_TIMEOUT_S,
+                 "three sweeps after Redis came back", worker.log)
+        assert len(_lines(worker, "is unreachable")) == 1, worker.log()
+        assert len(_lines(worker, "answers again; the reaper resumed")) == 1, worker.log()
+        assert "Traceback" not in worker.log()
+    finally:
+        forwarder.close()

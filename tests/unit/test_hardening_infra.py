@@ -6,6 +6,7 @@ serve every store query (22)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 from packaging.requirements import Requirement
+from pymongo.errors import ServerSelectionTimeoutError
 
 import tests.unit.test_contrib as contrib_tests
 from pikku_celery import (
@@ -29,14 +32,19 @@ from pikku_celery import (
     InvalidInputError,
     MongoWorkflowStore,
     PikkuCelery,
+    PikkuError,
+    RedisLeaseService,
     WorkflowStore,
 )
 from pikku_celery.clock import ServerClock
 from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import Lease
 from pikku_celery.store.base import NewRun, NewStep
+from pikku_celery.store.mongo import MongoUnreachableError
+from pikku_celery.tasks import OutageLog
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH, check_value
 from tests.conftest import mongo_database
+from tests.support.nx import free_port
 from tests.support.query_recorder import record_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -445,3 +453,90 @@ def test_the_distribution_requires_celery_with_its_redis_extra_and_ships_py_type
     project = (ROOT / "pyproject.toml").read_text()
     section = project.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
     assert 'pikku_celery = ["py.typed"]' in section  # shipped in sdists and wheels
+
+
+# --- 20: an unreachable service, named once ---------------------------------------------------
+
+
+def _closed_port() -> int:
+    port = free_port()  # bound then released: nothing listens there
+    return port
+
+
+def test_the_store_waits_five_seconds_for_a_server_by_default_and_the_setting_wins() -> None:
+    def timeout_s(store: MongoWorkflowStore) -> float:
+        return float(store.db.client.options.server_selection_timeout)
+
+    url = "mongodb://127.0.0.1:27017/app"
+    assert timeout_s(MongoWorkflowStore.from_url(url)) == 5.0  # pymongo's own is 30 s
+    assert timeout_s(MongoWorkflowStore.from_url(url, server_selection_timeout="2s")) == 2.0
+    assert timeout_s(MongoWorkflowStore.from_url(url + "?serverSelectionTimeoutMS=700")) == 0.7
+    assert timeout_s(MongoWorkflowStore.from_url(url, serverSelectionTimeoutMS=900)) == 0.9
+    with pytest.raises(ValueError, match="server_selection_timeout"):
+        MongoWorkflowStore.from_url(url, server_selection_timeout="soon")
+
+
+def test_start_with_mongodb_unreachable_names_the_server_without_its_password() -> None:
+    port = _closed_port()
+    store = MongoWorkflowStore.from_url(f"mongodb://app:s3cret@127.0.0.1:{port}/shop",
+                                        server_selection_timeout="200ms")
+    assert store.describe() == f"MongoDB at mongodb://127.0.0.1:{port}/shop"
+    pikku = PikkuCelery(Celery("unreachable", broker="memory://"), store=store,
+                        leases=InMemoryLeaseService(), worker_reaper=False)
+    pikku.workflow("noop")(lambda wf, data: data)
+    with pytest.raises(MongoUnreachableError) as unreachable:
+        pikku.start("noop", {})
+    message = str(unreachable.value)
+    assert message.startswith(f"MongoDB at mongodb://127.0.0.1:{port}/shop is unreachable: "
+                              "no server answered within 0.2 s (server_selection_timeout)")
+    assert "s3cret" not in message and "Topology Description" not in message
+    # Still pymongo's error, not a PikkuError: a pass that meets an outage is retried, the
+    # workflow is not failed for it.
+    assert isinstance(unreachable.value, ServerSelectionTimeoutError)
+    assert not isinstance(unreachable.value, PikkuError)
+    with pytest.raises(MongoUnreachableError, match="is unreachable"):
+        store.ping()
+    with pytest.raises(MongoUnreachableError, match="is unreachable"):
+        pikku.list_runs()
+
+
+def test_redis_is_named_without_its_password() -> None:
+    port = _closed_port()
+    leases = RedisLeaseService.from_url(f"redis://:s3cret@127.0.0.1:{port}/3")
+    assert leases.describe() == f"Redis at redis://127.0.0.1:{port}/3"
+    with pytest.raises(ConnectionError) as unreachable:
+        leases.ping()
+    assert str(unreachable.value).startswith(
+        f"Redis at redis://127.0.0.1:{port}/3 is unreachable: ")
+    assert "s3cret" not in str(unreachable.value)
+
+
+def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(
+        caplog: pytest.LogCaptureFixture) -> None:
+    answers: dict[str, str | None] = {"MongoDB at mongodb://db:27017/app": None}
+    outages = OutageLog(lambda: dict(answers), interval_s=0.5)
+    caplog.set_level(logging.DEBUG, logger="pikku_celery")
+    outages.at_start()
+    answers["MongoDB at mongodb://db:27017/app"] = "MongoDB at mongodb://db:27017/app is " \
+        "unreachable: refused."
+    for _ in range(5):
+        outages.failed(RuntimeError("sweep met the outage"))
+    outages.succeeded()  # a sweep that stood aside: the probe says still down
+    answers["MongoDB at mongodb://db:27017/app"] = None
+    outages.succeeded()
+    for _ in range(3):
+        outages.failed(KeyError("a bug in the sweep"))
+    outages.succeeded()
+    outages.failed(KeyError("a bug in the sweep"))
+    loud = [(r.levelname, r.getMessage().split(";")[0], r.exc_info is not None)
+            for r in caplog.records if r.levelno >= logging.INFO]
+    assert loud == [
+        ("INFO", "pikku: MongoDB at mongodb://db:27017/app answers", False),
+        ("ERROR", "pikku: MongoDB at mongodb://db:27017/app is unreachable: refused. Runs "
+                  "cannot start or advance until it answers", False),
+        ("WARNING", "pikku: MongoDB at mongodb://db:27017/app answers again", False),
+        ("ERROR", "pikku reaper sweep failed (logged again only if the error changes)", True),
+        ("ERROR", "pikku reaper sweep failed (logged again only if the error changes)", True),
+    ]
+    quiet = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(quiet) == 5 + 2  # every failed sweep still leaves a DEBUG line
