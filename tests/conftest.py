@@ -6,15 +6,54 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pymongo
 import pytest
 import redis
 
+from pikku_celery.heartbeat import Heartbeat
 from tests.support.nx import NxServer
 
 REDIS_URL = os.environ.get("PIKKU_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REAL_MONGO_URL = os.environ.get("PIKKU_TEST_MONGO_URL")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # An exception in a test's thread fails the test: a warning is too easy to miss, and a
+    # race that counts winners can pass with some of its contenders crashed.
+    config.addinivalue_line("filterwarnings",
+                            "error::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # Printed even with -q: a green run without real MongoDB must say what it did not test.
+    if not REAL_MONGO_URL:
+        terminalreporter.write_line(
+            "pikku: real MongoDB NOT tested (PIKKU_TEST_MONGO_URL is unset): the stores ran "
+            "on memory, mongomock and the nx-27017 wire stand-in only")
+
+
+@pytest.fixture(autouse=True)
+def _no_heartbeat_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every ``Heartbeat`` made during a test lets go of its steps when the test ends.
+
+    A heartbeat thread runs for the life of the process; left holding a test's steps it
+    would go on renewing them into the next tests, against dropped databases, and re-take
+    Redis leases under a key prefix the test already cleaned (``Heartbeat`` has no stop:
+    its thread stays, idle, holding nothing)."""
+    made: list[Heartbeat] = []
+    init = Heartbeat.__init__
+
+    def tracked(self: Heartbeat, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Heartbeat, "__init__", tracked)
+    yield
+    for heartbeat in made:
+        for held in heartbeat.held():
+            heartbeat.remove(held)
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.conftest import REAL_MONGO_URL, mongo_database
+from tests.support.threads import race
 
 KINDS = ["memory", "mongomock", "wire"] + (["real"] if REAL_MONGO_URL else [])
 T0 = 1_700_000_000_000
@@ -226,19 +227,15 @@ def test_25_concurrent_reclaims_of_a_failed_step_advance_the_attempt_once(
 
 
 def _race(store: WorkflowStore, run_id: str, now_ms: int, n: int = 6) -> int:
-    barrier = threading.Barrier(n)
+    """Claims by ``n`` threads at once; a claimer that raised fails the test, it is not a
+    loser."""
     wins: list[int] = []
 
-    def claim() -> None:
-        barrier.wait()
+    def claim(_: int) -> None:
         if store.claim_step(run_id, "charge", FN, now_ms, LEASE).state is not None:
             wins.append(1)
 
-    threads = [threading.Thread(target=claim) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    race(claim, n)
     return len(wins)
 
 

@@ -1,5 +1,9 @@
 """The per-process heartbeat on real Redis and MongoDB over the wire: renewing 1, 10 or 100
-held leases costs the same number of round trips, and a superseded attempt is told."""
+held leases costs the same number of round trips, and a superseded attempt is told.
+
+Tests that drive ``beat()`` by hand run without the background thread (``manual_beats``),
+so no beat of its own can race theirs; the one test of the thread waits on the lease
+clock, never on a sleep of a guessed length."""
 
 from __future__ import annotations
 
@@ -18,6 +22,12 @@ from tests.support.counting import CountingRedis, counting_mongo
 from tests.support.nx import NxServer
 
 LEASE_MS = 30_000
+
+
+@pytest.fixture
+def manual_beats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No heartbeat thread: only the test's own ``beat()`` calls renew."""
+    monkeypatch.setattr(Heartbeat, "_ensure_thread", lambda self: None)
 
 
 def _claim_many(n: int, nx: NxServer, prefix: str) -> tuple[list[Claimed], Any, Any, Any]:
@@ -42,7 +52,8 @@ def _claim_many(n: int, nx: NxServer, prefix: str) -> tuple[list[Claimed], Any, 
 
 @pytest.mark.parametrize("n", [1, 10, 100])
 def test_one_beat_costs_the_same_round_trips_for_any_number_of_leases(
-        n: int, nx_server: NxServer, key_prefix: str) -> None:
+        n: int, nx_server: NxServer, key_prefix: str,
+        manual_beats: None) -> None:
     _claimed, heartbeat, redis_client, mongo = _claim_many(n, nx_server, key_prefix)
     held = heartbeat.held()
     assert len(held) == n
@@ -54,7 +65,9 @@ def test_one_beat_costs_the_same_round_trips_for_any_number_of_leases(
     assert not any(h.lost.is_set() for h in held)
 
 
-def test_a_superseded_attempt_is_told_and_dropped(nx_server: NxServer, key_prefix: str) -> None:
+def test_a_superseded_attempt_is_told_and_dropped(
+        nx_server: NxServer, key_prefix: str,
+        manual_beats: None) -> None:
     claimed, heartbeat, _, _ = _claim_many(2, nx_server, key_prefix)
     victim: HeldStep = claimed[0].held
     store = heartbeat._store  # the test reaches in to cancel one step behind its back
@@ -78,7 +91,8 @@ class FlakyStore:
 
 
 def test_an_unreachable_store_is_tolerated_until_the_confirmed_deadline(
-        nx_server: NxServer, key_prefix: str) -> None:
+        nx_server: NxServer, key_prefix: str,
+        manual_beats: None) -> None:
     claimed, heartbeat, _, _ = _claim_many(1, nx_server, key_prefix)
     held = claimed[0].held
     flaky = FlakyStore(heartbeat._store)
@@ -93,8 +107,8 @@ def test_an_unreachable_store_is_tolerated_until_the_confirmed_deadline(
 
 def test_the_heartbeat_thread_keeps_a_short_lease_alive(nx_server: NxServer,
                                                         key_prefix: str) -> None:
-    import time
-
+    """A 1.5 s lease renewed every 0.5 s by the thread alone outlives its first deadline
+    twice over (a thread starved for up to a second still keeps it)."""
     from pikku_celery.claims import NotClaimed
 
     client, _ = counting_mongo(nx_server.url)
@@ -105,14 +119,27 @@ def test_the_heartbeat_thread_keeps_a_short_lease_alive(nx_server: NxServer,
     store.create_run(NewRun("run", "wf", None), leases.now_ms())
     store.insert_step(NewStep(run_id="run", step_name="s", function="f", max_attempts=3),
                       leases.now_ms())
-    first = claimer.claim("run", "s", "f", 300)
+    first = claimer.claim("run", "s", "f", 1500)
     assert isinstance(first, Claimed)
-    time.sleep(1.2)  # four lease lengths
-    assert isinstance(claimer.claim("run", "s", "f", 300), NotClaimed)
-    assert store.claim_step("run", "s", "f", leases.now_ms(), 300).state is None
+    deadline_ms = first.held.lease.granted_at_ms + 1500
+    for _ in range(2):  # two lease lengths, judged by the server clock
+        wait_until_server_passes(leases, deadline_ms)
+        assert isinstance(claimer.claim("run", "s", "f", 1500), NotClaimed)
+        assert store.claim_step("run", "s", "f", leases.now_ms(), 1500).state is None
+        deadline_ms += 1500
+    assert not first.held.lost.is_set()
     claimer.succeed(first, "done")
     state = store.get_step("run", "s")
     assert state is not None and state.result == "done" and state.attempt == 1
+
+
+def wait_until_server_passes(leases: RedisLeaseService, deadline_ms: int) -> None:
+    import time
+
+    give_up = time.monotonic() + 30
+    while leases.now_ms() <= deadline_ms:
+        assert time.monotonic() < give_up, "the Redis clock never passed the deadline"
+        time.sleep(0.02)
 
 
 class DownLeases:
@@ -129,7 +156,8 @@ class DownLeases:
 
 
 def test_an_unreachable_redis_is_tolerated_until_the_confirmed_deadline(
-        nx_server: NxServer, key_prefix: str) -> None:
+        nx_server: NxServer, key_prefix: str,
+        manual_beats: None) -> None:
     claimed, heartbeat, _, _ = _claim_many(1, nx_server, key_prefix)
     held = claimed[0].held
     heartbeat._leases = DownLeases(heartbeat._leases)
