@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from celery import Celery
+from pymongo.errors import AutoReconnect
 
 from pikku_celery import (
     MongoWorkflowStore,
@@ -22,6 +23,7 @@ from pikku_celery import (
     StepContext,
     WorkflowContext,
 )
+from pikku_celery.store.base import NewRun
 
 ENV = os.environ
 if ENV.get("CHAOS_SKEW_S"):  # a worker whose wall clock is off by minutes
@@ -41,10 +43,31 @@ app.conf.update(
     broker_transport_options={"visibility_timeout": float(ENV.get("CHAOS_VISIBILITY_S", "3600")),
                               "unacked_restore_interval": 1, "unacked_restore_throttle": 1},
 )
+
+
+class ChaosStore(MongoWorkflowStore):
+    """The MongoDB store, with one injected fault: the first try to create a child run whose
+    input asks for it fails as a dropped connection does (issue 8, item 2: the parent's
+    step is recorded, its child is not, and only the reaper can notice)."""
+
+    def create_run(self, run: NewRun, now_ms: int) -> Any:
+        wants = isinstance(run.input, dict) and run.input.get("fail_create_once")
+        if run.parent_run_id is not None and wants:
+            marker = os.path.join(LEDGER_DIR, f"child-create-failed-{run.run_id}")
+            try:  # once per child, across every process: O_EXCL decides
+                os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            except FileExistsError:
+                pass
+            else:
+                ledger("child_create_failed", None, run=run.parent_run_id, child=run.run_id)
+                raise AutoReconnect("chaos: connection lost while creating a child run")
+        return super().create_run(run, now_ms)
+
+
 pikku = PikkuCelery(
     app,
-    store=MongoWorkflowStore.from_url(ENV.get("CHAOS_MONGO", "mongodb://127.0.0.1/chaos"),
-                                      serverSelectionTimeoutMS=3000),
+    store=ChaosStore.from_url(ENV.get("CHAOS_MONGO", "mongodb://127.0.0.1/chaos"),
+                              serverSelectionTimeoutMS=3000),
     leases=RedisLeaseService.from_url(ENV.get("CHAOS_REDIS", "redis://127.0.0.1:6379/0"),
                                       key_prefix=ENV.get("CHAOS_PREFIX", "chaos")),
     step_lease=float(ENV.get("CHAOS_LEASE_S", "2")),
@@ -53,6 +76,8 @@ pikku = PikkuCelery(
     undispatched_after=float(ENV.get("CHAOS_UNDISPATCHED_S", "3")),
     stalled_after=float(ENV.get("CHAOS_STALLED_S", "3")),
     max_countdown=5,
+    # The app runs only workflows: its queue is pikku's, so its workers get prefetch 1.
+    queue=ENV.get("CHAOS_QUEUE", "chaos"),
 )
 
 
@@ -124,3 +149,41 @@ def _order_steps(wf: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
                  on_error=compensate)
     return {"first": first["attempt"], "last": last["attempt"],
             "notified": [left["attempt"], right["attempt"]]}
+
+
+# --- inputs that probe issue 8's fixes (started by tests/chaos/faults.py) -------------------
+
+
+@pikku.step(name="chaos.big", retries=3, retry_delay="100ms", bind=True)
+def big(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Returns a result as large as its data: each passes the per-value limit, together
+    they pass MongoDB's 16 MiB document. The attempt must fail at once, not retry."""
+    ledger("start", ctx)
+    ledger("end", ctx)
+    return {"blob": "y" * len(data["blob"]), "attempt": ctx.attempt}
+
+
+@pikku.workflow("chaos.oversized")
+def oversized(wf: WorkflowContext, spec: dict[str, Any]) -> Any:
+    return wf.do("big", big, {"blob": "x" * (spec["mb"] * 1024 * 1024)})
+
+
+@pikku.workflow("chaos.invoice")
+def invoice(wf: WorkflowContext, spec: dict[str, Any]) -> Any:
+    return wf.do("bill", work, {"kind": "ok", "order": spec.get("order", -1)})
+
+
+@pikku.workflow("chaos.parent")
+def parent(wf: WorkflowContext, spec: dict[str, Any]) -> Any:
+    """A child run as one step; ``fail_child_create`` makes its first creation fail."""
+    child_input = {"order": spec.get("order", -1)}
+    if spec.get("fail_child_create"):
+        child_input["fail_create_once"] = True
+    return {"invoice": wf.child("invoice", "chaos.invoice", child_input)}
+
+
+@pikku.workflow("chaos.squat")
+def squat(wf: WorkflowContext, spec: dict[str, Any]) -> Any:
+    """Started under a run id ``<victim>:ship``: its step ``on_error`` would share an id with
+    the victim's ``ship:on_error`` step if ids were joined with ':' alone."""
+    return wf.do("on_error", work, {"kind": "ok", "order": -1})

@@ -1,17 +1,54 @@
-"""Reads the store and the ledger after a chaos run and checks the library's promise: every
-step has exactly one recorded outcome, from the attempt that owned it; no run is lost or
-stuck; compensation is recorded once per run that needed it; recovery is timely."""
+"""Reads what a chaos run left behind and checks the library's promise against it.
+
+The evidence is the raw documents (``workflow_steps`` and ``workflow_step_history`` read
+straight from MongoDB: the merged ``get_history`` view fills missing attempts in, so it
+cannot show one missing), the ledger the step bodies wrote outside Redis and MongoDB, the
+workers' logs (every refused write is one WARNING line), and the faults injected.
+
+What must hold:
+
+* every run ended, with the status and error its spec calls for;
+* every step has exactly one recorded outcome, from the attempt that owns it (its result
+  carries the attempt, pid and invocation that produced it), and no attempt beyond
+  ``retries + 1``;
+* one history entry per attempt, in the raw collection, each matching the step;
+* every attempt exists for a reason: the one before it failed in its body, or lost its
+  lease to a fault (its process was killed, crashed or paused, or Redis or MongoDB
+  restarted meanwhile). An attempt with no such reason means a live worker was robbed
+  (contract invariant 3);
+* every body that ended (or raised) in an attempt whose outcome is not the recorded one was
+  refused: a ``WorkflowStepSupersededError`` line names its run, step and attempt, unless a
+  fault killed it before it could write;
+* no attempt ran twice; compensation recorded once per run that needed it; recovery after
+  kills within bounds.
+
+It also checks that the run exercised what it claims to: late writes refused, pauses
+applied, a stale write that landed while the newer attempt still ran.
+"""
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pikku_celery import keys
 from tests.chaos.faults import FaultEvent
 
-WORKER_FUNCTIONS = ("chaos.work", "chaos.compensate")
+WORKER_FUNCTIONS = ("chaos.work", "chaos.compensate", "chaos.big")
+LEASE_EXPIRED = "WorkflowStepLeaseExpiredError"
+CANCEL_ERRORS = ("WorkflowCancelledError", "WorkflowRunEnded")
+PID_FAULTS = ("kill_worker", "kill_child", "kill_orchestrator", "pause_worker", "stale_write",
+              "worker_crash")
+RESTART_FAULTS = ("restart_redis", "restart_mongo")
+WINDOW_SLACK_MS = 1_500
+REFUSED = re.compile(r"WorkflowStepSupersededError: step '(?P<step>.+?)' of run "
+                     r"(?P<run>\S+?): attempt (?P<attempt>\d+) was")
+
+Doc = dict[str, Any]
 
 
 @dataclass
@@ -22,7 +59,9 @@ class Report:
     executions: int = 0
     by_status: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
+    faults_not_applied: list[str] = field(default_factory=list)
     late_writes_refused: int = 0
+    stale_before_settle: int = 0
     double_recorded: int = 0
     stuck: list[str] = field(default_factory=list)
     compensations_recorded: int = 0
@@ -32,6 +71,7 @@ class Report:
     worker_crashes: int = 0
     exhausted: int = 0
     pass_recovery_s: list[float] = field(default_factory=list)
+    attempts_by_reason: Counter[str] = field(default_factory=Counter)
 
     def recovery_summary(self, values: list[float] | None = None) -> str:
         values = sorted(self.recovery_s if values is None else values)
@@ -43,12 +83,18 @@ class Report:
 
     def summary(self) -> str:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.by_status.items()))
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.attempts_by_reason.items()))
         lines = [
             f"runs {self.runs} ({statuses})",
             f"steps {self.steps}, attempts {self.attempts}, body executions {self.executions}",
             f"faults {sum(self.faults.values())}: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())),
-            f"late writes refused {self.late_writes_refused}",
+            f"faults that failed to apply {len(self.faults_not_applied)}"
+            + (": " + "; ".join(self.faults_not_applied[:12]) if self.faults_not_applied
+               else ""),
+            f"late writes refused {self.late_writes_refused} "
+            f"(landing before the newer attempt settled: {self.stale_before_settle})",
+            f"attempts after the first, by reason: {reasons or 'none'}",
             f"workers that exited on their own and were restarted {self.worker_crashes}",
             f"double-recorded outcomes {self.double_recorded}",
             f"lost or stuck runs {len(self.stuck)}",
@@ -59,95 +105,336 @@ class Report:
             f"next pass after an orchestrator kill: {self.recovery_summary(self.pass_recovery_s)}",
             f"violations {len(self.violations)}",
         ]
-        return "\n".join(lines + [f"  ! {v}" for v in self.violations[:30]])
+        return "\n".join(lines + [f"  ! {v}" for v in self.violations[:40]])
+
+
+@dataclass
+class Evidence:
+    """Everything the checks read, gathered once."""
+
+    steps: dict[str, list[Doc]]  # run id -> raw step documents
+    history: dict[str, dict[int, Doc]]  # step id -> attempt -> raw history entry
+    ledger: list[dict[str, Any]]
+    refused: set[tuple[str, str, int]]  # (run, step, attempt) of refused-write log lines
+    faults: list[FaultEvent]
+    alive_pids: set[int]  # processes alive when the run was checked
+    wall_offset_s: float  # epoch seconds minus monotonic seconds, in the driver
+    bodies: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by invocation
+
+    def __post_init__(self) -> None:
+        by_invocation: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for entry in self.ledger:
+            if "invocation" in entry:
+                by_invocation[entry["invocation"]].append(entry)
+        self.bodies = dict(by_invocation)
+
+
+def load_raw(db: Any, run_ids: Iterable[str]) -> tuple[dict[str, list[Doc]],
+                                                       dict[str, dict[int, Doc]]]:
+    """The raw step and history documents of ``run_ids`` (a step's data left out)."""
+    ids = list(run_ids)
+    steps: dict[str, list[Doc]] = defaultdict(list)
+    history: dict[str, dict[int, Doc]] = defaultdict(dict)
+    for start in range(0, len(ids), 200):
+        chunk = ids[start:start + 200]
+        for doc in db[keys.STEPS].find({"run_id": {"$in": chunk}}, {"data": 0}):
+            steps[doc["run_id"]].append(doc)
+        for entry in db[keys.HISTORY].find({"run_id": {"$in": chunk}}):
+            history[entry["step_id"]][entry["attempt"]] = entry
+    return steps, history
+
+
+def refused_writes(logs: Iterable[str]) -> set[tuple[str, str, int]]:
+    return {(m["run"], m["step"], int(m["attempt"])) for log in logs
+            for m in REFUSED.finditer(log)}
 
 
 def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
           ledger: list[dict[str, Any]], faults: list[FaultEvent], logs: list[str],
-          recovery_bound_s: float, pass_bound_s: float) -> Report:
+          recovery_bound_s: float, pass_bound_s: float, *, alive_pids: set[int],
+          wall_offset_s: float, not_applied: list[str] | None = None,
+          require_fence: bool = False) -> Report:
     report = Report(runs=len(specs), executions=sum(e["event"] == "start" for e in ledger))
-    report.late_writes_refused = sum(log.count("superseded by attempt") for log in logs)
+    report.faults_not_applied = list(not_applied or [])
+    steps, history = load_raw(pikku.engine.store.db, specs)
+    evidence = Evidence(steps, history, ledger, refused_writes(logs), faults, alive_pids,
+                        wall_offset_s)
     by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry in ledger:
         if "run" in entry:
             by_run[entry["run"]].append(entry)
     for run_id, spec in specs.items():
-        _check_run(pikku, run_id, spec, run_id in cancelled, by_run[run_id], report)
+        _check_run(pikku, run_id, spec, run_id in cancelled, by_run[run_id], evidence, report)
+    _ran_twice(ledger, report)
     _recovery(ledger, faults, recovery_bound_s, report)
     _pass_recovery(ledger, faults, pass_bound_s, report)
+    if require_fence:
+        _exercised(report)
     return report
 
 
+def _exercised(report: Report) -> None:
+    """A chaos run that never reached the fence proves nothing about it."""
+    if report.late_writes_refused == 0:
+        report.violations.append("the run never exercised the fence: no late write refused")
+    if report.faults["pause_worker"] + report.faults["stale_write"] == 0:
+        report.violations.append("the run never exercised the fence: no pause applied")
+    if report.stale_before_settle == 0:
+        report.violations.append("no stale write landed while the newer attempt still ran")
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
 def _check_run(pikku: Any, run_id: str, spec: dict[str, Any], was_cancelled: bool,
-               ledger: list[dict[str, Any]], report: Report) -> None:
+               ledger: list[dict[str, Any]], ev: Evidence, report: Report) -> None:
     run = pikku.get_run(run_id)
     report.by_status[run.status] += 1
     if not run.is_terminal:
         report.stuck.append(run_id)
-        report.violations.append(f"run {run_id} stuck {run.status}")
+        report.violations.append(f"run {run_id} ({spec.get('kind', 'order')}) stuck "
+                                 f"{run.status}")
         return
-    steps = pikku.get_steps(run_id)
-    expected = {"failed"} if spec.get("fatal") else {"completed"}
-    if was_cancelled:
-        expected.add("cancelled")
-    if run.status == "failed" and _exhausted_by_faults(steps):
+    raw = sorted(ev.steps.get(run_id, []), key=lambda d: (d["created_ms"], d["step_name"]))
+    report.steps += len(raw)
+    _check_outcome(run, spec, was_cancelled, raw, report)
+    for doc in raw:
+        _check_step(doc, ev.history.get(doc["_id"], {}), ev, report)
+    if spec.get("kind", "order") == "order":
+        _check_compensation(run, spec, raw, ledger, report)
+    wanted = spec.get("ledger_event")
+    if wanted and not any(e["event"] == wanted for e in ledger):
+        report.faults_not_applied.append(f"{spec['kind']} run {run_id}: no {wanted} in the "
+                                         "ledger, the fault never fired")
+
+
+def _check_outcome(run: Any, spec: dict[str, Any], was_cancelled: bool, raw: list[Doc],
+                   report: Report) -> None:
+    """The run ended as its spec calls for, with the error that explains it."""
+    kind = spec.get("kind", "order")
+    allowed = {_expected_status(spec)} | ({"cancelled"} if was_cancelled else set())
+    error = str(run.error)
+    wanted = spec.get("error") or (f"fatal step of order {spec['order']}" if kind == "order"
+                                   else None)
+    if run.status == "failed" and _exhausted_by_faults(raw):
         report.exhausted += 1  # every attempt of a step lost its worker: the contract's fail
-        expected.add("failed")
-    elif run.status == "failed" and f"fatal step of order {spec['order']}" not in str(run.error):
-        report.violations.append(f"run {run_id} failed with the wrong error: {run.error}")
-    if run.status not in expected:
-        report.violations.append(f"run {run_id} ended {run.status}, expected {expected}: "
-                                 f"{(run.error or {}).get('message')}")
-    history = pikku.get_history(run_id)
-    report.steps += len(steps)
-    ends = {(e["invocation"], e["attempt"]) for e in ledger if e["event"] == "end"}
-    for step in steps:
-        _check_step(step, [h for h in history if h.step_name == step.step_name], ends, report)
-    _check_compensation(run, spec, steps, ledger, report)
+        allowed.add("failed")
+    elif run.status == "failed" and wanted and wanted not in error:
+        report.violations.append(f"run {run.run_id} ({kind}) failed with the wrong error: "
+                                 f"{run.error}")
+    if run.status not in allowed:
+        report.violations.append(f"run {run.run_id} ({kind}) ended {run.status}, expected "
+                                 f"{sorted(allowed)}: {(run.error or {}).get('message')}")
+    if kind == "oversized":
+        big = [d for d in raw if d["step_name"] == "big"]
+        if not big or (big[0]["status"], big[0]["attempt"]) != ("failed", 1):
+            report.violations.append(f"run {run.run_id}: an outcome too large to store must "
+                                     f"fail its first attempt for good: {big and big[0]}")
+    if kind == "squatter" and run.status == "completed":
+        mine = [d for d in raw if d["step_name"] == "on_error"]
+        if not mine or (mine[0].get("result") or {}).get("invocation") != mine[0]["_id"]:
+            report.violations.append(f"run {run.run_id} chose a colliding id and got another "
+                                     f"run's step: {mine}")
+
+
+def _expected_status(spec: dict[str, Any]) -> str:
+    kind = spec.get("kind", "order")
+    if kind == "order":
+        return "failed" if spec.get("fatal") else "completed"
+    return str(spec["expect"])
 
 
 def _exhausted_by_faults(steps: list[Any]) -> bool:
     """A step whose every attempt lost its worker fails with WorkflowStepLeaseExpiredError
     once ``retries + 1`` are spent (contract invariant 6): under enough kills that is the
-    right outcome, not a violation."""
-    return any(s.status == "failed" and s.attempt == s.max_attempts
-               and (s.error or {}).get("type") == "WorkflowStepLeaseExpiredError"
-               for s in steps)
+    right outcome, not a violation. Takes raw documents or ``StepState`` objects."""
+    def get(s: Any, name: str) -> Any:
+        return s.get(name) if isinstance(s, dict) else getattr(s, name)
+
+    return any(get(s, "status") == "failed" and get(s, "attempt") == get(s, "max_attempts")
+               and (get(s, "error") or {}).get("type") == LEASE_EXPIRED for s in steps)
 
 
-def _check_step(step: Any, history: list[Any], ends: set[tuple[str, int]],
-                report: Report) -> None:
-    report.attempts += len(history)
-    where = f"step {step.step_name!r} of run {step.run_id}"
-    if step.attempt > step.max_attempts:
-        report.violations.append(f"{where}: attempt {step.attempt} > {step.max_attempts}")
-    if history and [h.attempt for h in history] != list(range(1, step.attempt + 1)):
-        report.violations.append(f"{where}: history attempts {[h.attempt for h in history]}")
-    succeeded = [h for h in history if h.status == "succeeded"]
+# --- steps -----------------------------------------------------------------------------------
+
+
+def _check_step(doc: Doc, entries: dict[int, Doc], ev: Evidence, report: Report) -> None:
+    where = f"step {doc['step_name']!r} of run {doc['run_id']}"
+    attempt, status = doc["attempt"], doc["status"]
+    report.attempts += len(entries)
+    if attempt > doc["max_attempts"]:
+        report.violations.append(f"{where}: attempt {attempt} > {doc['max_attempts']}")
+    _check_entries(doc, entries, where, report)
+    for later in range(2, attempt + 1):
+        _check_reason(doc, later, entries, ev, where, report)
+    if status == "failed" and (doc.get("error") or {}).get("type") == LEASE_EXPIRED:
+        # The last attempt lost its lease too: the same evidence is owed for it.
+        pid = _pid(doc.get("worker"))
+        if _fault_reason(pid, doc.get("started_ms"), doc.get("updated_ms"), ev) is None:
+            report.violations.append(
+                f"{where}: its last attempt {attempt} (pid {pid}, alive) expired with no "
+                "fault to explain it: a live worker was robbed")
+    succeeded = [a for a, e in entries.items() if e["status"] == "succeeded"]
     if len(succeeded) > 1:
         report.double_recorded += 1
-        report.violations.append(f"{where}: {len(succeeded)} succeeded attempts recorded")
-    if step.status != "succeeded" or step.function not in WORKER_FUNCTIONS:
+        report.violations.append(f"{where}: attempts {succeeded} all recorded succeeded")
+    if doc.get("function") in WORKER_FUNCTIONS:
+        _check_bodies(doc, entries, ev, where, report)
+        if status == "succeeded":
+            _check_result(doc, entries.get(attempt), ev, where, report)
+
+
+def _check_entries(doc: Doc, entries: dict[int, Doc], where: str, report: Report) -> None:
+    """One raw history entry per attempt: every earlier attempt has one (it failed, or lost
+    its lease), the current one has one once it settled by itself, none beyond it."""
+    attempt, status = doc["attempt"], doc["status"]
+    beyond = sorted(a for a in entries if a > attempt or a < 1)
+    if beyond:
+        report.violations.append(f"{where}: history entries for attempts {beyond} "
+                                 f"beyond its attempt {attempt}")
+    missing = [a for a in range(1, attempt) if a not in entries]
+    if missing:
+        report.violations.append(f"{where}: no history entry written for attempts {missing}")
+    wrong = [a for a in range(1, attempt) if a in entries and entries[a]["status"] != "failed"]
+    if wrong:
+        report.violations.append(f"{where}: superseded attempts {wrong} recorded "
+                                 f"{[entries[a]['status'] for a in wrong]}")
+    settled_itself = status == "succeeded" or (
+        status == "failed" and (doc.get("error") or {}).get("type") not in CANCEL_ERRORS)
+    current = entries.get(attempt)
+    if settled_itself and doc.get("started_ms") is not None and current is None:
+        report.violations.append(f"{where}: settled attempt {attempt} has no history entry")
+    if current is not None and status in ("succeeded", "failed") and (
+            current["status"] != status or current.get("result") != doc.get("result")):
+        report.violations.append(
+            f"{where}: attempt {attempt}'s entry says {current['status']} "
+            f"{current.get('result')!r}, the step {status} {doc.get('result')!r}")
+
+
+def _check_reason(doc: Doc, attempt: int, entries: dict[int, Doc], ev: Evidence,
+                  where: str, report: Report) -> None:
+    """Attempt ``attempt`` exists: its predecessor must have failed in its body, or lost
+    its lease to a fault. Otherwise a live worker was robbed (invariant 3)."""
+    previous = entries.get(attempt - 1)
+    if previous is None:
+        return  # reported as a missing entry
+    error = previous.get("error") or {}
+    if error.get("type") != LEASE_EXPIRED:
+        report.attempts_by_reason["body failed"] += 1
         return
-    result = step.result or {}
-    if result.get("attempt") != step.attempt or result.get("invocation") != step.invocation_id:
+    started = previous.get("started_ms")
+    nxt = entries.get(attempt) or (doc if doc["attempt"] == attempt else {})
+    ended = nxt.get("started_ms") or doc.get("updated_ms")
+    pid = _pid(previous.get("worker"))
+    reason = _fault_reason(pid, started, ended, ev)
+    if reason is None:
+        report.violations.append(
+            f"{where}: attempt {attempt} exists but attempt {attempt - 1} (pid {pid}, alive) "
+            f"lost its lease with no fault to explain it: a live worker was robbed")
+        return
+    report.attempts_by_reason[reason] += 1
+
+
+def _fault_reason(pid: int | None, from_ms: int | None, to_ms: int | None,
+                  ev: Evidence) -> str | None:
+    """Which fault explains that process ``pid`` lost a lease held from ``from_ms`` to
+    ``to_ms`` (epoch ms): it was killed or crashed (no longer alive), paused, or Redis or
+    MongoDB restarted in the window."""
+    lo = (from_ms or 0) - WINDOW_SLACK_MS
+    hi = (to_ms or 2**62) + WINDOW_SLACK_MS
+    for fault in ev.faults:
+        at = int((fault.t + ev.wall_offset_s) * 1000)
+        if fault.kind in PID_FAULTS and pid in fault.pids and lo <= at <= hi:
+            return fault.kind
+        if fault.kind in RESTART_FAULTS and lo <= at <= hi:
+            return fault.kind
+    if pid is not None and pid not in ev.alive_pids:
+        return "process died"  # a kill or crash the fault list names by worker, not pid
+    return None
+
+
+def _pid(worker: str | None) -> int | None:
+    if not worker:
+        return None
+    try:
+        return int(worker.rpartition(":")[2])
+    except ValueError:
+        return None
+
+
+def _check_result(doc: Doc, entry: Doc | None, ev: Evidence, where: str,
+                  report: Report) -> None:
+    result = doc.get("result") or {}
+    if result.get("attempt") != doc["attempt"] or result.get("invocation") != doc["_id"]:
         report.violations.append(f"{where}: recorded result {result} is not attempt "
-                                 f"{step.attempt}'s")
-    if (step.invocation_id, step.attempt) not in ends:
+                                 f"{doc['attempt']}'s")
+    ended = {(e["attempt"], e["pid"]) for e in ev.bodies.get(doc["_id"], [])
+             if e["event"] == "end"}
+    if (doc["attempt"], result.get("pid")) not in ended:
         report.violations.append(f"{where}: no ledger end for the recorded attempt")
 
 
-def _check_compensation(run: Any, spec: dict[str, Any], steps: list[Any],
+def _check_bodies(doc: Doc, entries: dict[int, Doc], ev: Evidence, where: str,
+                  report: Report) -> None:
+    """Every body of this step that finished (end or raise) either recorded its own
+    outcome or was refused; only a fault that killed it first excuses neither."""
+    finished = [e for e in ev.bodies.get(doc["_id"], []) if e["event"] in ("end", "raise")]
+    for body in finished:
+        attempt, pid = body["attempt"], body["pid"]
+        if _recorded_by(entries.get(attempt), body):
+            continue
+        if (doc["run_id"], doc["step_name"], attempt) in ev.refused:
+            report.late_writes_refused += 1
+            newer = [e["t"] for e in finished if e["attempt"] > attempt]
+            if doc["attempt"] > attempt and (not newer or min(newer) > body["t"]):
+                report.stale_before_settle += 1  # the newer attempt had not settled yet
+            continue
+        at_ms = int((body["t"] + ev.wall_offset_s) * 1000)
+        if _fault_reason(pid, at_ms, at_ms + 10_000, ev) is None:
+            report.violations.append(
+                f"{where}: attempt {attempt}'s body {body['event']} (pid {pid}) was neither "
+                "recorded nor refused, and no fault stopped it")
+
+
+def _recorded_by(entry: Doc | None, body: dict[str, Any]) -> bool:
+    """Is ``entry`` the outcome this body wrote itself?"""
+    if entry is None:
+        return False
+    error_type = (entry.get("error") or {}).get("type")
+    if body["event"] == "end" and entry["status"] == "succeeded":
+        result = entry.get("result") or {}
+        return bool(result.get("pid") == body["pid"]
+                    and result.get("attempt") == body["attempt"])
+    # A raise records its error; an end whose outcome could not be stored fails its own
+    # attempt at once (InvalidInputError).
+    own_failure = error_type == "InvalidInputError" if body["event"] == "end" else (
+        error_type not in (LEASE_EXPIRED, *CANCEL_ERRORS))
+    return entry["status"] == "failed" and own_failure and _pid(entry.get("worker")) == body[
+        "pid"]
+
+
+def _ran_twice(ledger: list[dict[str, Any]], report: Report) -> None:
+    starts = Counter((e["invocation"], e["attempt"]) for e in ledger if e["event"] == "start")
+    for (invocation, attempt), n in starts.items():
+        if n > 1:
+            report.violations.append(f"attempt {attempt} of invocation {invocation} ran {n} "
+                                     "times: two workers held one attempt")
+
+
+def _check_compensation(run: Any, spec: dict[str, Any], raw: list[Doc],
                         ledger: list[dict[str, Any]], report: Report) -> None:
-    comp = [s for s in steps if s.step_name.endswith(":on_error")]
+    comp = [d for d in raw if d["step_name"].endswith(":on_error")]
     executed = sum(e["event"] == "compensate" for e in ledger)
     report.compensation_executions += executed
-    recorded = sum(s.status == "succeeded" for s in comp)
+    recorded = sum(d["status"] == "succeeded" for d in comp)
     report.compensations_recorded += recorded
     if run.status == "failed" and spec.get("fatal") and recorded != 1:
         report.violations.append(f"run {run.run_id}: compensation recorded {recorded} times")
     if not spec.get("fatal") and executed:
         report.violations.append(f"run {run.run_id}: compensation ran for a healthy order")
+
+
+# --- timing ----------------------------------------------------------------------------------
 
 
 def _recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent], bound_s: float,
@@ -159,8 +446,8 @@ def _recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent], bound_s: f
             starts[entry["invocation"]].append(entry)
         elif entry["event"] in ("end", "raise"):
             closed.add((entry["invocation"], entry["attempt"], entry["pid"]))
+    report.faults.update(f.kind for f in faults if f.kind != "worker_crash")  # injected only
     for fault in faults:
-        report.faults[fault.kind] += 1
         if fault.kind not in ("kill_worker", "kill_child"):
             continue
         for invocation, entries in starts.items():

@@ -23,11 +23,21 @@ KINDS = {  # kind -> weight
     "kill_orchestrator": 2,
     "kill_child": 2,
     "pause_worker": 2,
+    "stale_write": 2,
     "duplicate_step": 3,
     "duplicate_orchestrate": 2,
     "restart_redis": 1,
     "restart_mongo": 1,
+    # Inputs that probe issue 8's fixes: each starts runs of its own (``extra_specs``).
+    "oversized_result": 1,
+    "child_create_error": 1,
+    "colliding_run_ids": 1,
 }
+# Every profile applies these at least once (the first injections try them in turn): a
+# run that never paused a worker mid-step, say, proves nothing about the fence.
+REQUIRED = ("stale_write", "pause_worker", "oversized_result", "child_create_error",
+            "colliding_run_ids")
+OVERSIZED_MB = 8  # data and result each 8 MiB: each passes, together over 16 MiB
 
 
 @dataclass
@@ -51,15 +61,45 @@ class FaultInjector:
         self.counts: Counter[str] = Counter()
         self._paused: set[str] = set()
         self.last_choice = ""
+        self.not_applied: list[str] = []  # "<kind>: <why>" for every fault that did not land
+        self.extra_specs: dict[str, dict[str, Any]] = {}  # runs the faults started
+        self._required = list(REQUIRED)
+        self._why = ""
 
     def inject(self, run_ids: list[str]) -> FaultEvent | None:
+        """Apply one fault; one that cannot be applied is recorded in ``not_applied`` (and
+        a required one is tried again next time), never silently dropped."""
+        if self._required:  # a required kind that does not apply goes to the back
+            kind = self._required.pop(0)
+            event = self._apply(kind, run_ids)
+            if event is not None:
+                return event
+            self._required.append(kind)
         kinds, weights = zip(*KINDS.items(), strict=True)
-        kind = self.rng.choices(kinds, weights)[0]
-        event = getattr(self, f"_{kind}")(run_ids)
-        if event is not None:
-            self.events.append(event)
-            self.counts[kind] += 1
+        return self._apply(self.rng.choices(kinds, weights)[0], run_ids)
+
+    def _apply(self, kind: str, run_ids: list[str]) -> FaultEvent | None:
+        self._why = "no suitable target"
+        try:
+            event = getattr(self, f"_{kind}")(run_ids)
+        except Exception as exc:
+            event, self._why = None, f"raised {exc!r}"
+        if event is None:
+            self.not_applied.append(f"{kind}: {self._why}")
+            return None
+        self.events.append(event)
+        self.counts[kind] += 1
         return event
+
+    @property
+    def required_left(self) -> list[str]:
+        """Required kinds not applied yet."""
+        return list(self._required)
+
+    @property
+    def paused(self) -> bool:
+        """Is any worker still stopped by a pause fault?"""
+        return bool(self._paused)
 
     # --- faults ---------------------------------------------------------------------------
 
@@ -68,6 +108,7 @@ class FaultInjector:
         so that kills and pauses land mid-step rather than on an idle process."""
         live = [w for w in self.cluster.live_workers() if w.name not in self._paused]
         if len(live) < 2:
+            self._why = f"{len(live)} live unpaused worker(s): none would be left to recover"
             return None
         busy_pids = self._busy_pids()
         busy = [w for w in live if w.group_pids() & busy_pids]
@@ -178,3 +219,96 @@ class FaultInjector:
     def _restart_mongo(self, run_ids: list[str]) -> FaultEvent | None:
         self.cluster.restart_mongo()
         return FaultEvent("restart_mongo", time.monotonic())
+
+    # --- a stale write that lands while the newer attempt still runs ----------------------
+
+    def _open_bodies(self) -> list[dict[str, Any]]:
+        """Ledger starts of bodies still running (no end or raise yet)."""
+        open_starts: dict[tuple[str, int, int], dict[str, Any]] = {}
+        for entry in read_ledger(self.cluster.workdir / "ledger")[-600:]:
+            key = (entry.get("invocation", ""), entry.get("attempt", 0), entry["pid"])
+            if entry["event"] == "start":
+                open_starts[key] = entry
+            elif entry["event"] in ("end", "raise"):
+                open_starts.pop(key, None)
+        return list(open_starts.values())
+
+    def _stale_write(self, run_ids: list[str]) -> FaultEvent | None:
+        """SIGSTOP a worker in the middle of a slow step body and SIGCONT it as soon as
+        another worker has started the step's next attempt: the woken body's write then
+        reaches a step that is ``running`` again under the newer attempt, which only the
+        attempt in the settle filter refuses (a pause that ends after the newer attempt
+        settled would be refused by the step's status alone)."""
+        live = [w for w in self.cluster.live_workers() if w.name not in self._paused]
+        if len(live) < 2:
+            self._why = f"{len(live)} live unpaused worker(s)"
+            return None
+        slow = [e for e in self._open_bodies() if e.get("step") == "courier"]
+        targets = [(e, w) for e in slow for w in live if e["pid"] in w.group_pids()]
+        if not targets:
+            self._why = "no worker in the middle of a slow step body"
+            return None
+        body, worker = self.rng.choice(targets)
+        pids = worker.group_pids()
+        self._paused.add(worker.name)
+        worker.signal(signal.SIGSTOP)
+
+        def resume_when_reclaimed() -> None:
+            give_up = time.monotonic() + 8 * self.lease_s
+            try:
+                while time.monotonic() < give_up and not any(
+                        e.get("invocation") == body["invocation"] and e["event"] == "start"
+                        and e.get("attempt", 0) > body["attempt"]
+                        for e in read_ledger(self.cluster.workdir / "ledger")[-600:]):
+                    time.sleep(0.05)
+            finally:
+                worker.signal(signal.SIGCONT)
+                self._paused.discard(worker.name)
+
+        threading.Thread(target=resume_when_reclaimed, daemon=True).start()
+        return FaultEvent("stale_write", time.monotonic(), pids,
+                          f"{worker.name} paused in step 'courier' of run {body['run']} "
+                          f"attempt {body['attempt']} until the next attempt starts")
+
+    # --- issue 8: inputs that used to strand runs or leak across them ---------------------
+
+    def _oversized_result(self, run_ids: list[str]) -> FaultEvent | None:
+        """A step whose result fits alone but not beside its data: the attempt must fail at
+        once with a clear error (it used to be retried forever under a live heartbeat)."""
+        run_id = self.pikku.start("chaos.oversized", {"mb": OVERSIZED_MB})
+        self.extra_specs[run_id] = {"kind": "oversized", "expect": "failed",
+                                    "error": "InvalidInputError"}
+        return FaultEvent("oversized_result", time.monotonic(), detail=run_id)
+
+    def _child_create_error(self, run_ids: list[str]) -> FaultEvent | None:
+        """A parent whose child run's first creation fails after the parent recorded the
+        child step: the reaper must recover it (it used to wait forever)."""
+        run_id = self.pikku.start("chaos.parent", {"fail_child_create": True})
+        self.extra_specs[run_id] = {"kind": "parent", "expect": "completed",
+                                    "ledger_event": "child_create_failed"}
+        return FaultEvent("child_create_error", time.monotonic(), detail=run_id)
+
+    def _colliding_run_ids(self, run_ids: list[str]) -> FaultEvent | None:
+        """A caller choosing run ids that would collide with other runs' internal ids:
+        ``<victim>:ship`` (its step ``on_error`` against the victim's ``ship:on_error``), and
+        the child run id a parent is about to use, taken before the parent starts."""
+        from pikku_celery import InvalidInputError, keys
+
+        victim = self.rng.choice(run_ids)
+        squatter = f"{victim}:ship"
+        try:
+            self.pikku.start("chaos.squat", {"victim": victim}, run_id=squatter)
+        except InvalidInputError as exc:  # refusing such ids is a fix too
+            detail = f"{squatter} refused ({exc})"
+        else:
+            self.extra_specs[squatter] = {"kind": "squatter", "expect": "completed"}
+            detail = f"{squatter} started"
+        parent_id = f"chaos-parent-{self.rng.randrange(10**9)}"
+        taken = keys.child_run_id(parent_id, "invoice")
+        self.pikku.start("chaos.invoice", {"order": -2}, run_id=taken)
+        self.extra_specs[taken] = {"kind": "squat_child", "expect": "completed"}
+        self.pikku.start("chaos.parent", {}, run_id=parent_id)
+        self.extra_specs[parent_id] = {"kind": "parent", "expect": "failed",
+                                       "error": "WorkflowRunConflictError"}
+        return FaultEvent("colliding_run_ids", time.monotonic(),
+                          detail=f"{detail}; child id of {parent_id} taken first")

@@ -22,7 +22,7 @@ from typing import Any
 
 from tests.chaos.checker import Report, check
 from tests.chaos.cluster import Cluster
-from tests.chaos.faults import FaultInjector
+from tests.chaos.faults import FaultEvent, FaultInjector
 from tests.chaos.ledger import read_ledger
 
 LEASE_S = 2.0
@@ -95,6 +95,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     """Runs are fed at a steady pace while faults land, so that faults hit in-flight work
     (not an idle cluster, nor a backlog that hides recovery times); then everything drains."""
     rng = random.Random(seed)
+    wall_offset_s = time.time() - time.monotonic()  # to place faults on the store's clock
     specs: dict[str, dict[str, Any]] = {}
     pending = [{"order": n, "fatal": n % profile.fatal_every == profile.fatal_every - 1,
                 "fail_until": rng.choice([1, 2, 3]), "slow_s": rng.uniform(0.5, 2.5)}
@@ -102,7 +103,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     injector = FaultInjector(cluster, chaos.pikku, chaos.app, seed, ["prefork", "threads"],
                              LEASE_S)
     cancelled: set[str] = set()
-    crashes: list[str] = []
+    crashes: list[FaultEvent] = []
     begun = time.monotonic()
     deadline = begun + profile.drain_s + profile.faults * profile.fault_interval_s
     while len(injector.events) < profile.faults and time.monotonic() < deadline:
@@ -120,29 +121,48 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
         _supervise(cluster, crashes)
         live = live or list(specs)
         _maybe_cancel(chaos, rng, live, profile, cancelled)
-        try:
-            event = injector.inject(live)
-        except Exception as exc:  # a fault that could not be applied is not a finding
-            print(f"chaos: fault failed to apply: {exc!r}", flush=True)
-            continue
+        failed_before = len(injector.not_applied)
+        event = injector.inject(live)
+        for failure in injector.not_applied[failed_before:]:  # reported, never swallowed
+            print(f"chaos: fault failed to apply: {failure}", flush=True)
+        specs.update(injector.extra_specs)
         if event is not None:
             print(f"chaos: t+{event.t - begun:5.1f}s {event.kind} {event.detail}", flush=True)
     for spec in pending:
         specs[chaos.pikku.start("chaos.order", spec)] = spec
     _drain(chaos, list(specs), deadline, lambda: _supervise(cluster, crashes))
-    time.sleep(1.0)  # let late writers (resumed paused workers) finish and log
-    logs = [w.log.read_text(errors="replace") for w in cluster.workers]
+    _settle_down(injector)
     ledger = read_ledger(cluster.workdir / "ledger")
-    report = check(chaos.pikku, specs, cancelled, ledger, injector.events, logs,
+    time.sleep(1.0)  # a refusal is logged just after its body's ledger line
+    logs = [w.log.read_text(errors="replace") for w in cluster.workers]
+    not_applied = injector.not_applied + [f"{kind}: never applied in this run"
+                                          for kind in injector.required_left]
+    report = check(chaos.pikku, specs, cancelled, ledger, injector.events + crashes, logs,
                    recovery_bound_s=LEASE_S + REAPER_S + 10.0,
-                   pass_bound_s=RUN_LEASE_S + STALLED_S + 10.0)
+                   pass_bound_s=RUN_LEASE_S + STALLED_S + 10.0,
+                   alive_pids=_alive_pids(), wall_offset_s=wall_offset_s,
+                   not_applied=not_applied, require_fence=True)
     report.worker_crashes = len(crashes)
     return report
 
 
-def _supervise(cluster: Cluster, crashes: list[str]) -> None:
+def _settle_down(injector: FaultInjector, timeout_s: float = 30.0) -> None:
+    """Wait for paused workers to be resumed and their late writes to be tried."""
+    give_up = time.monotonic() + timeout_s
+    while injector.paused and time.monotonic() < give_up:
+        time.sleep(0.2)
+    time.sleep(2.0)
+
+
+def _alive_pids() -> set[int]:
+    """Every process alive now: an attempt whose process is gone was killed or crashed."""
+    return {int(p) for p in os.listdir("/proc") if p.isdigit()}
+
+
+def _supervise(cluster: Cluster, crashes: list[FaultEvent]) -> None:
     for worker in cluster.supervise():
-        crashes.append(worker.name)
+        crashes.append(FaultEvent("worker_crash", time.monotonic(), set(worker.pids),
+                                  worker.name))
         print(f"chaos: {worker.name} exited on its own (code {worker.proc.returncode}); "
               "restarted, as a process supervisor would", flush=True)
 

@@ -5,6 +5,7 @@ processes are its own."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,3 +26,9 @@ def test_short_chaos_profile_finds_no_violation(broker: str) -> None:
     assert done.returncode == 0, out[-6000:]
     assert "violations 0" in out and "lost or stuck runs 0" in out
     assert "double-recorded outcomes 0" in out
+    # The run exercised the fence (the checker also fails a run that did not): late writes
+    # were refused, one of them while the newer attempt still ran, and workers were paused.
+    refused = re.search(r"late writes refused (\d+) \(landing before the newer attempt "
+                        r"settled: (\d+)\)", out)
+    assert refused and int(refused[1]) > 0 and int(refused[2]) > 0, out[-3000:]
+    assert re.search(r"(pause_worker|stale_write) [1-9]", out), out[-3000:]

@@ -1,44 +1,161 @@
-"""The checker itself: it must flag what it exists to find."""
+"""The checker itself: it must flag what it exists to find.
+
+Its evidence is built the way a chaos run builds it: the store writes the documents (a real
+``MongoWorkflowStore`` on mongomock, driven through claims, reclaims and settles), bodies
+write the ledger, the refusal is the worker's log line. A defect is then planted in the raw
+documents as a broken store would leave them, and the checker must name it.
+"""
 
 from __future__ import annotations
 
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
-from tests.chaos.checker import Report, _check_step, _recovery
+import mongomock
+
+from pikku_celery import keys
+from pikku_celery.errors import WorkflowStepSupersededError
+from pikku_celery.store.base import NewRun, NewStep
+from pikku_celery.store.mongo import MongoWorkflowStore
+from tests.chaos.checker import Report, _exhausted_by_faults, _pass_recovery, _recovery, check
 from tests.chaos.faults import FaultEvent
 
-
-def _step(**kw: Any) -> Any:
-    base = dict(step_name="charge", run_id="r", attempt=2, max_attempts=4, status="succeeded",
-                function="chaos.work", invocation_id="inv", result={"attempt": 2,
-                                                                    "invocation": "inv"})
-    return SimpleNamespace(**{**base, **kw})
+T0 = 1_700_000_000_000
+LEASE = 2_000
+OFFSET_S = T0 / 1000 - 1_000.0  # monotonic 1000.0 s is T0 on the wall clock
+STALE, FRESH = 101, 102  # pids of attempt 1 (paused past its lease) and attempt 2
 
 
-def _history(*statuses: str) -> list[Any]:
-    return [SimpleNamespace(attempt=i + 1, status=s) for i, s in enumerate(statuses)]
+def mono(ms: int) -> float:
+    """The monotonic time of epoch ``ms``."""
+    return ms / 1000 - OFFSET_S
 
 
-def test_a_clean_step_passes() -> None:
-    report = Report()
-    _check_step(_step(), _history("failed", "succeeded"), {("inv", 2)}, report)
+class Scene:
+    """One order run whose step ``reserve`` lost attempt 1 to a paused worker: attempt 2
+    ran and recorded its result, attempt 1 woke up, ended and had its write refused."""
+
+    def __init__(self) -> None:
+        self.store = MongoWorkflowStore(mongomock.MongoClient()[f"c_{uuid.uuid4().hex[:8]}"])
+        self.db = self.store.db
+        self.run_id = str(uuid.uuid4())
+        self.store.create_run(NewRun(self.run_id, "chaos.order", {"order": 1}), T0)
+        self.store.insert_step(NewStep(run_id=self.run_id, step_name="reserve",
+                                       function="chaos.work", max_attempts=4), T0)
+        self.inv = keys.invocation_id(self.run_id, "reserve")
+        self.store.claim_step(self.run_id, "reserve", "chaos.work", T0, LEASE, worker="h:101")
+        self.store.claim_step(self.run_id, "reserve", "chaos.work", T0 + LEASE + 1, LEASE,
+                              worker="h:102")
+        self.store.set_result(self.run_id, "reserve", 2, self.result(2, FRESH), T0 + LEASE + 500)
+        self.store.transition_run(self.run_id, ["running"], "completed", T0 + LEASE + 600)
+        self.ledger = [self.body("start", 1, STALE, T0 + 10),
+                       self.body("start", 2, FRESH, T0 + LEASE + 2),
+                       self.body("end", 1, STALE, T0 + LEASE + 100),  # woke: a stale write
+                       self.body("end", 2, FRESH, T0 + LEASE + 400)]
+        self.faults = [FaultEvent("pause_worker", mono(T0 + 500), {STALE})]
+        self.logs = [f"[WARNING] WorkflowStepSupersededError: "
+                     f"{WorkflowStepSupersededError(self.run_id, 'reserve', 1, 2)}"]
+        self.alive = {STALE, FRESH}
+
+    def result(self, attempt: int, pid: int) -> dict[str, Any]:
+        return {"attempt": attempt, "pid": pid, "invocation": self.inv}
+
+    def body(self, event: str, attempt: int, pid: int, at_ms: int) -> dict[str, Any]:
+        return {"event": event, "t": mono(at_ms), "pid": pid, "run": self.run_id,
+                "step": "reserve", "attempt": attempt, "invocation": self.inv}
+
+    def check(self, **kwargs: Any) -> Report:
+        pikku = SimpleNamespace(engine=SimpleNamespace(store=self.store),
+                                get_run=self.store.get_run)
+        return check(pikku, {self.run_id: {"order": 1, "fatal": False}}, set(), self.ledger,
+                     self.faults, self.logs, 30.0, 30.0, alive_pids=self.alive,
+                     wall_offset_s=OFFSET_S, **kwargs)
+
+
+def flagged(report: Report, fragment: str) -> bool:
+    return any(fragment in v for v in report.violations)
+
+
+def test_a_clean_run_passes_and_counts_the_stale_write() -> None:
+    report = Scene().check()
     assert report.violations == []
+    assert report.late_writes_refused == 1
+    assert report.stale_before_settle == 1  # attempt 1 ended before attempt 2 settled
+    assert report.attempts_by_reason == {"pause_worker": 1}
 
 
-def test_a_result_from_a_stale_attempt_is_flagged() -> None:
-    report = Report()
-    _check_step(_step(result={"attempt": 1, "invocation": "inv"}),
-                _history("failed", "succeeded"), {("inv", 1), ("inv", 2)}, report)
-    assert any("is not attempt 2's" in v for v in report.violations)
+def test_a_superseded_attempt_without_its_own_history_entry_is_flagged() -> None:
+    scene = Scene()  # what a reclaim that forgets the fenced attempt's entry leaves behind
+    scene.db[keys.HISTORY].delete_one({"_id": f"{scene.inv}:1"})
+    assert flagged(scene.check(), "no history entry written for attempts [1]")
+
+
+def test_a_result_written_by_the_stale_attempt_is_flagged() -> None:
+    scene = Scene()  # a settle filter without the attempt lets attempt 1's write land
+    scene.db[keys.STEPS].update_one({"_id": scene.inv},
+                                    {"$set": {"result": scene.result(1, STALE)}})
+    report = scene.check()
+    assert flagged(report, "is not attempt 2's")
+    assert flagged(report, "no ledger end for the recorded attempt")
+
+
+def test_an_attempt_no_fault_explains_is_flagged() -> None:
+    scene = Scene()
+    scene.faults = []  # attempt 1's worker was alive and never paused: it was robbed
+    assert flagged(scene.check(), "a live worker was robbed")
+
+
+def test_a_dead_process_explains_a_lost_lease() -> None:
+    scene = Scene()
+    scene.faults, scene.alive = [], {FRESH}  # attempt 1's process is gone (killed)
+    assert scene.check().violations == []
+
+
+def test_a_stale_body_whose_write_was_neither_recorded_nor_refused_is_flagged() -> None:
+    scene = Scene()
+    scene.logs = []
+    assert flagged(scene.check(), "was neither recorded nor refused")
 
 
 def test_two_recorded_successes_and_too_many_attempts_are_flagged() -> None:
-    report = Report()
-    _check_step(_step(attempt=5, max_attempts=4), _history(*["succeeded"] * 5),
-                {("inv", 5)}, report)
+    scene = Scene()
+    scene.db[keys.HISTORY].update_one({"_id": f"{scene.inv}:1"},
+                                      {"$set": {"status": "succeeded"}})
+    scene.db[keys.STEPS].update_one({"_id": scene.inv}, {"$set": {"max_attempts": 1}})
+    report = scene.check()
     assert report.double_recorded == 1
-    assert any("attempt 5 > 4" in v for v in report.violations)
+    assert flagged(report, "attempt 2 > 1")
+    assert flagged(report, "superseded attempts [1] recorded ['succeeded']")
+
+
+def test_a_body_that_ran_twice_in_one_attempt_is_flagged() -> None:
+    scene = Scene()
+    scene.ledger.append(scene.body("start", 2, 103, T0 + LEASE + 3))
+    assert flagged(scene.check(), "ran 2 times")
+
+
+def test_a_stuck_run_is_flagged() -> None:
+    scene = Scene()
+    scene.db[keys.RUNS].update_one({"_id": scene.run_id}, {"$set": {"status": "running"}})
+    report = scene.check()
+    assert report.stuck == [scene.run_id] and flagged(report, "stuck running")
+
+
+def test_a_run_that_never_reached_the_fence_is_flagged_when_it_must() -> None:
+    scene = Scene()
+    scene.faults = [FaultEvent("kill_worker", mono(T0 + 500), {STALE})]
+    scene.logs, scene.ledger = [], scene.ledger[:2] + scene.ledger[3:]  # attempt 1 died
+    scene.alive = {FRESH}
+    assert scene.check().violations == []
+    report = scene.check(require_fence=True)
+    assert flagged(report, "no late write refused") and flagged(report, "no pause applied")
+    assert flagged(report, "no stale write landed while the newer attempt still ran")
+
+
+def test_faults_that_failed_to_apply_are_reported() -> None:
+    report = Scene().check(not_applied=["pause_worker: no live worker mid-step"])
+    assert "faults that failed to apply 1: pause_worker: no live worker" in report.summary()
 
 
 def test_a_slow_recovery_is_flagged() -> None:
@@ -53,8 +170,6 @@ def test_a_slow_recovery_is_flagged() -> None:
 
 
 def test_a_run_stranded_by_a_killed_orchestrator_is_flagged() -> None:
-    from tests.chaos.checker import _pass_recovery
-
     report = Report()
     ledger = [{"event": "pass", "t": 1.0, "pid": 7, "run": "r"},
               {"event": "pass", "t": 3000.0, "pid": 8, "run": "r"},
@@ -66,12 +181,10 @@ def test_a_run_stranded_by_a_killed_orchestrator_is_flagged() -> None:
 
 
 def test_a_run_failed_by_exhausted_attempts_is_accepted_only_when_they_are_spent() -> None:
-    from tests.chaos.checker import _exhausted_by_faults
+    def step(attempt: int, error: str) -> dict[str, Any]:
+        return {"status": "failed", "attempt": attempt, "max_attempts": 4,
+                "error": {"type": error}}
 
-    spent = _step(status="failed", attempt=4, max_attempts=4,
-                  error={"type": "WorkflowStepLeaseExpiredError"})
-    assert _exhausted_by_faults([spent])
-    assert not _exhausted_by_faults([_step(status="failed", attempt=2, max_attempts=4,
-                                           error={"type": "WorkflowStepLeaseExpiredError"})])
-    assert not _exhausted_by_faults([_step(status="failed", attempt=4, max_attempts=4,
-                                           error={"type": "Fatal"})])
+    assert _exhausted_by_faults([step(4, "WorkflowStepLeaseExpiredError")])
+    assert not _exhausted_by_faults([step(2, "WorkflowStepLeaseExpiredError")])
+    assert not _exhausted_by_faults([step(4, "Fatal")])
