@@ -85,6 +85,9 @@ class PikkuCelery:
                                   else settings.step_lease_ms / 2000)
         dispatcher = CeleryDispatcher(celery_app, lambda: self.engine,
                                       to_seconds(max_countdown, what="max_countdown"))
+        adopt_prefix = getattr(leases, "adopt_prefix", None)
+        if adopt_prefix is not None:  # a lease service built without a key_prefix
+            adopt_prefix(celery_app.main)
         self.engine = Engine(store, leases, self.registry, dispatcher, settings,
                              worker=socket.gethostname())
         self._reaper = WorkerReaper(lambda: self.engine, self.reaper_interval_s)

@@ -160,24 +160,44 @@ return {held[1], held[2], pttl, now_ms}
 class RedisLeaseService:
     """Fenced leases in Redis; every operation is one Lua script and one round trip."""
 
-    def __init__(self, client: redis.Redis, *, key_prefix: str = "pikku") -> None:
-        _check_prefix(key_prefix)
+    def __init__(self, client: redis.Redis, *, key_prefix: str | None = None) -> None:
+        if key_prefix is not None:
+            _check_prefix(key_prefix)
         self._client = client
-        self._key_prefix = key_prefix
+        # Unset, the prefix becomes the bound Celery app's main name (``adopt_prefix``):
+        # two apps sharing one Redis must not share a reaper lease, nor run leases for run
+        # ids both happen to choose. ``pikku`` until then.
+        self._key_prefix = key_prefix if key_prefix is not None else DEFAULT_KEY_PREFIX
+        self._prefix_chosen = key_prefix is not None
         self._acquire = client.register_script(ACQUIRE)
         self._refresh_many = client.register_script(REFRESH_MANY)
         self._release = client.register_script(RELEASE)
         self._get = client.register_script(GET)
 
     @classmethod
-    def from_url(cls, url: str, key_prefix: str = "pikku") -> RedisLeaseService:
-        """A service on a new client for ``url``; nothing connects until the first call."""
+    def from_url(cls, url: str, key_prefix: str | None = None) -> RedisLeaseService:
+        """A service on a new client for ``url``; nothing connects until the first call.
+        Without ``key_prefix``, the prefix is the main name of the Celery app it is bound
+        to (``PikkuCelery``), else ``pikku``."""
         return cls(redis.Redis.from_url(url), key_prefix=key_prefix)
 
     @property
     def key_prefix(self) -> str:
         """The prefix in front of every key this service writes."""
         return self._key_prefix
+
+    def adopt_prefix(self, name: str | None) -> None:
+        """Take ``name`` (a Celery app's main name) as the prefix unless one was chosen at
+        construction; called by ``PikkuCelery`` when it binds, before any key is written.
+        A name that cannot be a prefix (empty, with braces) leaves ``pikku``."""
+        if self._prefix_chosen or not name:
+            return
+        try:
+            _check_prefix(name)
+        except ValueError:
+            return
+        self._key_prefix = name
+        self._prefix_chosen = True
 
     def lease_hash_key(self, key: str) -> str:
         """The physical Redis key of the lease hash for logical ``key``."""
@@ -269,6 +289,9 @@ def _renewed(lease: Lease, ttl_ms: int, now_ms: int) -> Lease:
 def _text(value: Any) -> str:
     # The client may or may not decode responses; holders are always str to callers.
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+DEFAULT_KEY_PREFIX = "pikku"
 
 
 def _check_prefix(key_prefix: object) -> None:

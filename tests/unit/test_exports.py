@@ -13,7 +13,8 @@ CONTRACT = {  # ../shared/design/contract.md section 1
     "WorkflowRunFailedError", "WorkflowCancelledError", "LeaseTakenError", "LeaseLostError",
 }
 EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "WorkflowReplayError",
-          "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku", "hold_lease"}
+          "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku",
+          "hold_lease"}
 
 
 def test_the_exported_names_are_exactly_the_public_api() -> None:

@@ -514,3 +514,23 @@ def test_8_a_sweep_pages_past_steps_nobody_can_claim(kind: str, caplog: Any) -> 
     assert ("h8.live", "r8", "live") in recorder.steps
     reports = [r for r in caplog.records if "h8.removed" in r.getMessage()]
     assert len(reports) == 1 and "does not register" in reports[0].getMessage()
+
+
+# --- 15: apps sharing a Redis do not share keys ------------------------------------------------
+
+
+def test_15_the_default_key_prefix_is_the_celery_apps_name() -> None:
+    from pikku_celery import RedisLeaseService
+    from tests.conftest import REDIS_URL
+
+    shop = RedisLeaseService.from_url(REDIS_URL)
+    billing = RedisLeaseService.from_url(REDIS_URL)
+    chosen = RedisLeaseService.from_url(REDIS_URL, key_prefix="mine")
+    assert shop.key_prefix == "pikku"  # until bound
+    for name, leases in (("shop", shop), ("billing", billing), ("other", chosen)):
+        PikkuCelery(Celery(name, broker="memory://"), store=InMemoryWorkflowStore(),
+                    leases=leases, worker_reaper=False)
+    assert (shop.key_prefix, billing.key_prefix, chosen.key_prefix) == ("shop", "billing",
+                                                                        "mine")
+    reaper = keys.REAPER_LEASE_KEY
+    assert shop.lease_hash_key(reaper) != billing.lease_hash_key(reaper)
