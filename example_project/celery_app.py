@@ -32,6 +32,10 @@ pikku = PikkuCelery(
     reaper_interval=settings.REAPER_INTERVAL_S,
     undispatched_after=settings.UNDISPATCHED_AFTER_S,
     stalled_after=settings.STALLED_AFTER_S,
+    # This app runs only workflows, so pikku's queue is its default queue: its workers
+    # consume nothing else and run with prefetch 1. An app with tasks of its own would
+    # give pikku a queue apart (see "Adding pikku to an existing app" in the README).
+    queue=settings.QUEUE,
 )
 
 # Importing the workflows registers their steps on this app.

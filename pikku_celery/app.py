@@ -24,6 +24,7 @@ from pikku_celery.inline import run_inline
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import StepAttempt, StepState, WorkflowRun
 from pikku_celery.replay import WorkflowContext
+from pikku_celery.routing import Routing
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.tasks import (
     REAP,
@@ -64,6 +65,12 @@ class PikkuCelery:
         continue_in_place: after a step succeeds, replay the run in the same worker (under
             the run lease) instead of sending an orchestrator message; falls back to the
             message when another pass holds the run.
+        queue: a queue of pikku's own (default: the ``pikku_queue`` setting, else none:
+            pikku's tasks are routed like any task). With one, pikku's messages go there
+            unless your routing names another destination, a worker without ``-Q`` also
+            consumes it, and a worker that consumes only it gets prefetch multiplier 1
+            unless you set one (see ``pikku_celery.routing``). Binding never changes
+            ``app.conf``.
     """
 
     def __init__(self, celery_app: Celery, *, store: WorkflowStore, leases: LeaseService,
@@ -71,7 +78,8 @@ class PikkuCelery:
                  reaper_interval: Duration | None = None,
                  max_countdown: Duration = DEFAULT_MAX_COUNTDOWN_S,
                  undispatched_after: Duration = 30.0, stalled_after: Duration = 30.0,
-                 continue_in_place: bool = False, worker_reaper: bool = True) -> None:
+                 continue_in_place: bool = False, worker_reaper: bool = True,
+                 queue: str | None = None) -> None:
         self.app = celery_app
         self.registry = Registry()
         settings = Settings(
@@ -83,8 +91,10 @@ class PikkuCelery:
         self.reaper_interval_s = (to_seconds(reaper_interval, what="reaper_interval")
                                   if reaper_interval is not None
                                   else settings.step_lease_ms / 2000)
+        self.routing = Routing(celery_app, queue)
         dispatcher = CeleryDispatcher(celery_app, lambda: self.engine,
-                                      to_seconds(max_countdown, what="max_countdown"))
+                                      to_seconds(max_countdown, what="max_countdown"),
+                                      route=self.routing.options)
         adopt_prefix = getattr(leases, "adopt_prefix", None)
         if adopt_prefix is not None:  # a lease service built without a key_prefix
             adopt_prefix(celery_app.main)
@@ -92,8 +102,9 @@ class PikkuCelery:
                              worker=socket.gethostname())
         self._reaper = WorkerReaper(lambda: self.engine, self.reaper_interval_s)
         register_internal_tasks(celery_app, lambda: self.engine)
-        if "worker_prefetch_multiplier" not in celery_app.conf.changes:
-            celery_app.conf.worker_prefetch_multiplier = 1
+        # No app-wide setting (a prefetch of 1 for every task hung the app's own expiring
+        # tasks): a worker that consumes only pikku's queue gets it, see routing.py.
+        self.routing.connect()
         if worker_reaper:
             signals.worker_ready.connect(self._on_worker_ready, weak=False)
             signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)

@@ -28,6 +28,7 @@ import pymongo
 import pytest
 import redis
 from celery import Celery
+from celery.worker import WorkController
 
 from pikku_celery import PikkuCelery, StepAttempt
 from tests.conftest import REDIS_URL
@@ -314,7 +315,10 @@ def test_step_tasks_use_the_celery_conventions(make_cluster: Callable[..., Clust
         task = app.tasks[name]
         assert (task.acks_late, task.reject_on_worker_lost, task.serializer) == (
             True, True, "json"), name
-    assert app.conf.worker_prefetch_multiplier == 1
+    # Prefetch 1 is the workers' own (they consume only pikku's queue), never the app's.
+    assert "worker_prefetch_multiplier" not in app.conf.changes
+    worker = WorkController(app=app, queues=[app.conf.task_default_queue], pool="solo")
+    assert worker.prefetch_multiplier == 1
 
 
 # --- 2. SIGKILL mid-step -----------------------------------------------------------------

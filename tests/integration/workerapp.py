@@ -68,6 +68,9 @@ def build(env: Mapping[str, str]) -> Celery:
         reaper_interval=float(env.get(ENV_REAPER, "0.3")),
         undispatched_after=float(env.get(ENV_UNDISPATCHED, "2")),
         stalled_after=float(env.get(ENV_STALLED, "3")),
+        # The app runs only workflows: pikku's queue is its queue, so the workers (-Q
+        # <queue>) consume only pikku's queue and run with prefetch 1.
+        queue=env[ENV_QUEUE],
     )
     _workflows(pikku, _steps(pikku, env[ENV_REDIS]))
     return app
