@@ -224,3 +224,38 @@ def test_conf_sets_sees_every_layer_but_the_defaults() -> None:
     from_object.config_from_object({"worker_prefetch_multiplier": 2})
     assert "worker_prefetch_multiplier" not in from_object.conf.changes  # item 17's trap
     assert conf_sets(from_object.conf, "worker_prefetch_multiplier")
+
+
+# --- the ``celery worker`` command's own worker class ----------------------------------------
+
+
+def cli_worker_of(app: Celery, made: list[WorkController], **kwargs: Any) -> WorkController:
+    """``celery.apps.worker.Worker``, what ``celery worker`` builds: it sends ``celeryd_init``
+    before selecting the queues, so pikku's queue is declared first and ``-Q``/``-X`` apply
+    to it as to any queue."""
+    app.conf.worker_hijack_root_logger = False
+    worker = app.Worker(pool="solo", concurrency=CONCURRENCY, quiet=True, **kwargs)
+    made.append(worker)
+    return worker
+
+
+@pytest.mark.filterwarnings("ignore::celery.exceptions.SecurityWarning")  # tests run as root
+def test_the_worker_command_applies_q_and_x_to_pikkus_queue(
+        workers: list[WorkController]) -> None:
+    plain = make_app("wf")
+    cli_worker_of(plain, workers)
+    assert consumed(plain) == ["celery", "wf"]
+    excluded = make_app("wf")
+    assert cli_worker_of(excluded, workers, exclude_queues=["wf"]).prefetch_multiplier == 4
+    assert consumed(excluded) == ["celery"]
+    dedicated = make_app("wf")
+    assert cli_worker_of(dedicated, workers, queues=["wf"]).prefetch_multiplier == 1
+    assert consumed(dedicated) == ["wf"]
+
+
+@pytest.mark.filterwarnings("ignore::celery.exceptions.SecurityWarning")  # tests run as root
+def test_the_worker_command_selects_pikkus_queue_without_create_missing_queues(
+        workers: list[WorkController]) -> None:
+    app = make_app("wf", task_create_missing_queues=False)
+    assert cli_worker_of(app, workers, queues=["wf"]).prefetch_multiplier == 1
+    assert consumed(app) == ["wf"]
