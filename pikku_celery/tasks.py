@@ -99,10 +99,39 @@ class CeleryDispatcher:
                          **self._route(TIMER, (run_id, step_name), task))
 
 
+def check_step_call(name: str, args: Any, kwargs: Any) -> None:
+    """A step task is sent by pikku only, as ``(run_id, step_name)``: a user calling it like
+    an ordinary task gets told how steps run instead of a ``TypeError`` about arguments."""
+    if (not kwargs and isinstance(args, list | tuple) and len(args) == 2
+            and all(isinstance(a, str) for a in args)):
+        return
+    short = name.rsplit(".", 1)[-1]
+    raise InvalidInputError(
+        f"{name!r} is a pikku step: it runs inside a workflow, not on its own. Call it from "
+        f"a workflow with wf.do('<step name>', {short}, data) and start the workflow with "
+        "pikku.start(<workflow>, data); to run the plain function, call it as "
+        f"{short}.pikku_step.fn(data)")
+
+
+class StepTask(Task):  # type: ignore[misc]
+    """The Celery task class of steps: ``my_step.delay(data)`` is refused at the caller."""
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any,
+                    **options: Any) -> Any:
+        check_step_call(self.name, args, kwargs)
+        return super().apply_async(args, kwargs, *rest, **options)
+
+
 def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
                    options: dict[str, Any]) -> Task:
-    def run_step(task: Task, run_id: str, step_name: str) -> Any:
-        check_message(run_id, step_name)
+    def run_step(task: Task, *args: Any, **kwargs: Any) -> Any:
+        # Not ``(task, run_id, step_name)``: a step called like a plain function, or a
+        # message with other arguments, gets ``check_step_call``'s explanation, not a
+        # ``TypeError`` about a missing ``step_name``.
+        if kwargs or len(args) != 2:
+            check_step_call(name, args, kwargs)
+        run_id, step_name = args
+        check_message(run_id, step_name)  # a forged message of the right shape
         engine = engine_ref()
         definition = engine.registry.steps[name]
         try:
@@ -123,7 +152,7 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
     run_step.__name__ = name.rsplit(".", 1)[-1]
     # A step task belongs to this app and its engine only: never shared with other apps.
     options = {k: v for k, v in options.items() if k != "shared"}
-    task: Task = app.task(name=name, bind=True, shared=False,
+    task: Task = app.task(name=name, bind=True, shared=False, base=StepTask,
                           **{**STEP_TASK_DEFAULTS, **options})(run_step)
     return task
 

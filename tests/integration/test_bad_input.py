@@ -87,7 +87,7 @@ def test_malformed_and_unknown_step_messages(env: dict[str, Any], args: tuple[An
 
 def test_a_message_missing_fields_is_refused(env: dict[str, Any]) -> None:
     before = snapshot(env["db"])
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidInputError, match="runs inside a workflow"):
         _step_task(env, "bad.charge").run(env["run_id"])
     assert snapshot(env["db"]) == before
 

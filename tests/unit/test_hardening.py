@@ -534,3 +534,20 @@ def test_15_the_default_key_prefix_is_the_celery_apps_name() -> None:
                                                                         "mine")
     reaper = keys.REAPER_LEASE_KEY
     assert shop.lease_hash_key(reaper) != billing.lease_hash_key(reaper)
+
+
+# --- 19: a step used as a plain task says how steps run ----------------------------------------
+
+
+def test_19_calling_a_step_like_a_task_explains_how_steps_run() -> None:
+    pikku = _pikku(InMemoryWorkflowStore())
+
+    @pikku.step(name="h19.charge")
+    def charge(data: Any) -> Any:
+        return data
+
+    for call in (lambda: charge.delay({"amount": 5}), lambda: charge({"amount": 5}),
+                 lambda: charge.apply_async(kwargs={"data": 1})):
+        with pytest.raises(InvalidInputError, match=r"runs inside a workflow.*wf\.do"):
+            call()
+    assert charge.pikku_step.fn({"amount": 5}) == {"amount": 5}  # the plain function
