@@ -34,6 +34,7 @@ from pikku_celery import PikkuCelery, StepAttempt
 from tests.conftest import REDIS_URL
 from tests.integration import workerapp as wa
 from tests.support.nx import NxServer
+from tests.support.raw import entries
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -359,6 +360,8 @@ def test_sigkill_mid_step_runs_again_as_attempt_2(make_cluster: Callable[..., Cl
     assert attempts(history) == [(1, "failed"), (2, "succeeded")]
     assert error_type(history[0]) == LEASE_EXPIRED
     assert history[1].result == {"attempt": 2, "pid": start2["pid"]}
+    # Written, not inferred: the reclaim wrote attempt 1's entry (get_history would fill it in).
+    assert entries(c.pikku.engine.store, run_id, "slow") == [(1, "failed"), (2, "succeeded")]
     assert not doomed.owns(start2["pid"])
     state = c.step(run_id, "slow")
     assert (state.status, state.attempt) == ("succeeded", 2)
@@ -418,6 +421,7 @@ def test_paused_worker_is_superseded_and_its_late_write_refused(
     history = c.history(run_id, "slow")
     assert attempts(history) == [(1, "failed"), (2, "succeeded")]
     assert error_type(history[0]) == LEASE_EXPIRED
+    assert entries(c.pikku.engine.store, run_id, "slow") == [(1, "failed"), (2, "succeeded")]
 
     ledger = wait_for(lambda: (lg := c.ledger()) and len(lg) == 4 and lg, 5,
                       "both bodies to end", c.diagnostics)
@@ -426,6 +430,48 @@ def test_paused_worker_is_superseded_and_its_late_write_refused(
     assert by_attempt[(1, "end")]["lease_lost"] is True, "the late body was not told"
     assert by_attempt[(2, "end")]["lease_lost"] is False
     assert paused.owns(by_attempt[(1, "end")]["pid"])
+
+
+def test_a_late_write_landing_while_the_new_attempt_runs_is_refused(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """The paused worker wakes while attempt 2 still runs, so its write reaches a step that
+    is ``running`` again: only the attempt in the settle filter can refuse it (when it wakes
+    after attempt 2 settled, the status alone would). Attempt 2's result must stand."""
+    c = make_cluster("redis")
+    w1, w2 = c.start("a"), c.start("b")
+    c.wait_ready(w1, w2)
+    run_id = c.pikku.start("one_slow", {"seconds": 8.0, "ledger": c.ledger_key})
+
+    start1 = wait_for(lambda: c.starts(), 20, "the slow step to start", c.diagnostics)[0]
+    paused = c.holder_of(start1["pid"])
+    paused.signal_group(signal.SIGSTOP)
+    try:
+        wait_for(lambda: [s for s in c.starts() if s["attempt"] == 2],
+                 STEP_LEASE_S + REAPER_S + 5, "the other worker to reclaim the step",
+                 c.diagnostics)
+    finally:
+        paused.signal_group(signal.SIGCONT)  # attempt 2 has ~8 s left to run
+
+    def refused_line() -> str | None:
+        return next((ln for ln in paused.log().splitlines()
+                     if "WorkflowStepSupersededError" in ln and run_id in ln
+                     and "'slow'" in ln), None)
+    line = wait_for(refused_line, 15, "the late write to be refused", c.diagnostics)
+    assert "attempt 1" in line and "attempt 2" in line, line
+    ledger = c.ledger()
+    assert (1, "end") in [(e["attempt"], e["event"]) for e in ledger], ledger
+    assert (2, "end") not in [(e["attempt"], e["event"]) for e in ledger], (
+        "attempt 2 settled before the late write: this test did not race them")
+    state = c.step(run_id, "slow")
+    assert (state.status, state.attempt, state.result) == ("running", 2, None), state
+
+    run = c.wait(run_id, 20)
+    assert run.status == "completed", (run, c.diagnostics())
+    state = c.step(run_id, "slow")
+    assert (state.status, state.attempt) == ("succeeded", 2)
+    assert state.result["attempt"] == 2 and not paused.owns(state.result["pid"])
+    assert run.output["slow"] == state.result
+    assert entries(c.pikku.engine.store, run_id, "slow") == [(1, "failed"), (2, "succeeded")]
 
 
 # --- 4. duplicate publish under a live lease ---------------------------------------------
