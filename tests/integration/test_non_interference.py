@@ -142,10 +142,10 @@ class Cluster:
     def reply(self, worker: Worker, method: str) -> Any:
         """One inspect reply of ``worker`` (retried: a reply can miss a loaded machine's
         timeout; what it says is asserted by the caller)."""
-        def ask() -> Any:
-            return (getattr(self.inspect(worker), method)() or {}).get(worker.node)
-        return wait_for(lambda: ask() is not None and (ask(),), 60,
-                        f"{method} from {worker.node}", self.diagnostics)[0]
+        def ask() -> tuple[Any] | None:
+            replies = getattr(self.inspect(worker), method)() or {}
+            return (replies[worker.node],) if worker.node in replies else None
+        return wait_for(ask, 60, f"{method} from {worker.node}", self.diagnostics)[0]
 
     def diagnostics(self) -> str:
         return "\n".join(f"--- {w.node} log tail:\n" + "\n".join(w.log().splitlines()[-40:])
