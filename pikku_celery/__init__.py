@@ -10,6 +10,7 @@ from pikku_celery.errors import (
     InvalidInputError,
     LeaseLostError,
     LeaseTakenError,
+    PikkuConfigurationError,
     PikkuError,
     WorkflowCancelledError,
     WorkflowNotFoundError,
@@ -31,6 +32,7 @@ from pikku_celery.leases import (
 )
 from pikku_celery.records import StepAttempt, StepState, WorkflowRun
 from pikku_celery.replay import WorkflowContext
+from pikku_celery.shared import shared_step, shared_workflow
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
@@ -45,6 +47,7 @@ __all__ = [
     "LeaseTakenError",
     "MongoWorkflowStore",
     "PikkuCelery",
+    "PikkuConfigurationError",
     "PikkuError",
     "RedisLeaseService",
     "StepAttempt",
@@ -65,4 +68,6 @@ __all__ = [
     "WorkflowStore",
     "get_pikku",
     "hold_lease",
+    "shared_step",
+    "shared_workflow",
 ]

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from celery import Celery, signals
 
+from pikku_celery import shared
+from pikku_celery._fork import reset_in_forked_child
+from pikku_celery.clock import Clock
+from pikku_celery.config import Resolved
+from pikku_celery.config import Settings as Configuration
 from pikku_celery.definitions import (
     DEFAULT_RETRIES,
     Registry,
@@ -16,15 +23,16 @@ from pikku_celery.definitions import (
     make_step,
     make_workflow,
 )
-from pikku_celery.durations import Duration, to_ms, to_seconds
-from pikku_celery.engine import Engine, Settings
+from pikku_celery.durations import Duration, to_seconds
+from pikku_celery.engine import Dispatcher, Engine, Settings
 from pikku_celery.errors import InvalidInputError
 from pikku_celery.graph import build_graph, run_graph
-from pikku_celery.inline import run_inline
+from pikku_celery.inline import DrivingDispatcher, run_inline
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import StepAttempt, StepState, WorkflowRun
 from pikku_celery.replay import WorkflowContext
 from pikku_celery.routing import Routing
+from pikku_celery.signals import SignalSender
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.tasks import (
     REAP,
@@ -35,7 +43,7 @@ from pikku_celery.tasks import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULT_MAX_COUNTDOWN_S = 300.0
+log = logging.getLogger("pikku_celery")
 
 
 class PikkuCelery:
@@ -45,26 +53,35 @@ class PikkuCelery:
     app, so ``celery -A proj worker`` runs steps, orchestration and the reaper with no
     extra process. The instance is reachable as ``celery_app.pikku``.
 
+    Every argument is optional and wins over the setting of the same name in the Celery
+    app's configuration, ``pikku_<name>`` (``CELERY_PIKKU_<NAME>`` in Django settings read
+    with ``namespace="CELERY"``). Settings are read, and the store and lease service built,
+    at first use (a ``start``, a task, a worker's start), never here: configure the Celery
+    app after building this, as a Flask factory or Django does. See ``pikku_celery.config``.
+
     Args:
-        store: where runs and steps live (``MongoWorkflowStore`` in production).
-        leases: the lease service (``RedisLeaseService``); its clock is the one clock all
-            lease deadlines use.
+        store: where runs and steps live (default: a ``MongoWorkflowStore`` on the
+            ``pikku_mongo_url`` setting).
+        leases: the lease service (default: a ``RedisLeaseService`` on ``pikku_redis_url``,
+            key prefix ``pikku_key_prefix``, else the app's main name); its clock is the one
+            clock all lease deadlines use.
         step_lease: how long a step attempt is held without a heartbeat before another
-            worker may claim it (renewed every third of it while the body runs).
-        run_lease: the run lease's TTL for one orchestration pass.
+            worker may claim it (renewed every third of it while the body runs; 60 s).
+        run_lease: the run lease's TTL for one orchestration pass (30 s).
         reaper_interval: how often each worker sweeps for lost work (default: half the
             step lease). A dead worker's step runs again within ``step_lease +
             reaper_interval``.
-        max_countdown: the longest single broker ETA pikku uses; longer sleeps and retry
-            delays are chained. Keep it well under the Redis transport's
+        max_countdown: the longest single broker ETA pikku uses (300 s); longer sleeps and
+            retry delays are chained. Keep it well under the Redis transport's
             ``visibility_timeout``.
-        undispatched_after: a ``pending`` step no worker picked up for this long has its
-            message sent again (the first one was lost with a dead worker's prefetch).
-        stalled_after: a running run that no pass touched for this long, and on which
-            nothing is in flight, is woken again (its wake-up message was lost).
+        undispatched_after: a ``pending`` step no worker picked up for this long (30 s) has
+            its message sent again (the first one was lost with a dead worker's prefetch).
+        stalled_after: a running run that no pass touched for this long (30 s), and on
+            which nothing is in flight, is woken again (its wake-up message was lost).
         continue_in_place: after a step succeeds, replay the run in the same worker (under
             the run lease) instead of sending an orchestrator message; falls back to the
-            message when another pass holds the run.
+            message when another pass holds the run (default ``False``).
+        worker_reaper: run the reaper in every worker of the app (default ``True``).
         queue: a queue of pikku's own (default: the ``pikku_queue`` setting, else none:
             pikku's tasks are routed like any task). With one, pikku's messages go there
             unless your routing names another destination, a worker without ``-Q`` also
@@ -73,42 +90,102 @@ class PikkuCelery:
             ``app.conf``.
     """
 
-    def __init__(self, celery_app: Celery, *, store: WorkflowStore, leases: LeaseService,
-                 step_lease: Duration = 60.0, run_lease: Duration = 30.0,
-                 reaper_interval: Duration | None = None,
-                 max_countdown: Duration = DEFAULT_MAX_COUNTDOWN_S,
-                 undispatched_after: Duration = 30.0, stalled_after: Duration = 30.0,
-                 continue_in_place: bool = False, worker_reaper: bool = True,
-                 queue: str | None = None) -> None:
+    def __init__(self, celery_app: Celery, *, store: WorkflowStore | None = None,
+                 leases: LeaseService | None = None, step_lease: Duration | None = None,
+                 run_lease: Duration | None = None, reaper_interval: Duration | None = None,
+                 max_countdown: Duration | None = None,
+                 undispatched_after: Duration | None = None,
+                 stalled_after: Duration | None = None, continue_in_place: bool | None = None,
+                 worker_reaper: bool | None = None, queue: str | None = None) -> None:
         self.app = celery_app
         self.registry = Registry()
-        settings = Settings(
-            step_lease_ms=_positive_ms(step_lease, "step_lease"),
-            run_lease_ms=_positive_ms(run_lease, "run_lease"),
-            undispatched_after_ms=to_ms(undispatched_after, what="undispatched_after"),
-            stalled_after_ms=to_ms(stalled_after, what="stalled_after"),
-            continue_in_place=continue_in_place)
-        self.reaper_interval_s = (to_seconds(reaper_interval, what="reaper_interval")
-                                  if reaper_interval is not None
-                                  else settings.step_lease_ms / 2000)
-        self.routing = Routing(celery_app, queue)
-        dispatcher = CeleryDispatcher(celery_app, lambda: self.engine,
-                                      to_seconds(max_countdown, what="max_countdown"),
-                                      route=self.routing.options)
+        explicit: dict[str, Any] = {
+            "store": store, "leases": leases, "step_lease": step_lease,
+            "run_lease": run_lease, "reaper_interval": reaper_interval,
+            "max_countdown": max_countdown, "undispatched_after": undispatched_after,
+            "stalled_after": stalled_after, "continue_in_place": continue_in_place,
+            "worker_reaper": worker_reaper}
+        self._config = Configuration(celery_app, explicit)
+        self._config.check_explicit()  # a bad argument fails here, as before
         adopt_prefix = getattr(leases, "adopt_prefix", None)
         if adopt_prefix is not None:  # a lease service built without a key_prefix
             adopt_prefix(celery_app.main)
-        self.engine = Engine(store, leases, self.registry, dispatcher, settings,
-                             worker=socket.gethostname())
-        self._reaper = WorkerReaper(lambda: self.engine, self.reaper_interval_s)
+        self.routing = Routing(celery_app, queue)
+        self._resolved: Resolved | None = None
+        self._engine: Engine | None = None
+        self._override: Engine | None = None  # the test kit's engine, for one test
+        self._engine_lock = threading.Lock()
+        reset_in_forked_child(self)
+        self._reaper: WorkerReaper | None = None
         register_internal_tasks(celery_app, lambda: self.engine)
         # No app-wide setting (a prefetch of 1 for every task hung the app's own expiring
         # tasks): a worker that consumes only pikku's queue gets it, see routing.py.
         self.routing.connect()
-        if worker_reaper:
+        if worker_reaper is not False:
             signals.worker_ready.connect(self._on_worker_ready, weak=False)
             signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
         celery_app.pikku = self
+        shared.bind(self)  # steps and workflows declared with shared_step/shared_workflow
+
+    def _after_fork_in_child(self) -> None:
+        self._engine_lock = threading.Lock()  # it may have been copied held
+
+    # --- the engine, built at first use ---------------------------------------------------
+
+    @property
+    def settings(self) -> Resolved:
+        """Every setting, explicit arguments merged with the Celery app's configuration
+        (read at the first call)."""
+        resolved = self._resolved
+        if resolved is None:
+            resolved = self._resolved = self._config.resolve()
+        return resolved
+
+    @property
+    def engine(self) -> Engine:
+        """The engine, built at its first use from the arguments and the app's settings.
+        Building it opens no connection: the store and lease service connect at their
+        first call. Raises ``PikkuConfigurationError`` naming a missing setting."""
+        engine = self._override or self._engine
+        if engine is None:
+            with self._engine_lock:  # threads pool: two first uses build one engine
+                if self._engine is None:
+                    self._engine = self.make_engine()
+                engine = self._override or self._engine
+        return engine
+
+    def make_engine(self, *, store: WorkflowStore | None = None,
+                    leases: LeaseService | None = None, clock: Clock | None = None,
+                    dispatcher: Callable[[Engine], Dispatcher] | None = None) -> Engine:
+        """A new engine for this instance's workflows (what ``engine`` builds once; the
+        test kit builds its own on in-memory services). Store and leases default to the
+        configured ones, the dispatcher to Celery messages."""
+        resolved = self.settings
+        store = store if store is not None else self._config.store()
+        leases = leases if leases is not None else self._config.leases()
+        celery_dispatcher = CeleryDispatcher(self.app, lambda: self.engine,
+                                             resolved.max_countdown_s,
+                                             route=self.routing.options)
+        engine = Engine(store, leases, self.registry, celery_dispatcher, Settings(
+            step_lease_ms=resolved.step_lease_ms, run_lease_ms=resolved.run_lease_ms,
+            undispatched_after_ms=resolved.undispatched_after_ms,
+            stalled_after_ms=resolved.stalled_after_ms,
+            continue_in_place=resolved.continue_in_place),
+            worker=socket.gethostname(), clock=clock, emit=SignalSender(self))
+        if dispatcher is not None:
+            engine.dispatcher = dispatcher(engine)
+        return engine
+
+    def _use_engine(self, engine: Engine | None) -> Engine | None:
+        """Make ``engine`` this instance's engine until called again with ``None`` (the
+        test kit); returns the one it replaces."""
+        with self._engine_lock:
+            previous, self._override = self._override, engine
+        return previous
+
+    @property
+    def reaper_interval_s(self) -> float:
+        return self.settings.reaper_interval_s
 
     # --- decorators -----------------------------------------------------------------------
 
@@ -125,21 +202,32 @@ class PikkuCelery:
             task_name = name or self.app.gen_task_name(fn.__name__, fn.__module__)
             definition = make_step(fn, task_name, retries=retries, retry_delay=retry_delay,
                                    lease=lease, bind=bind, no_retry_for=tuple(no_retry_for))
-            self.registry.add_step(definition)
-            task = make_step_task(self.app, lambda: self.engine, task_name, task_options)
-            task.pikku_step = definition
-            return task
+            return self.add_step(definition, task_options)
         return decorate
+
+    def add_step(self, definition: StepDefinition, task_options: dict[str, Any]) -> Any:
+        """Register a step definition and its Celery task on this app (what ``step`` and
+        ``shared_step`` do); returns the task."""
+        self.registry.add_step(definition)
+        # ``pikku_step`` as a task option, not set on the returned task: on an app not yet
+        # finalized that is a promise, and setting an attribute on it would build the task
+        # now, reading the app's configuration before a Flask factory or Django set it.
+        return make_step_task(self.app, lambda: self.engine, definition.name,
+                              {**task_options, "pikku_step": definition})
 
     def workflow(self, name: str | None = None) -> Callable[[F], F]:
         """Register ``fn(wf, data) -> result`` as a workflow named ``name`` (default: the
         function's name)."""
         def decorate(fn: F) -> F:
             definition = make_workflow(fn, name or fn.__name__)
-            self.registry.add_workflow(definition)
+            self.add_workflow(definition)
             fn.pikku_workflow = definition  # type: ignore[attr-defined]
             return fn
         return decorate
+
+    def add_workflow(self, definition: WorkflowDefinition) -> None:
+        """Register a workflow definition (what ``workflow`` and ``shared_workflow`` do)."""
+        self.registry.add_workflow(definition)
 
     def graph(self, name: str, *, nodes: Mapping[str, Any], edges: Sequence[tuple[str, str]],
               branch: Mapping[str, Callable[[Any], Iterable[str]]] | None = None
@@ -167,12 +255,25 @@ class PikkuCelery:
         id returns the same run. With ``inline=True`` the run is orchestrated and its steps
         executed in this process (still under the run lease and the claim layer), and this
         call returns once it has ended."""
-        run, _ = self.engine.create_run(workflow, data, run_id=run_id)
-        if inline:
-            run_inline(self.engine, run.run_id)
+        engine = self.engine
+        run, _ = engine.create_run(workflow, data, run_id=run_id)
+        if isinstance(engine.dispatcher, DrivingDispatcher):
+            engine.dispatcher.wake_run(run.run_id)  # the test kit: runs it here, to its end
+        elif inline:
+            run_inline(engine, run.run_id)
         elif not run.is_terminal:
-            self.engine.dispatcher.wake_run(run.run_id)
+            engine.dispatcher.wake_run(run.run_id)
         return run.run_id
+
+    def start_on_commit(self, workflow: str | Callable[..., Any], data: Any = None, *,
+                        run_id: str | None = None, using: str | None = None) -> str:
+        """Django: return the run id (``run_id`` or a fresh one) at once, and create and
+        dispatch the run after the current transaction on database ``using`` commits (at
+        once outside a transaction), like Celery's ``delay_on_commit``. See
+        ``pikku_celery.contrib.django.start_on_commit``."""
+        from pikku_celery.contrib.django import start_on_commit
+
+        return start_on_commit(self, workflow, data, run_id=run_id, using=using)
 
     def get_run(self, run_id: str) -> WorkflowRun:
         return self.engine.get_run(run_id)
@@ -224,11 +325,22 @@ class PikkuCelery:
     # --- worker lifecycle -----------------------------------------------------------------
 
     def _on_worker_ready(self, sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is self.app:
-            self._reaper.start()
+        if getattr(sender, "app", None) is not self.app:
+            return
+        try:  # the worker's configuration is loaded by now: say at once what is missing
+            settings, _engine = self.settings, self.engine
+        except Exception as exc:
+            log.error("pikku is not configured, so this worker can run no workflow: %s", exc)
+            return
+        if not settings.worker_reaper:
+            return
+        if self._reaper is None:
+            self._reaper = WorkerReaper(lambda: self.engine, settings.reaper_interval_s)
+        self._reaper.start()
 
     def _on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
-        self._reaper.stop()
+        if self._reaper is not None:
+            self._reaper.stop()
 
 
 def get_pikku(celery_app: Celery) -> PikkuCelery:
@@ -237,10 +349,3 @@ def get_pikku(celery_app: Celery) -> PikkuCelery:
     if not isinstance(found, PikkuCelery):
         raise LookupError(f"no PikkuCelery is bound to Celery app {celery_app.main!r}")
     return found
-
-
-def _positive_ms(value: Duration, what: str) -> int:
-    ms = to_ms(value, what=what)
-    if ms <= 0:
-        raise ValueError(f"invalid {what}: {value!r} (must be greater than zero)")
-    return ms

@@ -1,6 +1,6 @@
 """The claim layer around every step execution: claim, hold, settle, all fenced.
 
-No Celery here: the Celery task adapter (``steps.py``) and inline runs both call it.
+No Celery here: the Celery task adapter (``tasks.py``) and inline runs both call it.
 
 Order of one execution, and why:
 1. Acquire the step's Redis lease (``workflow-step:<run>:<step>``). A duplicate delivery of a
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pikku_celery import keys
-from pikku_celery.clock import ServerClock
+from pikku_celery.clock import Clock
 from pikku_celery.errors import InvalidInputError, LeaseLostError, WorkflowStepSupersededError
 from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import LeaseService
@@ -96,7 +96,7 @@ def serialize_error(exc: BaseException) -> dict[str, Any]:
 class Claimer:
     """Claims, holds and settles step attempts for one process."""
 
-    def __init__(self, store: WorkflowStore, leases: LeaseService, clock: ServerClock,
+    def __init__(self, store: WorkflowStore, leases: LeaseService, clock: Clock,
                  heartbeat: Heartbeat, *, host: str | None = None) -> None:
         self.store = store
         self.leases = leases
@@ -110,7 +110,7 @@ class Claimer:
         return None if self.host is None else f"{self.host}:{os.getpid()}"
 
     def claim(self, run_id: str, step_name: str, function: str | None,
-              lease_ms: int) -> Claimed | NotClaimed:
+              lease_ms: int, *, task_id: str | None = None) -> Claimed | NotClaimed:
         key = keys.step_lease_key(run_id, step_name)
         sent = time.monotonic()
         lease = self.leases.acquire(key, uuid.uuid4().hex, lease_ms)
@@ -119,7 +119,7 @@ class Claimer:
         self.clock.observe(lease.granted_at_ms, sent)
         try:
             outcome = self.store.claim_step(run_id, step_name, function, lease.granted_at_ms,
-                                            lease_ms, worker=self.worker)
+                                            lease_ms, worker=self.worker, task_id=task_id)
         except BaseException:
             self.leases.release(lease)
             raise

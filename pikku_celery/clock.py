@@ -22,6 +22,22 @@ class _TimeSource(Protocol):
     def now_ms(self) -> int: ...
 
 
+class Clock(Protocol):
+    """What the engine needs of a clock: ``ServerClock``, or the test kit's virtual clock."""
+
+    def now_ms(self) -> int:
+        """Now on the lease service's clock, epoch milliseconds."""
+        ...
+
+    def observe(self, server_ms: int, sent_monotonic: float) -> None:
+        """A server time read by a call started at ``sent_monotonic``."""
+        ...
+
+    def sleep_until(self, due_ms: int) -> None:
+        """Return once ``now_ms()`` has reached ``due_ms`` (inline runs wait on timers)."""
+        ...
+
+
 class ServerClock:
     """``now_ms()`` on the lease service's clock, re-sampled at least every ``resync_s``."""
 
@@ -50,6 +66,9 @@ class ServerClock:
         with self._lock:
             assert self._offset_ms is not None
             return int(time.monotonic() * 1000 + self._offset_ms)
+
+    def sleep_until(self, due_ms: int) -> None:
+        time.sleep(max(0.0, (due_ms - self.now_ms()) / 1000))
 
     def observe(self, server_ms: int, sent_monotonic: float) -> None:
         """Re-anchor on a server time read by a call started at ``sent_monotonic``; the

@@ -9,12 +9,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from pikku_celery import keys
 from pikku_celery.claims import Claimed, Claimer, NotClaimed, StepContext, serialize_error
-from pikku_celery.clock import ServerClock
+from pikku_celery.clock import Clock, ServerClock
 from pikku_celery.definitions import Registry, StepDefinition
 from pikku_celery.errors import (
     InvalidInputError,
@@ -24,6 +24,7 @@ from pikku_celery.errors import (
     WorkflowCancelledError,
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
+    WorkflowStepSupersededError,
 )
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.leases.base import LeaseService
@@ -56,6 +57,18 @@ log = logging.getLogger("pikku_celery")
 _LIVE = (RUN_RUNNING, RUN_SUSPENDED)
 
 
+class Emit(Protocol):
+    """Where the engine reports what it did (``pikku_celery.signals`` sends them as Celery
+    signals): ``event`` names the signal, ``sender`` is the workflow name for run events
+    and the step's task name for attempt events."""
+
+    def __call__(self, event: str, sender: str, **fields: Any) -> None: ...
+
+
+def _no_emit(event: str, sender: str, **fields: Any) -> None:
+    return None
+
+
 class Dispatcher(Protocol):
     """How the engine sends work: Celery messages, or the inline driver's queue."""
 
@@ -84,18 +97,21 @@ class StepOutcome:
     result: Any = None
     error: BaseException | None = None
     attempt: int = 0  # the attempt that ran (0 when not claimed)
+    max_attempts: int = 0
+    retry_at: datetime | None = None  # failed with attempts left: when the next may start
 
 
 class Engine:
     def __init__(self, store: WorkflowStore, leases: LeaseService, registry: Registry,
-                 dispatcher: Dispatcher, settings: Settings, *, worker: str | None = None
-                 ) -> None:
+                 dispatcher: Dispatcher, settings: Settings, *, worker: str | None = None,
+                 clock: Clock | None = None, emit: Emit | None = None) -> None:
         self.store = store
         self.leases = leases
         self.registry = registry
         self.dispatcher = dispatcher
         self.settings = settings
-        self.clock = ServerClock(leases)
+        self.clock: Clock = clock if clock is not None else ServerClock(leases)
+        self.emit: Emit = emit if emit is not None else _no_emit
         self.heartbeat = Heartbeat(store, leases, self.clock)
         self.claimer = Claimer(store, leases, self.clock, self.heartbeat, host=worker)
         self._reaper = Reaper(self)
@@ -117,6 +133,8 @@ class Engine:
         if created:
             self.store.record_version(definition.name, definition.version, definition.source,
                                       now)
+            self.emit("run_started", run.workflow, run_id=run.run_id, workflow=run.workflow,
+                      parent_run_id=run.parent_run_id)
         elif run.workflow != definition.name:
             raise WorkflowRunConflictError(
                 run_id, f"it is a run of {run.workflow!r}, not {definition.name!r}")
@@ -179,6 +197,7 @@ class Engine:
         wrote = self.store.transition_run(run.run_id, _LIVE, status, self.now_ms(),
                                           output=output, error=error, cancel_reason=reason)
         if wrote:
+            self._emit_finished(run, status, output=output, error=error)
             # Steps the body left behind (a sleep the run did not wait for, a step of a
             # failed branch) would otherwise stay due forever and wake a finished run.
             self.store.cancel_steps(run.run_id, {
@@ -194,6 +213,13 @@ class Engine:
         if current is not None and current.status == RUN_CANCELLED:
             self.cancel(run.run_id, None)
         return status if current is None else current.status
+
+    def _emit_finished(self, run: WorkflowRun, status: str, *, output: Any = None,
+                       error: dict[str, Any] | None = None) -> None:
+        duration_ms = self.now_ms() - run.created_at.timestamp() * 1000
+        self.emit("run_finished", run.workflow, run_id=run.run_id, workflow=run.workflow,
+                  status=status, output=output, error=error,
+                  duration=max(0.0, duration_ms / 1000))
 
     def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
         """Settle the parent's step with a finished child's outcome, and wake the parent."""
@@ -267,7 +293,7 @@ class Engine:
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel durably: the run first, then every unsettled step is fenced (in-flight
         bodies learn it at their next heartbeat), then child runs, then the parent."""
-        self.get_run(run_id)
+        run = self.get_run(run_id)
         if reason is not None and not isinstance(reason, str):
             raise InvalidInputError(f"cancel reason must be a string, got {reason!r}")
         exc = WorkflowCancelledError(run_id, reason)
@@ -282,35 +308,46 @@ class Engine:
             if child is not None and not child.is_terminal:
                 self.cancel(child_run_id, reason or f"parent run {run_id} was cancelled")
         if wrote:
+            self._emit_finished(run, RUN_CANCELLED, error=error)
             self.notify_parent(run_id, self.dispatcher)
         return wrote
 
     # --- steps ----------------------------------------------------------------------------
 
     def execute_step(self, definition: StepDefinition, run_id: str, step_name: str,
-                     dispatcher: Dispatcher | None = None) -> StepOutcome:
+                     dispatcher: Dispatcher | None = None, *, task_id: str | None = None
+                     ) -> StepOutcome:
         """Claim, run and settle one attempt. Raises ``WorkflowStepSupersededError`` when
-        the attempt lost the step before it could record its outcome."""
+        the attempt lost the step before it could record its outcome. ``task_id`` (the
+        Celery task id of this delivery) is recorded with the attempt."""
         dispatcher = dispatcher or self.dispatcher
         lease_ms = definition.lease_ms or self.settings.step_lease_ms
-        claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms)
+        claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms,
+                                   task_id=task_id)
         if isinstance(claim, NotClaimed):
             if claim.wake_run:
                 dispatcher.wake_run(run_id)
             return StepOutcome("not_claimed")
+        attempt = _AttemptReport(self, definition.name, claim, task_id)
         try:
             result = self._call_body(definition, claim)
         except Exception as exc:
-            return self._record_failure(definition, claim, exc, dispatcher)
+            return self._record_failure(definition, claim, exc, dispatcher, attempt)
         try:
             self.claimer.succeed(claim, result)
         except InvalidInputError as exc:
             # The body returned something that can never be stored (a datetime, a result
             # too large beside the step's data): another attempt would return the same, so
             # the step fails at once, whatever attempts are left.
-            return self._record_failure(definition, claim, exc, dispatcher, final=True)
+            return self._record_failure(definition, claim, exc, dispatcher, attempt,
+                                        final=True)
+        except WorkflowStepSupersededError as exc:
+            attempt.superseded(exc)
+            raise
+        attempt.finished("succeeded", result=result)
         self._continue(run_id, dispatcher)
-        return StepOutcome("succeeded", result=result, attempt=claim.state.attempt)
+        return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
+                           max_attempts=claim.state.max_attempts)
 
     def _continue(self, run_id: str, dispatcher: Dispatcher) -> None:
         """Wake the run: in place (replay here, under the run lease) when configured and
@@ -336,25 +373,32 @@ class Engine:
             raise
 
     def _record_failure(self, definition: StepDefinition, claim: Claimed, exc: Exception,
-                        dispatcher: Dispatcher, *, final: bool = False) -> StepOutcome:
+                        dispatcher: Dispatcher, attempt: _AttemptReport, *,
+                        final: bool = False) -> StepOutcome:
         state = claim.state
         override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
         delay_ms = definition.delay_before(state.attempt + 1, override)
         final = final or isinstance(exc, definition.no_retry_for)
+        error = serialize_error(exc)
         try:
-            settled = self.claimer.fail(claim, serialize_error(exc), delay_ms, final=final)
-        except InvalidInputError as unstorable:
-            # Even the error does not fit beside the step's data: record its type alone.
-            settled = self.claimer.fail(claim, {
-                "type": type(exc).__name__,
-                "message": f"the error could not be stored: {unstorable}"[:2000]},
-                delay_ms, final=final)
+            try:
+                settled = self.claimer.fail(claim, error, delay_ms, final=final)
+            except InvalidInputError as unstorable:
+                # Even the error does not fit beside the step's data: record its type alone.
+                error = {"type": type(exc).__name__,
+                         "message": f"the error could not be stored: {unstorable}"[:2000]}
+                settled = self.claimer.fail(claim, error, delay_ms, final=final)
+        except WorkflowStepSupersededError as superseded:
+            attempt.superseded(superseded)
+            raise
+        attempt.finished("failed", error=error, retry_at=settled.due_at)
         if settled.due_at is not None:
             dispatcher.arm_timer(state.run_id, state.step_name,
                                  int(settled.due_at.timestamp() * 1000))
         else:
             dispatcher.wake_run(state.run_id)
-        return StepOutcome("failed", error=exc, attempt=state.attempt)
+        return StepOutcome("failed", error=exc, attempt=state.attempt,
+                           max_attempts=state.max_attempts, retry_at=settled.due_at)
 
     def fire_timer(self, run_id: str, step_name: str, dispatcher: Dispatcher | None = None
                    ) -> str:
@@ -408,6 +452,38 @@ class Engine:
     def reap(self, dispatcher: Dispatcher | None = None) -> dict[str, int]:
         """One sweep for lost work (see ``pikku_celery.reaper``); returns what it resumed."""
         return self._reaper.sweep(dispatcher or self.dispatcher)
+
+
+class _AttemptReport:
+    """The signals of one claimed attempt: started now, then finished or superseded."""
+
+    def __init__(self, engine: Engine, function: str, claim: Claimed,
+                 task_id: str | None) -> None:
+        self._engine = engine
+        self._function = function
+        self._state = claim.state
+        self._task_id = task_id
+        self._started_ms = engine.now_ms()
+        self._emit("step_attempt_started", worker=engine.claimer.worker)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        state = self._state
+        self._engine.emit(event, self._function, run_id=state.run_id,
+                          step_name=state.step_name, attempt=state.attempt,
+                          max_attempts=state.max_attempts, function=self._function,
+                          task_id=self._task_id, **fields)
+
+    def _duration(self) -> float:
+        return max(0.0, (self._engine.now_ms() - self._started_ms) / 1000)
+
+    def finished(self, status: str, *, result: Any = None, error: dict[str, Any] | None = None,
+                 retry_at: datetime | None = None) -> None:
+        self._emit("step_attempt_finished", status=status, result=result, error=error,
+                   retry_at=retry_at, duration=self._duration())
+
+    def superseded(self, exc: WorkflowStepSupersededError) -> None:
+        self._emit("step_attempt_superseded", status="superseded",
+                   current_attempt=exc.current_attempt, duration=self._duration())
 
 
 class _PassHost:

@@ -145,3 +145,9 @@ class LeaseLostError(PikkuError):
 
 class InvalidInputError(PikkuError, ValueError):
     """Input that can never be stored: a bad name, key, value or option."""
+
+
+class PikkuConfigurationError(PikkuError):
+    """pikku cannot be set up from what it was given: a required setting (a store or lease
+    service URL) is missing, or a setting has a value pikku cannot use. Raised when pikku is
+    first used, not at import: the message names the setting to set."""

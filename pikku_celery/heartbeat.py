@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pikku_celery._fork import reset_in_forked_child
-from pikku_celery.clock import ServerClock
+from pikku_celery.clock import Clock
 from pikku_celery.leases.base import Lease, LeaseService
 from pikku_celery.store.base import WorkflowStore
 
@@ -51,7 +51,7 @@ class HeldStep:
 class Heartbeat:
     """Renews the held steps of this process; started lazily, restarted after a fork."""
 
-    def __init__(self, store: WorkflowStore, leases: LeaseService, clock: ServerClock, *,
+    def __init__(self, store: WorkflowStore, leases: LeaseService, clock: Clock, *,
                  on_lost: Callable[[HeldStep], None] | None = None) -> None:
         self._store = store
         self._leases = leases
@@ -62,6 +62,7 @@ class Heartbeat:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        self._stopped = False
         reset_in_forked_child(self)
 
     def _after_fork_in_child(self) -> None:
@@ -84,12 +85,19 @@ class Heartbeat:
             if self._held.get((held.run_id, held.step_name)) is held:
                 del self._held[(held.run_id, held.step_name)]
 
+    def stop(self) -> None:
+        """End the thread once it holds nothing (an engine thrown away, as the test kit's
+        engines are after each test); a later ``add`` starts it again."""
+        self._stopped = True
+        self._wake.set()
+
     def held(self) -> list[HeldStep]:
         with self._lock:
             return list(self._held.values())
 
     def _ensure_thread(self) -> None:
         # A forked pool child inherits the registry but not the thread: start its own.
+        self._stopped = False
         if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
             self._pid = os.getpid()
             self._thread = threading.Thread(target=self._run, name="pikku-heartbeat",
@@ -109,6 +117,11 @@ class Heartbeat:
             # is shorter than the others; it never triggers a beat by itself.
             woken = self._wake.wait(max(0.0, next_beat - time.monotonic()))
             self._wake.clear()
+            with self._lock:  # decided under the lock ``add`` takes: no step is left alone
+                if self._stopped and not self._held:
+                    if self._thread is threading.current_thread():
+                        self._thread = None
+                    return
             now = time.monotonic()
             if woken:
                 next_beat = min(next_beat, now + self._interval_s())

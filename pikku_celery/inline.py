@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,63 @@ class InlineDispatcher:
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         heapq.heappush(self.timers, (due_ms, "timer", f"{run_id}\x00{step_name}"))
 
+    def do_next(self) -> bool:
+        """Do the next piece of work: a queued item, else the earliest timer once it is due
+        on the engine's clock (a virtual clock jumps to it). ``False`` when there is none."""
+        if self.queue:
+            _do(self._engine, self, self.queue.popleft())
+            return True
+        if not self.timers:
+            return False
+        due_ms, kind, target = heapq.heappop(self.timers)
+        self._engine.clock.sleep_until(due_ms)
+        if kind == "run":
+            self.wake_run(target)
+        else:
+            timer_run, timer_step = target.split("\x00")
+            self._engine.fire_timer(timer_run, timer_step, dispatcher=self)
+        return True
+
+
+class DrivingDispatcher(InlineDispatcher):
+    """Does the work as soon as it is asked for, in the asking thread, until nothing is left:
+    every started run goes to its end (or to a suspension) before ``start`` returns (the test
+    kit's dispatcher; its virtual clock makes every timer due at once).
+
+    Work asked for while this dispatcher is already working (a pass dispatching steps, a
+    step waking its run) is queued and done by the loop that is running, never nested. A
+    thread that finds another thread working leaves its work to it; the worker looks again
+    after letting go, so nothing queued is stranded."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+        super().dispatch_step(function, run_id, step_name)
+        self.drain()
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
+        super().wake_run(run_id, countdown_s)
+        self.drain()
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
+        super().arm_timer(run_id, step_name, due_ms)
+        self.drain()
+
+    def drain(self) -> None:
+        while not getattr(self._local, "working", False) and self._lock.acquire(blocking=False):
+            self._local.working = True
+            try:
+                while self.do_next():
+                    pass
+            finally:
+                self._local.working = False
+                self._lock.release()
+            if not (self.queue or self.timers):
+                return
+
 
 def run_inline(engine: Engine, run_id: str, *, poll_s: float = 0.05) -> WorkflowRun:
     """Drive ``run_id`` (and any child runs) in this process until it ends or is suspended."""
@@ -49,17 +107,7 @@ def run_inline(engine: Engine, run_id: str, *, poll_s: float = 0.05) -> Workflow
         run = engine.get_run(run_id)
         if run.is_terminal or (run.status == RUN_SUSPENDED and not dispatcher.queue):
             return run
-        if dispatcher.queue:
-            _do(engine, dispatcher, dispatcher.queue.popleft())
-        elif dispatcher.timers:
-            due_ms, kind, target = heapq.heappop(dispatcher.timers)
-            time.sleep(max(0.0, (due_ms - engine.now_ms()) / 1000))
-            if kind == "run":
-                dispatcher.wake_run(target)
-            else:
-                timer_run, timer_step = target.split("\x00")
-                engine.fire_timer(timer_run, timer_step, dispatcher=dispatcher)
-        else:
+        if not dispatcher.do_next():
             # Something else holds the work (a worker, another process): look again soon.
             time.sleep(poll_s)
             dispatcher.wake_run(run_id)

@@ -112,6 +112,7 @@ class StepField:
     DUE = "due_ms"
     STARTED = "started_ms"
     WORKER = "worker"
+    TASK_ID = "task_id"  # the Celery task id of the delivery that claimed the attempt
     CHILD_RUN = "child_run_id"
     ON_ERROR = "on_error"
     CREATED = "created_ms"
@@ -132,6 +133,7 @@ class HistoryField:
     STARTED = "started_ms"
     ENDED = "ended_ms"
     WORKER = "worker"
+    TASK_ID = "task_id"
 
 
 class VersionField:

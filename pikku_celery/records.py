@@ -73,7 +73,8 @@ class StepState:
 
 @dataclass(frozen=True)
 class StepAttempt:
-    """One attempt of one step, as recorded in the history."""
+    """One attempt of one step, as recorded in the history. ``task_id`` is the Celery task
+    id of the delivery that ran it (``None`` inline, or when nothing is known of it)."""
 
     run_id: str
     step_name: str
@@ -84,3 +85,4 @@ class StepAttempt:
     started_at: datetime | None
     ended_at: datetime | None
     worker: str | None = None
+    task_id: str | None = None

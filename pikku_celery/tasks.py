@@ -4,8 +4,11 @@ Thin by design: each task validates its message, calls the engine, and maps outc
 Celery's vocabulary. A superseded step ends with ``WorkflowStepSupersededError`` recorded as
 its task state (declared in ``Task.throws``, so Celery logs it without a traceback) and its
 message acknowledged; a duplicate delivery the claim refuses ends with ``Ignore`` (acked,
-no state written); a body error is re-raised so the attempt shows as FAILURE, and the next
-attempt is scheduled by the workflow, never by Celery's ``max_retries``.
+no state written). A body error with attempts left ends the task as RETRY (``Retry`` raised,
+not ``task.retry()``: Celery records the state, logs one INFO line and acknowledges the
+message, but sends nothing; pikku logs one WARNING line), since the next attempt is scheduled
+by the workflow, never by Celery's ``max_retries``. A body error with no attempts left is
+re-raised, so the attempt shows as FAILURE.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 
 from pikku_celery import keys
 from pikku_celery.backend import record_attempt
@@ -32,7 +35,7 @@ from pikku_celery.errors import (
 from pikku_celery.validate import check_name
 
 if TYPE_CHECKING:
-    from pikku_celery.engine import Engine
+    from pikku_celery.engine import Engine, StepOutcome
 
 log = logging.getLogger("pikku_celery")
 Route = Callable[[str, tuple[Any, ...], Any], dict[str, Any]]
@@ -135,7 +138,8 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
         engine = engine_ref()
         definition = engine.registry.steps[name]
         try:
-            outcome = engine.execute_step(definition, run_id, step_name)
+            outcome = engine.execute_step(definition, run_id, step_name,
+                                          task_id=recordable_task_id(task.request.id))
         except WorkflowStepSupersededError as exc:
             # The result backend fences on this: a superseded attempt cannot replace the
             # outcome a later attempt stored under the same task id.
@@ -146,6 +150,8 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
             raise Ignore()
         record_attempt(task.request, outcome.attempt)
         if outcome.error is not None:
+            if outcome.retry_at is not None:
+                raise retry_of(run_id, step_name, outcome)
             raise outcome.error
         return outcome.result
 
@@ -155,6 +161,34 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
     task: Task = app.task(name=name, bind=True, shared=False, base=StepTask,
                           **{**STEP_TASK_DEFAULTS, **options})(run_step)
     return task
+
+
+MAX_TASK_ID_CHARS = 200
+
+
+def recordable_task_id(task_id: object) -> str | None:
+    """The task id to record with the attempt: Celery's ids are UUIDs, but a caller may
+    choose one, and a forged message must not store an arbitrarily large one."""
+    if isinstance(task_id, str) and 0 < len(task_id) <= MAX_TASK_ID_CHARS:
+        return task_id
+    return None
+
+
+def retry_of(run_id: str, step_name: str, outcome: StepOutcome) -> Retry:
+    """The task's end for an attempt that failed with attempts left: Celery's RETRY state,
+    and one WARNING line rather than ``ERROR ... raised unexpected`` and a traceback."""
+    error = outcome.error
+    assert error is not None and outcome.retry_at is not None
+    text = f"{type(error).__name__}: {error}"
+    if len(text) > 500:
+        text = text[:500] + "..."
+    when = outcome.retry_at.isoformat(timespec="milliseconds")
+    log.warning("pikku: step %r of run %s attempt %d of %d failed (%s); attempt %d runs at "
+                "%s", step_name, run_id, outcome.attempt, outcome.max_attempts, text,
+                outcome.attempt + 1, when)
+    return Retry(message=f"attempt {outcome.attempt} of {outcome.max_attempts} failed "
+                         f"({text}); pikku runs attempt {outcome.attempt + 1} at {when}",
+                 exc=error, when=outcome.retry_at)
 
 
 def register_internal_tasks(app: Celery, engine_ref: Callable[[], Engine]) -> None:

@@ -94,12 +94,14 @@ def first_claim_filter(step_id: str, function: str | None, now_ms: int) -> Doc:
     }
 
 
-def running_fields(now_ms: int, lease_ms: int, worker: str | None) -> Doc:
+def running_fields(now_ms: int, lease_ms: int, worker: str | None,
+                   task_id: str | None = None) -> Doc:
     return {
         S.STATUS: STEP_RUNNING,
         S.LEASE: now_ms + lease_ms,
         S.STARTED: now_ms,
         S.WORKER: worker,
+        S.TASK_ID: task_id,
         S.RESULT: None,
         S.ERROR: None,
         S.DUE: None,

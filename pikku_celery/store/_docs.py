@@ -73,6 +73,7 @@ def new_step_doc(step: NewStep, now_ms: int) -> Doc:
         S.DUE: now_ms if step.status == STEP_PENDING else step.due_ms,
         S.STARTED: now_ms if step.status == STEP_RUNNING else None,
         S.WORKER: None,
+        S.TASK_ID: None,
         S.CHILD_RUN: step.child_run_id,
         S.ON_ERROR: step.on_error,
         S.CREATED: now_ms,
@@ -135,6 +136,7 @@ def history_doc(step: Doc, attempt: int, status: str, *, result: Any = None,
         H.STARTED: started_ms if started_ms is not None else step.get(S.STARTED),
         H.ENDED: ended_ms,
         H.WORKER: step.get(S.WORKER),
+        H.TASK_ID: step.get(S.TASK_ID),
     }
 
 
@@ -183,7 +185,8 @@ def _earlier_entry(step: Doc, attempt: int, recorded: Doc | None) -> Doc:
     if recorded is None:
         entry = history_doc(step, attempt, STEP_FAILED,
                             error=lease_lost_error(step[S.RUN], step[S.NAME], attempt))
-        entry[H.STARTED] = entry[H.WORKER] = None  # nothing is known of that attempt
+        # Nothing is known of that attempt.
+        entry[H.STARTED] = entry[H.WORKER] = entry[H.TASK_ID] = None
         return entry
     if recorded[H.STATUS] == STEP_RUNNING:
         entry = dict(recorded)
@@ -215,6 +218,7 @@ def _attempt_from_entry(entry: Doc) -> StepAttempt:
         started_at=to_datetime(entry.get(H.STARTED)),
         ended_at=to_datetime(entry.get(H.ENDED)),
         worker=entry.get(H.WORKER),
+        task_id=entry.get(H.TASK_ID),
     )
 
 

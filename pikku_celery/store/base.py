@@ -123,9 +123,11 @@ class WorkflowStore(Protocol):
 
     def claim_step(
         self, run_id: str, step_name: str, function: str | None, now_ms: int, lease_ms: int,
-        worker: str | None = None,
+        worker: str | None = None, task_id: str | None = None,
     ) -> ClaimResult:
         """Claim the step for execution: one guarded write (contract invariants 2, 3, 6, 8).
+        ``worker`` and ``task_id`` (the Celery task id of the delivery) are recorded with
+        the attempt and copied into its history entry.
 
         - ``function`` differs from the recorded one: ``WorkflowStepFunctionMismatchError``
           before any write;

@@ -147,7 +147,8 @@ class InMemoryWorkflowStore:
             return [_docs.step_from_doc(copy.deepcopy(d)) for d in self._run_steps(run_id)]
 
     def claim_step(self, run_id: str, step_name: str, function: str | None, now_ms: int,
-                   lease_ms: int, worker: str | None = None) -> ClaimResult:
+                   lease_ms: int, worker: str | None = None,
+                   task_id: str | None = None) -> ClaimResult:
         with self._lock:
             doc = self._step_doc(run_id, step_name)
             decision = decide_claim(doc, function, now_ms)
@@ -157,7 +158,7 @@ class InMemoryWorkflowStore:
                 self._expire(doc, now_ms)
                 return ClaimResult(None, wake_run=True)
             previous = copy.deepcopy(doc)
-            doc.update(running_fields(now_ms, lease_ms, worker))
+            doc.update(running_fields(now_ms, lease_ms, worker, task_id))
             if decision.action is Action.RECLAIM:
                 doc[S.ATTEMPT] += 1
                 self._record_superseded(previous)

@@ -20,7 +20,9 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
                     ``retry_delay_ms``, ``result``, ``error``, ``lease_expires_ms`` (null when
                     not running, or parked on a child run), ``due_ms`` (when a scheduled step
                     or a failed step's next attempt may start; null when never), ``started_ms``,
-                    ``worker``, ``child_run_id``, ``on_error``, ``created_ms``, ``updated_ms``.
+                    ``worker``, ``task_id`` (the Celery task id of the delivery that claimed
+                    the attempt), ``child_run_id``, ``on_error``, ``created_ms``,
+                    ``updated_ms``.
                     Indexes: ``(run_id, created_ms, step_name)`` for a run's steps in
                     order (``_id`` already makes a step unique); ``(status,
                     lease_expires_ms)`` for the lapsed sweep, ``(status, updated_ms)`` and
@@ -30,8 +32,8 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
 ``workflow_step_history``  ``_id`` ``<step id>:<attempt>`` (so an entry is written at most
                     once per attempt, by upsert), ``step_id``, ``run_id``, ``step_name``,
                     ``attempt``, ``status``, ``result``, ``error``, ``started_ms``,
-                    ``ended_ms``, ``worker``. Index: ``run_id`` (``_id`` already makes an
-                    entry unique per attempt).
+                    ``ended_ms``, ``worker``, ``task_id``. Index: ``run_id`` (``_id``
+                    already makes an entry unique per attempt).
 ``workflow_versions``  ``_id`` ``<workflow>:<version>``, ``workflow``, ``version``,
                     ``source``, ``created_ms``; first writer wins (insert, duplicate ignored).
 
@@ -272,12 +274,14 @@ class MongoWorkflowStore:
         return [_docs.step_from_doc(d) for d in self._run_steps(run_id)]
 
     def claim_step(self, run_id: str, step_name: str, function: str | None, now_ms: int,
-                   lease_ms: int, worker: str | None = None) -> ClaimResult:
+                   lease_ms: int, worker: str | None = None,
+                   task_id: str | None = None) -> ClaimResult:
         step_id = keys.invocation_id(run_id, step_name)
         # Steady state: a fresh step is claimed by one write, with no read before it.
         claimed = self._steps.find_one_and_update(
             first_claim_filter(step_id, function, now_ms),
-            {"$set": running_fields(now_ms, lease_ms, worker)}, return_document=_AFTER)
+            {"$set": running_fields(now_ms, lease_ms, worker, task_id)},
+            return_document=_AFTER)
         if claimed is not None:
             return ClaimResult(_docs.step_from_doc(claimed))
         doc = self._steps.find_one({S.ID: step_id})
@@ -289,7 +293,7 @@ class MongoWorkflowStore:
             return ClaimResult(None)
         if decision.action is Action.EXPIRE:
             return self._expire(guard, doc, now_ms)
-        update: Doc = {"$set": running_fields(now_ms, lease_ms, worker)}
+        update: Doc = {"$set": running_fields(now_ms, lease_ms, worker, task_id)}
         if decision.action is Action.RECLAIM:
             update["$inc"] = {S.ATTEMPT: 1}
         claimed = self._steps.find_one_and_update(guard, update, return_document=_AFTER)

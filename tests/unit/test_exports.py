@@ -12,13 +12,14 @@ CONTRACT = {  # ../shared/design/contract.md section 1
     "WorkflowStepFunctionMismatchError", "WorkflowNotFoundError", "WorkflowRunNotFoundError",
     "WorkflowRunFailedError", "WorkflowCancelledError", "LeaseTakenError", "LeaseLostError",
 }
+INTEGRATION = {"shared_step", "shared_workflow"}  # contract section 5
 EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "WorkflowReplayError",
           "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku",
-          "hold_lease"}
+          "hold_lease", "PikkuConfigurationError"}
 
 
 def test_the_exported_names_are_exactly_the_public_api() -> None:
-    assert set(pikku_celery.__all__) == CONTRACT | EXTRAS
+    assert set(pikku_celery.__all__) == CONTRACT | INTEGRATION | EXTRAS
     for name in pikku_celery.__all__:
         assert hasattr(pikku_celery, name), name
 
@@ -31,5 +32,16 @@ def test_every_error_derives_from_pikku_error() -> None:
 
 def test_the_read_api_of_pikku_celery() -> None:
     for method in ("step", "workflow", "graph", "start", "get_run", "get_steps", "get_history",
-                   "wait", "cancel", "resume", "list_runs", "reap", "beat_schedule_entry"):
+                   "wait", "cancel", "resume", "list_runs", "reap", "beat_schedule_entry",
+                   "add_step", "add_workflow", "make_engine"):
         assert callable(getattr(pikku_celery.PikkuCelery, method)), method
+
+
+def test_the_signals_are_frozen_too() -> None:
+    from celery.utils.dispatch import Signal
+
+    from pikku_celery import signals
+
+    assert set(signals.__all__) == {"run_started", "run_finished", "step_attempt_started",
+                                    "step_attempt_finished", "step_attempt_superseded"}
+    assert all(isinstance(getattr(signals, name), Signal) for name in signals.__all__)

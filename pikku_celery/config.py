@@ -1,0 +1,192 @@
+"""pikku's settings, read from the Celery app's configuration when first needed.
+
+Celery's way: settings live in ``app.conf`` and are read when used, never at import. A
+Flask factory configures its Celery app after the module that built ``PikkuCelery`` was
+imported, and Django settings reach ``app.conf`` through
+``config_from_object("django.conf:settings", namespace="CELERY")``, which is itself lazy.
+So ``PikkuCelery(app)`` only remembers its explicit arguments; this module turns them and
+the app's configuration into settings, a store and a lease service the first time the
+engine is needed (a ``start``, a task, a worker's reaper).
+
+Names: the constructor argument ``x`` is the setting ``pikku_x``; with a namespace, Celery
+also reads ``<NAMESPACE>_PIKKU_X`` (``CELERY_PIKKU_MONGO_URL`` in Django settings). An
+explicit argument wins over the setting, the setting over the default.
+
+========================================  ================================================
+setting                                   default
+========================================  ================================================
+``pikku_mongo_url``                       required unless ``store=`` is given
+``pikku_redis_url``                       required unless ``leases=`` is given
+``pikku_key_prefix``                      the Celery app's main name
+``pikku_server_selection_timeout``        5 s (``MongoWorkflowStore.from_url``)
+``pikku_step_lease``                      60 s
+``pikku_run_lease``                       30 s
+``pikku_reaper_interval``                 half the step lease
+``pikku_max_countdown``                   300 s
+``pikku_undispatched_after``              30 s
+``pikku_stalled_after``                   30 s
+``pikku_continue_in_place``               ``False``
+``pikku_worker_reaper``                   ``True``
+``pikku_queue``                           none (read by ``pikku_celery.routing``)
+========================================  ================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pikku_celery.durations import Duration, to_ms, to_seconds
+from pikku_celery.errors import PikkuConfigurationError
+from pikku_celery.leases.base import LeaseService
+from pikku_celery.store.base import WorkflowStore
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+PREFIX = "pikku_"
+DEFAULT_STEP_LEASE_S = 60.0
+DEFAULT_RUN_LEASE_S = 30.0
+DEFAULT_MAX_COUNTDOWN_S = 300.0
+DEFAULT_UNDISPATCHED_AFTER_S = 30.0
+DEFAULT_STALLED_AFTER_S = 30.0
+_POSITIVE = ("step_lease", "run_lease")
+_DURATIONS = ("reaper_interval", "max_countdown", "undispatched_after", "stalled_after")
+_FLAGS = ("continue_in_place", "worker_reaper")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Every setting of one ``PikkuCelery``, explicit arguments and ``app.conf`` merged."""
+
+    step_lease_ms: int
+    run_lease_ms: int
+    reaper_interval_s: float
+    max_countdown_s: float
+    undispatched_after_ms: int
+    stalled_after_ms: int
+    continue_in_place: bool
+    worker_reaper: bool
+
+
+def setting_names(app: Celery, name: str) -> str:
+    """How a user writes ``pikku_<name>``: ``pikku_mongo_url``, and the namespaced form when
+    the app reads its configuration with a namespace (``CELERY_PIKKU_MONGO_URL``)."""
+    key = PREFIX + name
+    namespace = getattr(app, "namespace", None)
+    if namespace:
+        return f"{key} ({namespace.rstrip('_')}_{key.upper()} in your settings)"
+    return f"{key} (CELERY_{key.upper()} in Django settings read with namespace='CELERY')"
+
+
+def conf_value(app: Celery, name: str) -> Any:
+    """``pikku_<name>`` from ``app.conf`` (any layer, any namespace), else ``None``."""
+    return app.conf.get(PREFIX + name)
+
+
+class Settings:
+    """The explicit constructor arguments of one ``PikkuCelery`` (``None``: not given)."""
+
+    def __init__(self, app: Celery, explicit: dict[str, Any]) -> None:
+        self._app = app
+        self._explicit = explicit
+
+    def raw(self, name: str) -> tuple[Any, str]:
+        """The value to use for ``name`` and what to call it in an error message."""
+        given = self._explicit.get(name)
+        if given is not None:
+            return given, name
+        return conf_value(self._app, name), PREFIX + name
+
+    def duration_ms(self, name: str, default_s: float, *, positive: bool = False) -> int:
+        value, what = self.raw(name)
+        ms = to_ms(default_s if value is None else _duration(value), what=what)
+        if positive and ms <= 0:
+            raise ValueError(f"invalid {what}: {value!r} (must be greater than zero)")
+        return ms
+
+    def flag(self, name: str, default: bool) -> bool:
+        value, what = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError(f"invalid {what}: {value!r} (use True or False)")
+
+    def check_explicit(self) -> None:
+        """Refuse a bad explicit argument at construction; reads no configuration."""
+        for name in _POSITIVE + _DURATIONS:
+            if self._explicit.get(name) is not None:
+                self.duration_ms(name, 0, positive=name in _POSITIVE)
+        for name in _FLAGS:
+            if self._explicit.get(name) is not None:
+                self.flag(name, False)
+
+    def resolve(self) -> Resolved:
+        step_lease_ms = self.duration_ms("step_lease", DEFAULT_STEP_LEASE_S, positive=True)
+        interval, what = self.raw("reaper_interval")
+        return Resolved(
+            step_lease_ms=step_lease_ms,
+            run_lease_ms=self.duration_ms("run_lease", DEFAULT_RUN_LEASE_S, positive=True),
+            reaper_interval_s=(step_lease_ms / 2000 if interval is None
+                               else to_seconds(_duration(interval), what=what)),
+            max_countdown_s=self.duration_ms("max_countdown", DEFAULT_MAX_COUNTDOWN_S) / 1000,
+            undispatched_after_ms=self.duration_ms("undispatched_after",
+                                                   DEFAULT_UNDISPATCHED_AFTER_S),
+            stalled_after_ms=self.duration_ms("stalled_after", DEFAULT_STALLED_AFTER_S),
+            continue_in_place=self.flag("continue_in_place", False),
+            worker_reaper=self.flag("worker_reaper", True),
+        )
+
+    def store(self) -> WorkflowStore:
+        """The explicit store, else a ``MongoWorkflowStore`` on ``pikku_mongo_url`` (which
+        connects at its first call, not here)."""
+        given = self._explicit.get("store")
+        if given is not None:
+            return given  # type: ignore[no-any-return]
+        url = self._url("mongo_url", "MongoDB", "store")
+        from pikku_celery.store.mongo import MongoWorkflowStore
+
+        timeout = conf_value(self._app, "server_selection_timeout")
+        return MongoWorkflowStore.from_url(
+            url, server_selection_timeout=(
+                None if timeout is None else to_seconds(
+                    _duration(timeout), what=PREFIX + "server_selection_timeout")))
+
+    def leases(self) -> LeaseService:
+        """The explicit lease service, else a ``RedisLeaseService`` on ``pikku_redis_url``
+        under ``pikku_key_prefix`` (default: the app's main name)."""
+        given = self._explicit.get("leases")
+        if given is not None:
+            return given  # type: ignore[no-any-return]
+        url = self._url("redis_url", "Redis", "leases")
+        from pikku_celery.leases.redis import RedisLeaseService
+
+        prefix = conf_value(self._app, "key_prefix")
+        leases = RedisLeaseService.from_url(url, key_prefix=prefix or None)
+        leases.adopt_prefix(self._app.main)
+        return leases
+
+    def _url(self, name: str, service: str, argument: str) -> str:
+        url = conf_value(self._app, name)
+        if url is None or url == "":
+            raise PikkuConfigurationError(
+                f"pikku has no {service} for Celery app {self._app.main!r}: set "
+                f"{setting_names(self._app, name)} in the Celery app's configuration, or pass "
+                f"{argument}= to PikkuCelery")
+        if not isinstance(url, str):
+            raise PikkuConfigurationError(
+                f"invalid {PREFIX + name}: {url!r} (must be a URL string)")
+        return url
+
+
+def _duration(value: Any) -> Duration:
+    """Settings come from anywhere (environment-fed Django settings): a number in a string
+    is seconds, like a number."""
+    if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
+        return float(value)
+    return value  # type: ignore[no-any-return]
