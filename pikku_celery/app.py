@@ -43,6 +43,7 @@ from pikku_celery.tasks import (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+EngineFactory = Callable[["PikkuCelery"], Engine]
 log = logging.getLogger("pikku_celery")
 
 
@@ -113,7 +114,9 @@ class PikkuCelery:
         self.routing = Routing(celery_app, queue)
         self._resolved: Resolved | None = None
         self._engine: Engine | None = None
-        self._override: Engine | None = None  # the test kit's engine, for one test
+        # The test kit's engine for one test: built by its factory at first use.
+        self._override: Engine | None = None
+        self._override_factory: EngineFactory | None = None
         self._engine_lock = threading.Lock()
         reset_in_forked_child(self)
         self._reaper: WorkerReaper | None = None
@@ -147,11 +150,15 @@ class PikkuCelery:
         Building it opens no connection: the store and lease service connect at their
         first call. Raises ``PikkuConfigurationError`` naming a missing setting."""
         engine = self._override or self._engine
-        if engine is None:
+        if engine is None or (self._override_factory is not None and self._override is None):
             with self._engine_lock:  # threads pool: two first uses build one engine
+                if self._override_factory is not None:
+                    if self._override is None:
+                        self._override = self._override_factory(self)
+                    return self._override
                 if self._engine is None:
                     self._engine = self.make_engine()
-                engine = self._override or self._engine
+                engine = self._engine
         return engine
 
     def make_engine(self, *, store: WorkflowStore | None = None,
@@ -176,11 +183,15 @@ class PikkuCelery:
             engine.dispatcher = dispatcher(engine)
         return engine
 
-    def _use_engine(self, engine: Engine | None) -> Engine | None:
-        """Make ``engine`` this instance's engine until called again with ``None`` (the
-        test kit); returns the one it replaces."""
+    def _override_engine(self, factory: EngineFactory | None,
+                         engine: Engine | None = None) -> tuple[EngineFactory | None,
+                                                                Engine | None]:
+        """Until called again, this instance's engine is the one ``factory`` builds at
+        first use (or ``engine``); ``None`` and ``None`` go back to the configured engine.
+        Returns the previous pair, to restore it (what ``pikku_celery.testing`` does)."""
         with self._engine_lock:
-            previous, self._override = self._override, engine
+            previous = (self._override_factory, self._override)
+            self._override_factory, self._override = factory, engine
         return previous
 
     @property

@@ -45,3 +45,11 @@ def test_the_signals_are_frozen_too() -> None:
     assert set(signals.__all__) == {"run_started", "run_finished", "step_attempt_started",
                                     "step_attempt_finished", "step_attempt_superseded"}
     assert all(isinstance(getattr(signals, name), Signal) for name in signals.__all__)
+
+
+def test_the_test_kit_names() -> None:
+    from pikku_celery import testing
+
+    assert set(testing.__all__) == {"InlineKit", "VirtualClock", "inline",
+                                    "inline_everywhere", "pikku_inline"}
+    assert all(hasattr(testing, name) for name in testing.__all__)

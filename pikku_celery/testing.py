@@ -1,0 +1,193 @@
+"""The test kit: test your workflows with no broker, no Redis, no MongoDB and no waiting.
+
+    # conftest.py
+    pytest_plugins = ["pikku_celery.testing"]
+
+    # test_orders.py
+    def test_an_order_ships(pikku_inline):
+        run_id = pikku.start("order", {"order_id": "o-1"})
+        assert pikku.get_run(run_id).status == "completed"
+        assert [a.status for a in pikku_inline.attempts(run_id, "charge")] == [
+            "failed", "succeeded"]
+
+For one test, the fixture ``pikku_inline`` gives every ``PikkuCelery`` of the process (the
+ones that exist and the ones the test creates) an engine of its own on an in-memory store
+and in-memory leases, whose dispatcher runs the work at once in the calling thread instead
+of sending Celery messages: ``pikku.start`` returns when the run has ended (or is
+suspended), ``pikku.resume`` and ``pikku.cancel`` likewise. Timers (``wf.sleep``, retry
+delays, a re-wake) never wait: the kit's clock jumps to the next one when nothing else is
+left to do, so a one-hour sleep and three retries take milliseconds. Everything else is the
+engine your workers run: the claim layer, fencing, replay, history, signals.
+``inline(pikku)`` does the same for one instance, as a context manager.
+
+Nothing is connected, configured or read from ``app.conf``'s URLs: a project whose Celery
+app is configured for production imports and tests as it is. After the test, each instance
+goes back to the engine it had, and the kit's store is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pikku_celery import shared
+from pikku_celery.durations import Duration, to_ms
+from pikku_celery.engine import Engine
+from pikku_celery.errors import WorkflowRunNotFoundError
+from pikku_celery.inline import DrivingDispatcher
+from pikku_celery.leases.memory import InMemoryLeaseService, wall_clock_ms
+from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.store.memory import InMemoryWorkflowStore
+
+if TYPE_CHECKING:
+    from pikku_celery.app import EngineFactory, PikkuCelery
+
+
+class VirtualClock:
+    """Real time, plus every wait the kit skipped: it runs forward as time does, and
+    ``sleep_until`` jumps instead of sleeping. Never goes back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._start_ms = wall_clock_ms()
+        self._start_monotonic = time.monotonic()
+        self._skipped_ms = 0
+
+    def now_ms(self) -> int:
+        with self._lock:
+            return self._now_locked()
+
+    def _now_locked(self) -> int:
+        elapsed_ms = int((time.monotonic() - self._start_monotonic) * 1000)
+        return self._start_ms + elapsed_ms + self._skipped_ms
+
+    def observe(self, server_ms: int, sent_monotonic: float) -> None:
+        """Nothing to learn: the leases read this very clock."""
+
+    def sleep_until(self, due_ms: int) -> None:
+        with self._lock:
+            self._skipped_ms += max(0, due_ms - self._now_locked())
+
+    def advance(self, duration: Duration) -> None:
+        """Move the clock forward by ``duration`` (seconds, ``timedelta`` or ``"1h"``)."""
+        with self._lock:
+            self._skipped_ms += to_ms(duration, what="advance")
+
+    @property
+    def skipped_s(self) -> float:
+        """How much time the kit skipped so far, in seconds."""
+        with self._lock:
+            return self._skipped_ms / 1000
+
+
+class InlineKit:
+    """What ``pikku_inline`` and ``inline(pikku)`` give a test: the clock and the readers."""
+
+    def __init__(self) -> None:
+        self.clock = VirtualClock()
+        self._lock = threading.Lock()
+        self._engines: list[Engine] = []
+
+    # --- reading runs -------------------------------------------------------------------
+
+    def run(self, run_id: str) -> WorkflowRun:
+        """The run, from whichever instance holds it."""
+        return self._engine_of(run_id).get_run(run_id)
+
+    def steps(self, run_id: str) -> dict[str, StepState]:
+        """The run's steps by step name, in creation order."""
+        return {s.step_name: s for s in self._engine_of(run_id).get_steps(run_id)}
+
+    def attempts(self, run_id: str, step_name: str | None = None) -> list[StepAttempt]:
+        """Every attempt of the run (of one step with ``step_name``), in order."""
+        return [a for a in self._engine_of(run_id).get_history(run_id)
+                if step_name is None or a.step_name == step_name]
+
+    @property
+    def skipped_s(self) -> float:
+        """How much waiting (sleeps, retry delays) the kit skipped, in seconds."""
+        return self.clock.skipped_s
+
+    # --- binding ------------------------------------------------------------------------
+
+    def engine_factory(self) -> EngineFactory:
+        def build(pikku: PikkuCelery) -> Engine:
+            engine = pikku.make_engine(
+                store=InMemoryWorkflowStore(),
+                leases=InMemoryLeaseService(clock_ms=self.clock.now_ms),
+                clock=self.clock, dispatcher=DrivingDispatcher)
+            with self._lock:
+                self._engines.append(engine)
+            return engine
+        return build
+
+    def close(self) -> None:
+        with self._lock:
+            engines, self._engines = self._engines, []
+        for engine in engines:
+            engine.heartbeat.stop()
+
+    def _engine_of(self, run_id: str) -> Engine:
+        with self._lock:
+            engines = list(self._engines)
+        for engine in engines:
+            if engine.store.get_run(run_id) is not None:
+                return engine
+        raise WorkflowRunNotFoundError(run_id)
+
+
+@contextlib.contextmanager
+def inline(pikku: PikkuCelery) -> Iterator[InlineKit]:
+    """For the ``with`` block, ``pikku`` runs every started run inline to its end on an
+    in-memory store and leases, with a virtual clock (see the module docstring)."""
+    kit = InlineKit()
+    previous = pikku._override_engine(kit.engine_factory())
+    try:
+        yield kit
+    finally:
+        pikku._override_engine(*previous)
+        kit.close()
+
+
+@contextlib.contextmanager
+def inline_everywhere() -> Iterator[InlineKit]:
+    """``inline`` for every ``PikkuCelery`` of the process, existing and created within
+    the block: what the ``pikku_inline`` fixture does."""
+    kit = InlineKit()
+    factory = kit.engine_factory()
+    restore: list[tuple[PikkuCelery, Any]] = []
+    lock = threading.Lock()
+
+    def enter(pikku: PikkuCelery) -> None:
+        previous = pikku._override_engine(factory)
+        with lock:
+            restore.append((pikku, previous))
+
+    stop = shared.on_every_instance(enter)
+    try:
+        yield kit
+    finally:
+        stop()
+        with lock:
+            entered = list(reversed(restore))
+        for pikku, previous in entered:
+            pikku._override_engine(*previous)
+        kit.close()
+
+
+if TYPE_CHECKING or importlib.util.find_spec("pytest") is not None:
+    import pytest
+
+    @pytest.fixture
+    def pikku_inline() -> Iterator[InlineKit]:
+        """Every ``PikkuCelery`` of the process runs inline, in memory, on a virtual clock
+        for this test; the value reads runs' steps and attempts (``InlineKit``)."""
+        with inline_everywhere() as kit:
+            yield kit
+
+
+__all__ = ["InlineKit", "VirtualClock", "inline", "inline_everywhere", "pikku_inline"]
