@@ -217,32 +217,9 @@ def test_the_web_api_answers_a_deep_body_with_400(framework: str, levels: int) -
 
 
 def _raw_poster(framework: str) -> tuple[PikkuCelery, Callable[[str, str], tuple[int, Any]]]:
-    """POST a raw body (the test clients' own JSON encoders would recurse on it)."""
-    if framework == "flask":
-        from flask import Flask
-
-        from pikku_celery.contrib.flask import init_app
-
-        pikku = contrib_tests._pikku()
-        app = Flask("hardening-infra")
-        init_app(app, pikku, url_prefix="/workflows")
-        flask_client = app.test_client()
-
-        def post_flask(url: str, body: str) -> tuple[int, Any]:
-            response = flask_client.post(url, data=body, content_type="application/json")
-            return response.status_code, response.get_json()
-
-        return pikku, post_flask
-    pikku, _ = contrib_tests._django()
-    from django.test import Client
-
-    django_client = Client()
-
-    def post_django(url: str, body: str) -> tuple[int, Any]:
-        response = django_client.generic("POST", url, body, content_type="application/json")
-        return response.status_code, json.loads(response.content)
-
-    return pikku, post_django
+    """POST a raw body as an authorized caller (the test clients' own JSON encoders would
+    recurse on it)."""
+    return contrib_tests.raw_poster(framework)
 
 
 # --- 22: every store query is served by an index ------------------------------------------

@@ -1,0 +1,80 @@
+"""Django: ``INSTALLED_APPS += ["pikku_celery.contrib.django"]``.
+
+- ``apps.PikkuConfig`` imports a ``workflows`` module from every installed app when Django
+  sets up (web, shell, management commands, and ``celery -A proj worker``, where Celery's
+  Django fix-up runs ``django.setup()`` before the worker consumes), so every workflow is
+  registered before anything starts or runs one.
+- ``path("pikku/", include("pikku_celery.contrib.django.urls"))`` mounts the JSON API
+  (``views``): staff users only unless ``PIKKU_AUTHORIZE`` says otherwise, CSRF on every
+  POST.
+- ``python manage.py pikku ...`` runs the ``pikku`` command group (``pikku_celery.cli``).
+- ``pikku.start_on_commit(...)`` (``start_on_commit`` here) starts a run once the current
+  transaction commits.
+
+The ``PikkuCelery`` is the one bound to the project's Celery app: the app named by the
+``PIKKU_CELERY_APP`` setting (a dotted path, ``"proj.celery.app"``), else Celery's current
+app, the one ``proj/celery.py`` creates and ``proj/__init__.py`` imports in Celery's Django
+guide. Nothing here imports Django until it is used: pikku does not depend on it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from pikku_celery.app import PikkuCelery
+from pikku_celery.validate import check_name, check_value
+
+WORKFLOWS_MODULE = "workflows"
+
+
+def start_on_commit(pikku: PikkuCelery, workflow: str | Callable[..., Any], data: Any = None,
+                    *, run_id: str | None = None, using: str | None = None) -> str:
+    """Return the run id now; create and dispatch the run once the transaction open on
+    database ``using`` commits (at once when none is open), like Celery's
+    ``delay_on_commit``. A rolled-back transaction starts nothing.
+
+    Everything that can be checked before the commit is (the workflow is registered, the
+    run id and the input can be stored), so a bad call fails inside the transaction and
+    rolls back with it, not after your rows are committed. What can still fail after the
+    commit (MongoDB unreachable) raises from the commit, as Django's ``on_commit`` hooks
+    do: keep the returned id with your rows, and ``pikku.start(workflow, data,
+    run_id=that_id)`` again later is idempotent."""
+    from django.db import transaction
+
+    definition = pikku.registry.workflow(workflow)
+    run_id = check_name("run id", run_id) if run_id is not None else str(uuid.uuid4())
+    check_value("workflow input", data)
+    transaction.on_commit(lambda: pikku.start(definition.name, data, run_id=run_id),
+                          using=using)
+    return run_id
+
+
+def project_pikku() -> PikkuCelery:
+    """The ``PikkuCelery`` of the project's Celery app (``PIKKU_CELERY_APP``, else Celery's
+    current app). Read at every call: settings can change in tests."""
+    from celery import current_app
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    from pikku_celery.contrib._api import import_dotted
+
+    named = getattr(settings, "PIKKU_CELERY_APP", None)
+    if named is None:
+        celery_app = current_app._get_current_object()
+    else:
+        celery_app = import_dotted(named, "PIKKU_CELERY_APP") if isinstance(named, str) \
+            else named
+    if isinstance(celery_app, PikkuCelery):
+        return celery_app
+    found = getattr(celery_app, "pikku", None)
+    if not isinstance(found, PikkuCelery):
+        where = ("PIKKU_CELERY_APP" if named is not None
+                 else "Celery's current app (set PIKKU_CELERY_APP = \"proj.celery.app\" to "
+                      "name yours, or import it in proj/__init__.py as Celery's Django "
+                      "guide does)")
+        raise ImproperlyConfigured(
+            f"pikku: no PikkuCelery is bound to Celery app {getattr(celery_app, 'main', None)!r}"
+            f" from {where}: create PikkuCelery(app) where the Celery app is created")
+    return found

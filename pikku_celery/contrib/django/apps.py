@@ -1,0 +1,51 @@
+"""The Django app: registers every installed app's workflows when Django sets up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core import checks
+from django.utils.module_loading import autodiscover_modules
+
+from pikku_celery.contrib.django import WORKFLOWS_MODULE
+
+
+class PikkuConfig(AppConfig):
+    """``ready()`` runs in every process that calls ``django.setup()``: ``runserver`` and
+    WSGI/ASGI servers, ``shell`` and every management command, and Celery workers (Celery's
+    Django fix-up calls it when the worker imports its modules, before it consumes). So
+    ``<app>/workflows.py`` is imported, and its workflows and steps registered, before
+    anything can start or run them, as Celery's ``autodiscover_tasks`` does for
+    ``tasks.py``. An import error in one of them is raised, not skipped."""
+
+    name = "pikku_celery.contrib.django"
+    label = "pikku"
+    verbose_name = "pikku workflows"
+
+    def ready(self) -> None:
+        autodiscover_modules(WORKFLOWS_MODULE)
+        checks.register(check_settings)
+
+
+def check_settings(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
+    """``manage.py check``: the API's access settings can work."""
+    from pikku_celery.contrib._api import import_authorize
+
+    found: list[checks.CheckMessage] = []
+    authorize = getattr(settings, "PIKKU_AUTHORIZE", None)
+    if authorize is not None:
+        try:
+            import_authorize(authorize, "PIKKU_AUTHORIZE")
+        except (ImportError, TypeError) as exc:
+            found.append(checks.Error(str(exc), id="pikku.E001"))
+    elif ("django.contrib.auth" not in settings.INSTALLED_APPS
+          or "django.contrib.auth.middleware.AuthenticationMiddleware"
+          not in settings.MIDDLEWARE):
+        found.append(checks.Warning(
+            "the pikku API lets staff users in by default, which needs django.contrib.auth "
+            "and its AuthenticationMiddleware; without them every request is refused",
+            hint="add them, or set PIKKU_AUTHORIZE to a callable (request, action, run_id)",
+            id="pikku.W001"))
+    return found

@@ -1,0 +1,91 @@
+"""The JSON API's Django views, one per ``_api.ROUTES`` entry.
+
+Access follows Django's conventions: ``PIKKU_AUTHORIZE`` (a callable or the dotted path of
+one, ``(request, action, run_id) -> bool``) decides, and by default only active staff users
+get in, as for the admin. A refused anonymous caller gets 401, a refused user 403. Every
+POST goes through Django's CSRF check (``csrf_protect``, with or without
+``CsrfViewMiddleware``): send the ``csrftoken`` cookie's value in ``X-CSRFToken``; every
+GET sets that cookie.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_protect, ensure_csrf_cookie
+from django.views.decorators.http import require_http_methods
+
+from pikku_celery.contrib import _api
+from pikku_celery.contrib.django import project_pikku
+
+log = logging.getLogger("pikku_celery.contrib")
+
+
+def staff_only(request: HttpRequest, action: str, run_id: str | None) -> bool:
+    """The default ``PIKKU_AUTHORIZE``: active staff users, for every action."""
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
+def options() -> _api.ApiOptions:
+    return _api.ApiOptions(
+        show_tracebacks=bool(getattr(settings, "PIKKU_SHOW_TRACEBACKS", False)),
+        max_body_bytes=int(getattr(settings, "PIKKU_MAX_BODY_BYTES",
+                                   _api.DEFAULT_MAX_BODY_BYTES)))
+
+
+def refusal(request: HttpRequest, action: str, run_id: str | None) -> _api.ApiError | None:
+    """Why ``request`` may not do ``action``, or ``None``."""
+    configured = getattr(settings, "PIKKU_AUTHORIZE", None)
+    authorize = staff_only if configured is None else _api.import_authorize(
+        configured, "PIKKU_AUTHORIZE")
+    if authorize == _api.ALLOW_LOCAL:
+        allowed = _api.is_local_request(request.META.get("REMOTE_ADDR"), request.get_host(),
+                                        request.headers.get)
+    else:
+        assert callable(authorize)
+        try:
+            allowed = bool(authorize(request, action, run_id))
+        except PermissionDenied:
+            allowed = False
+    if allowed:
+        return None
+    user = getattr(request, "user", None)
+    if not getattr(user, "is_authenticated", False):
+        return _api.not_authenticated()
+    return _api.forbidden(action)
+
+
+def _read_body(request: HttpRequest, max_bytes: int) -> Any:
+    length = request.META.get("CONTENT_LENGTH")
+    return _api.read_json_body(request.content_type, int(length) if length else None,
+                               request.read, max_bytes)
+
+
+def make_view(route: _api.Route) -> Callable[..., JsonResponse]:
+    def view(request: HttpRequest, **params: str) -> JsonResponse:
+        def serve() -> _api.Response:
+            denied = refusal(request, route.action, params.get("run_id"))
+            if denied is not None:
+                return denied.response()
+            api = _api.RunsApi(project_pikku(), options())
+            return route.serve(api, params, request.GET,
+                               lambda: _read_body(request, api.options.max_body_bytes))
+        status, payload = _api.handle(serve)
+        return JsonResponse(payload, status=status)
+
+    view.__name__ = f"pikku_{route.name}"
+    guarded = require_http_methods([route.method])(view)
+    # csrf_protect checks a POST even without CsrfViewMiddleware; ensure_csrf_cookie hands
+    # API clients the cookie whose value they send back.
+    protect = csrf_protect if route.method == "POST" else ensure_csrf_cookie
+    protected: Callable[..., JsonResponse] = protect(guarded)
+    return protected
+
+
+VIEWS = {route.name: make_view(route) for route in _api.ROUTES}

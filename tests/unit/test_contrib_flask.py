@@ -1,0 +1,177 @@
+"""The Flask extension: ``PikkuFlask(pikku=None)`` + ``init_app`` in app factories, the
+refusal to mount the API without ``PIKKU_AUTHORIZE``, ``allow-local``, settings handed to
+the Celery app, ``flask pikku`` and the shared ``pikku`` command group."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+import pytest
+from celery import Celery
+from click.testing import CliRunner
+from flask import Flask, abort
+
+from pikku_celery import PikkuCelery, PikkuError
+from pikku_celery.cli import pikku as pikku_group
+from pikku_celery.contrib.flask import PikkuFlask, current_pikku
+from tests.unit.test_contrib import PREFIX, make_pikku
+
+
+def factory(ext: PikkuFlask, celery_app: Celery | None = None, **config: Any) -> Flask:
+    """An app factory as Flask's guides write one."""
+    app = Flask("factory")
+    app.config.update(SECRET_KEY="tests", **config)
+    if celery_app is not None:
+        app.extensions["celery"] = celery_app
+    ext.init_app(app)
+    return app
+
+
+def allow_all(request: Any, action: str, run_id: str | None) -> bool:
+    return True
+
+
+def test_mounting_the_api_without_authorize_is_refused_with_how_to_fix_it() -> None:
+    with pytest.raises(PikkuError) as refused:
+        factory(PikkuFlask(make_pikku()))
+    message = str(refused.value)
+    assert "PIKKU_AUTHORIZE" in message and "(request, action, run_id)" in message
+    assert "'allow-local'" in message and "PIKKU_URL_PREFIX = None" in message
+    # no API: nothing to authorize, the app still gets current_pikku and the commands
+    pikku = make_pikku()
+    app = factory(PikkuFlask(pikku), PIKKU_URL_PREFIX=None)
+    with app.app_context():
+        assert current_pikku() is pikku
+    assert app.test_client().get(PREFIX + "/runs").status_code == 404
+
+
+def test_one_extension_serves_many_apps_of_a_factory() -> None:
+    ext = PikkuFlask()  # module level in a real app
+    first, second = make_pikku(), make_pikku()
+    app1 = factory(ext, first.app, PIKKU_AUTHORIZE=allow_all)
+    app2 = factory(ext, second.app, PIKKU_AUTHORIZE=allow_all, PIKKU_URL_PREFIX="/ops/wf")
+    first.start("sum", {"a": 1, "b": 1}, run_id="one")
+    second.start("sum", {"a": 2, "b": 2}, run_id="two")
+    assert [r["run_id"] for r in app1.test_client().get(PREFIX + "/runs").json["runs"]] \
+        == ["one"]
+    assert [r["run_id"] for r in app2.test_client().get("/ops/wf/api/runs").json["runs"]] \
+        == ["two"]
+    with app2.app_context():
+        assert current_pikku() is second
+
+
+def test_a_celery_app_without_pikku_gets_one_configured_from_the_flask_config() -> None:
+    celery_app = Celery("flask-lazy", broker="memory://", set_as_current=False)
+    celery_app.conf.pikku_key_prefix = "from-celery"  # the Celery app's own setting wins
+    app = factory(PikkuFlask(), celery_app, PIKKU_AUTHORIZE=allow_all,
+                  PIKKU_MONGO_URL="mongodb://db.example/shop", PIKKU_KEY_PREFIX="from-flask",
+                  PIKKU_STEP_LEASE="20s")
+    with app.app_context():
+        pikku = current_pikku()
+    assert isinstance(pikku, PikkuCelery) and celery_app.pikku is pikku
+    assert celery_app.conf.pikku_mongo_url == "mongodb://db.example/shop"
+    assert celery_app.conf.pikku_step_lease == "20s"
+    assert celery_app.conf.pikku_key_prefix == "from-celery"
+    assert celery_app.conf.get("pikku_authorize") is None  # web settings stay in Flask
+
+
+def test_the_celery_app_can_be_named_in_the_config() -> None:
+    pikku = make_pikku()
+    app = factory(PikkuFlask(), PIKKU_AUTHORIZE=allow_all, PIKKU_CELERY_APP=pikku.app)
+    with app.app_context():
+        assert current_pikku() is pikku
+    with pytest.raises(PikkuError, match=r"app.extensions\['celery'\]"):
+        factory(PikkuFlask(), PIKKU_AUTHORIZE=allow_all)
+
+
+def test_authorize_may_be_a_dotted_path_and_may_abort_with_401() -> None:
+    pikku = make_pikku()
+    app = factory(PikkuFlask(pikku), PIKKU_AUTHORIZE="tests.unit.test_contrib_flask:bearer")
+    client = app.test_client()
+    response = client.get(PREFIX + "/runs")
+    assert (response.status_code, response.json["error"]) == (401, "NotAuthenticated")
+    assert client.get(PREFIX + "/runs", headers={"Authorization": "Bearer wrong"}
+                      ).status_code == 403
+    assert client.get(PREFIX + "/runs", headers={"Authorization": "Bearer good"}
+                      ).status_code == 200
+    with pytest.raises(ImportError, match="PIKKU_AUTHORIZE"):
+        factory(PikkuFlask(pikku), PIKKU_AUTHORIZE="tests.nowhere:allow")
+
+
+def bearer(request: Any, action: str, run_id: str | None) -> bool:
+    header = request.headers.get("Authorization")
+    if header is None:
+        abort(401)
+    return bool(header == "Bearer good")
+
+
+@pytest.mark.parametrize(("remote", "host", "headers", "status"), [
+    ("127.0.0.1", "127.0.0.1:5000", {}, 200),
+    ("::1", "localhost:5000", {}, 200),
+    ("::1", "[::1]:5000", {}, 200),
+    ("10.0.0.7", "127.0.0.1:5000", {}, 403),             # another machine
+    ("127.0.0.1", "evil.example", {}, 403),              # a name rebound to 127.0.0.1
+    ("127.0.0.1", "localhost", {"X-Forwarded-For": "203.0.113.9"}, 403),  # a local proxy
+])
+def test_allow_local_allows_this_machine_only(remote: str, host: str,
+                                              headers: dict[str, str], status: int) -> None:
+    app = factory(PikkuFlask(make_pikku()), PIKKU_AUTHORIZE="allow-local")
+    response = app.test_client().get(PREFIX + "/runs", headers={"Host": host, **headers},
+                                     environ_base={"REMOTE_ADDR": remote})
+    assert response.status_code == status
+
+
+def test_flasks_own_body_limit_is_answered_as_json() -> None:
+    pikku = make_pikku()
+    app = factory(PikkuFlask(pikku), PIKKU_AUTHORIZE=allow_all, MAX_CONTENT_LENGTH=50)
+    response = app.test_client().post(PREFIX + "/workflows/sum/runs",
+                                      json={"input": {"text": "x" * 100}})
+    assert response.status_code == 413 and set(response.json) == {"error", "message"}
+    assert pikku.list_runs() == []
+
+
+# --- commands ----------------------------------------------------------------------------
+
+
+def test_flask_pikku_lists_and_shows_runs() -> None:
+    pikku = make_pikku()
+    run_id = pikku.start("sum", {"a": 2, "b": 3}, inline=True)
+    app = factory(PikkuFlask(pikku), PIKKU_URL_PREFIX=None)
+    runner = app.test_cli_runner()
+    listed = runner.invoke(args=["pikku", "runs", "--workflow", "sum"])
+    assert listed.exit_code == 0 and run_id in listed.output and "completed" in listed.output
+    shown = runner.invoke(args=["pikku", "show", run_id, "--json"])
+    assert json.loads(shown.output)["run"]["output"] == 5
+    missing = runner.invoke(args=["pikku", "show", "ghost"])
+    assert missing.exit_code == 1
+    assert missing.output.strip().splitlines() == [
+        "Error: WorkflowRunNotFoundError: " + str(_not_found(pikku, "ghost"))]
+
+
+def _not_found(pikku: PikkuCelery, run_id: str) -> Exception:
+    try:
+        pikku.get_run(run_id)
+    except Exception as exc:
+        return exc
+    raise AssertionError("found")
+
+
+class CeleryCLIContext:
+    """What Celery's own CLI hands its commands as ``ctx.obj`` (``celery -A proj ...``)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+
+def test_the_bare_group_acts_on_the_celery_apps_pikku() -> None:
+    pikku = make_pikku()
+    run_id = pikku.start("sum", {"a": 1, "b": 1}, inline=True)
+    result = CliRunner().invoke(pikku_group, ["runs", "--json"],
+                                obj=CeleryCLIContext(pikku.app))
+    assert [r["run_id"] for r in json.loads(result.output)] == [run_id]
+    unbound = CliRunner().invoke(pikku_group, ["runs"],
+                                 obj=CeleryCLIContext(Celery("no-pikku", set_as_current=False)))
+    assert unbound.exit_code == 1 and "no PikkuCelery" in unbound.output
+    assert CliRunner().invoke(pikku_group, ["runs"]).exit_code == click.UsageError.exit_code
