@@ -188,8 +188,8 @@ def test_by_default_only_active_staff_users_get_in(pikku: PikkuCelery) -> None:
     assert web.call("GET", PREFIX + "/runs", user=None)[0] == 401
     assert web.call("POST", PREFIX + "/workflows/sum/runs", {"input": {}}, user="reader")[0] \
         == 403
-    User.objects.create(username="gone", is_staff=True, is_active=False)
-    assert web.call("GET", PREFIX + "/runs", user="gone")[0] in (401, 403)
+    User.objects.get_or_create(username="gone", defaults={"is_staff": True, "is_active": False})
+    assert web.call("GET", PREFIX + "/runs", user="gone")[0] == 401  # not logged in
     assert pikku.list_runs() == []
 
 
