@@ -16,6 +16,7 @@ from celery import Celery
 
 from pikku_celery import PikkuCelery, PikkuConfigurationError, signals
 from pikku_celery.testing import inline
+from tests.support.readme import readme_example
 
 pytest_plugins = ["pytester"]
 
@@ -190,3 +191,10 @@ def test_signals_are_sent_under_the_kit() -> None:
     finally:
         signals.run_finished.disconnect(record)
     assert finished == ["completed"]
+
+
+def test_the_readme_example_passes_as_written(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(shop=readme_example("shop.py"),
+                        test_shop=readme_example("test_shop.py"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
