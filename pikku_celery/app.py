@@ -29,7 +29,7 @@ from pikku_celery.errors import InvalidInputError
 from pikku_celery.graph import build_graph, run_graph
 from pikku_celery.inline import DrivingDispatcher, run_inline
 from pikku_celery.leases.base import LeaseService
-from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.records import RUN_TERMINAL, StepAttempt, StepState, WorkflowRun
 from pikku_celery.replay import WorkflowContext
 from pikku_celery.routing import Routing
 from pikku_celery.signals import SignalSender
@@ -322,6 +322,23 @@ class PikkuCelery:
         return self.engine.store.list_runs(workflow=workflow, status=status, limit=limit,
                                            created_before_ms=before_ms,
                                            before_run_id=before_id)
+
+    def count_runs(self, status: str, *, workflow: str | None = None,
+                   limit: int = 10_000) -> int:
+        """How many runs have ``status`` (and ``workflow``), counting at most ``limit``
+        (an index-served count that stops there)."""
+        return self.engine.store.count_runs(status=status, workflow=workflow, limit=limit)
+
+    def purge(self, older_than: Duration, *, statuses: Iterable[str] = RUN_TERMINAL,
+              dry_run: bool = False, batch: int = 500) -> int:
+        """Delete the runs that ended (``statuses``: completed, failed, cancelled) more
+        than ``older_than`` ago, with their steps and history, ``batch`` runs per round
+        trip; never a live run. Returns how many were deleted (with ``dry_run``: would
+        be, deleting nothing). See ``pikku_celery.retention``."""
+        from pikku_celery.retention import purge
+
+        return purge(self.engine, older_than, statuses=statuses, dry_run=dry_run,
+                     batch=batch)
 
     def reap(self) -> dict[str, int]:
         """Sweep for lost work now (workers also do this every ``reaper_interval``)."""

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.records import RUN_TERMINAL, StepAttempt, StepState, WorkflowRun
 
 
 @dataclass(frozen=True)
@@ -230,4 +230,26 @@ class WorkflowStore(Protocol):
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
         """``running`` runs no pass has touched since ``idle_since_ms``."""
+        ...
+
+    # --- retention and counts (operators' tools) ----------------------------------------
+
+    def count_runs(self, *, status: str, workflow: str | None = None,
+                   updated_before_ms: int | None = None, limit: int = 10_000) -> int:
+        """How many runs have ``status`` (and ``workflow``, or else a last update before
+        ``updated_before_ms``: not both), counting at most ``limit``: an index-served
+        count that stops there, so a dashboard's counts cost the same with millions of
+        runs."""
+        ...
+
+    def purge_runs(self, ended_before_ms: int, *, statuses: Iterable[str] = RUN_TERMINAL,
+                   limit: int = 500) -> list[str]:
+        """Delete up to ``limit`` ended runs whose status is in ``statuses`` (ended ones
+        only: a live status is refused) and whose last update is before
+        ``ended_before_ms``, with their steps and history; returns the ids deleted.
+
+        A batch's steps and history go first, then its runs, with an ended status in the
+        delete's own filter. An ended run never changes status again, and no new run can
+        take its id while it exists, so the steps deleted are its own; a crash between the
+        two deletes leaves ended runs that the next purge finds again."""
         ...

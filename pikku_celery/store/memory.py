@@ -26,6 +26,7 @@ from pikku_celery.keys import StepField as S
 from pikku_celery.records import (
     RUN_RUNNING,
     RUN_STATUSES,
+    RUN_TERMINAL,
     STEP_FAILED,
     STEP_PENDING,
     STEP_RUNNING,
@@ -35,7 +36,7 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
-from pikku_celery.store import _docs
+from pikku_celery.store import _docs, _retention
 from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
 from pikku_celery.store.base import ClaimResult, NewRun, NewStep
 from pikku_celery.validate import as_stored, check_listing, check_name, check_value
@@ -293,6 +294,32 @@ class InMemoryWorkflowStore:
             docs = [d for d in self._runs.values()
                     if d[R.STATUS] == RUN_RUNNING and d[R.UPDATED] < idle_since_ms]
             return [_docs.run_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
+
+    # --- retention and counts -----------------------------------------------------------
+
+    def count_runs(self, *, status: str, workflow: str | None = None,
+                   updated_before_ms: int | None = None, limit: int = 10_000) -> int:
+        _retention.check_count(status, workflow, updated_before_ms, limit)
+        with self._lock:
+            found = sum(1 for d in self._runs.values()
+                        if d[R.STATUS] == status
+                        and (workflow is None or d[R.WORKFLOW] == workflow)
+                        and (updated_before_ms is None or d[R.UPDATED] < updated_before_ms))
+        return min(found, limit)
+
+    def purge_runs(self, ended_before_ms: int, *, statuses: Iterable[str] = RUN_TERMINAL,
+                   limit: int = 500) -> list[str]:
+        chosen = _retention.check_purge(ended_before_ms, statuses, limit)
+        with self._lock:
+            ids = [d[R.ID] for d in self._runs.values()
+                   if d[R.STATUS] in chosen and d[R.UPDATED] < ended_before_ms][:limit]
+            doomed = set(ids)
+            for table, field in ((self._steps, S.RUN), (self._history, H.RUN)):
+                for key in [k for k, d in table.items() if d[field] in doomed]:
+                    del table[key]
+            for run_id in ids:
+                del self._runs[run_id]
+        return ids
 
     # --- internals (call with the lock held) --------------------------------------------
 

@@ -6,7 +6,7 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
                     ``status``, ``input``, ``output``, ``error``, ``version``,
                     ``parent_run_id``, ``parent_step_name``, ``cancel_reason``,
                     ``created_ms``, ``updated_ms``.
-                    Indexes: ``(status, updated_ms)`` for the stalled sweep;
+                    Indexes: ``(status, updated_ms)`` for the stalled sweep and purges;
                     ``(status, created_ms desc, run_id desc)`` and ``(workflow, status,
                     created_ms desc, run_id desc)`` for listing newest first (a listing
                     without a status filter names every status, and MongoDB merges one
@@ -87,6 +87,7 @@ from pikku_celery.keys import VersionField as V
 from pikku_celery.records import (
     RUN_RUNNING,
     RUN_STATUSES,
+    RUN_TERMINAL,
     STEP_FAILED,
     STEP_PENDING,
     STEP_RUNNING,
@@ -96,7 +97,7 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
-from pikku_celery.store import _docs
+from pikku_celery.store import _docs, _retention
 from pikku_celery.store._decide import (
     Action,
     decide_claim,
@@ -160,17 +161,22 @@ class MongoWorkflowStore:
 
     def create_indexes(self) -> None:
         """Create every index (idempotent); done automatically before the first insert."""
-        newest_first = [(R.CREATED, DESCENDING), (R.RUN, DESCENDING)]
-        self._runs.create_index([(R.STATUS, ASCENDING), (R.UPDATED, ASCENDING)])
-        self._runs.create_index([(R.STATUS, ASCENDING), *newest_first])
-        self._runs.create_index([(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *newest_first])
-        self._steps.create_index([(S.RUN, ASCENDING), (S.CREATED, ASCENDING),
-                                  (S.NAME, ASCENDING)])
-        for field in (S.LEASE, S.UPDATED, S.DUE):
-            self._steps.create_index([(S.STATUS, ASCENDING), (field, ASCENDING)])
-        self._history.create_index([(H.RUN, ASCENDING)])
+        for collection, indexes in INDEXES.items():
+            for index in indexes:
+                self.db[collection].create_index(index)
         # Only now: a first call that met an unreachable server must try again next time.
         self._indexes_ready = True
+
+    def check_indexes(self) -> list[str]:
+        """The declared indexes the database lacks, as ``collection (field, -field)``
+        (``pikku check``); empty when all exist."""
+        missing = []
+        for collection, indexes in INDEXES.items():
+            present = {tuple((f, int(d)) for f, d in info["key"])
+                       for info in self.db[collection].index_information().values()}
+            missing += [f"{collection} ({', '.join(('-' if d < 0 else '') + f for f, d in i)})"
+                        for i in indexes if tuple(i) not in present]
+        return missing
 
     # --- runs -------------------------------------------------------------------------
 
@@ -187,7 +193,7 @@ class MongoWorkflowStore:
             return _docs.run_from_doc(doc), True
         except DuplicateKeyError:
             existing = self._runs.find_one({R.ID: run.run_id})
-            if existing is None:  # pragma: no cover - runs are never deleted
+            if existing is None:  # pragma: no cover - purged between the two calls
                 raise
             if existing[R.WORKFLOW] != run.workflow:
                 raise WorkflowRunConflictError(
@@ -261,7 +267,7 @@ class MongoWorkflowStore:
             return _docs.step_from_doc(doc), True
         except DuplicateKeyError:
             existing = self._steps.find_one({S.ID: doc[S.ID]})
-            if existing is None:  # pragma: no cover - steps are never deleted
+            if existing is None:  # pragma: no cover - purged between the two calls
                 raise
             return _docs.step_from_doc(existing), False
 
@@ -447,6 +453,35 @@ class MongoWorkflowStore:
         cursor = self._runs.find({R.STATUS: RUN_RUNNING, R.UPDATED: {"$lt": idle_since_ms}})
         return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
 
+    # --- retention and counts -----------------------------------------------------------
+
+    def count_runs(self, *, status: str, workflow: str | None = None,
+                   updated_before_ms: int | None = None, limit: int = 10_000) -> int:
+        _retention.check_count(status, workflow, updated_before_ms, limit)
+        # Served by (workflow, status, ...), (status, created_ms, ...) or (status,
+        # updated_ms): a count of index keys that stops at ``limit``.
+        query: Doc = {R.STATUS: status}
+        if workflow is not None:
+            query[R.WORKFLOW] = workflow
+        if updated_before_ms is not None:
+            query[R.UPDATED] = {"$lt": updated_before_ms}
+        return int(self._runs.count_documents(query, limit=limit))
+
+    def purge_runs(self, ended_before_ms: int, *, statuses: Iterable[str] = RUN_TERMINAL,
+                   limit: int = 500) -> list[str]:
+        chosen = _retention.check_purge(ended_before_ms, statuses, limit)
+        ended = {R.STATUS: {"$in": chosen}}
+        # (status, updated_ms) serves the batch: the ended runs' keys before the cutoff.
+        ids = [d[R.ID] for d in self._runs.find(
+            {**ended, R.UPDATED: {"$lt": ended_before_ms}}, {R.ID: 1}).limit(limit)]
+        if not ids:
+            return []
+        self._steps.delete_many({S.RUN: {"$in": ids}})
+        self._history.delete_many({H.RUN: {"$in": ids}})
+        # The ended status again, in the delete itself: whatever was read, nothing live goes.
+        self._runs.delete_many({R.ID: {"$in": ids}, **ended})
+        return ids
+
     # --- internals --------------------------------------------------------------------
 
     def _run_steps(self, run_id: str) -> list[Doc]:
@@ -482,6 +517,20 @@ class MongoWorkflowStore:
 
     def _put_history(self, entry: Doc) -> None:
         self._history.replace_one({H.ID: entry[H.ID]}, entry, upsert=True)
+
+
+# Every index, by collection (see the schema above); ``create_indexes`` makes them and
+# ``check_indexes`` reports the missing ones.
+_NEWEST_FIRST = [(R.CREATED, DESCENDING), (R.RUN, DESCENDING)]
+INDEXES: dict[str, list[list[tuple[str, int]]]] = {
+    keys.RUNS: [[(R.STATUS, ASCENDING), (R.UPDATED, ASCENDING)],
+                [(R.STATUS, ASCENDING), *_NEWEST_FIRST],
+                [(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *_NEWEST_FIRST]],
+    keys.STEPS: [[(S.RUN, ASCENDING), (S.CREATED, ASCENDING), (S.NAME, ASCENDING)],
+                 *([(S.STATUS, ASCENDING), (field, ASCENDING)]
+                   for field in (S.LEASE, S.UPDATED, S.DUE))],
+    keys.HISTORY: [[(H.RUN, ASCENDING)]],
+}
 
 
 def _page_after(field: str, after: tuple[int, str] | None) -> Doc:
