@@ -14,7 +14,7 @@ repository checkout): ``test_tasks``, ``test_canvas``, ``test_backend`` and
 on RabbitMQ (a private vhost, deleted afterwards, so no other worker on the machine answers
 the suite's broadcasts) with Celery's MongoDB result backend over the nx-27017 stand-in (a
 private instance), and prints a test-by-test comparison. It exits 1 when an outcome
-differs. Each mode takes about ten minutes on this project's machines.
+differs. Each mode takes about 16 minutes on this project's machines.
 
 The suite's own test dependencies that the project does not carry (pydantic for its task
 module, pytest-rerunfailures for its ``flaky`` marks, azure-core for an import of
