@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
 
 from pikku_celery import InMemoryWorkflowStore, PikkuCelery, RedisLeaseService, signals
 from tests.conftest import REDIS_URL
@@ -59,8 +60,20 @@ def test_a_celery_worker_records_task_ids_and_logs_retries_as_retries(
     assert sum(f"Task it.flaky[{ids[0]}] received" in ln for ln in log.splitlines()) == 1
 
 
+@pytest.fixture
+def own_event_loop() -> Iterator[None]:
+    """An in-process worker adopts kombu's process-wide event loop if one is set. A worker
+    built earlier in this process and never started (``test_celery_workers`` builds one)
+    leaves a hub behind whose timer nobody runs, so the ETA messages that carry pikku's
+    retry delays would never fire: start from none, and leave none."""
+    set_event_loop(None)
+    yield
+    set_event_loop(None)
+
+
 def test_in_a_worker_retry_state_signals_and_one_warning(
-        key_prefix: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+        key_prefix: str, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
+        own_event_loop: None) -> None:
     queue = f"{key_prefix}-q"
     app = Celery(f"obs-{uuid.uuid4().hex[:6]}", broker=REDIS_URL, backend=REDIS_URL,
                  set_as_current=False)
