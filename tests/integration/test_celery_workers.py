@@ -318,7 +318,10 @@ def test_step_tasks_use_the_celery_conventions(make_cluster: Callable[..., Clust
             True, True, "json"), name
     # Prefetch 1 is the workers' own (they consume only pikku's queue), never the app's.
     assert "worker_prefetch_multiplier" not in app.conf.changes
-    worker = WorkController(app=app, queues=[app.conf.task_default_queue], pool="solo")
+    # Never started: no event loop, or its hub would become kombu's global one for the
+    # in-process workers of later tests in this process.
+    worker = WorkController(app=app, queues=[app.conf.task_default_queue], pool="solo",
+                            use_eventloop=False)
     assert worker.prefetch_multiplier == 1
 
 

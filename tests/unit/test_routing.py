@@ -45,7 +45,9 @@ def workers() -> Iterator[list[WorkController]]:
 
 
 def worker_of(app: Celery, made: list[WorkController], **kwargs: Any) -> WorkController:
-    worker = WorkController(app=app, pool="solo", concurrency=CONCURRENCY, **kwargs)
+    # Never started: no event loop (a hub would become kombu's global one for later tests).
+    worker = WorkController(app=app, pool="solo", concurrency=CONCURRENCY,
+                            use_eventloop=False, **kwargs)
     made.append(worker)
     return worker
 
@@ -234,7 +236,8 @@ def cli_worker_of(app: Celery, made: list[WorkController], **kwargs: Any) -> Wor
     before selecting the queues, so pikku's queue is declared first and ``-Q``/``-X`` apply
     to it as to any queue."""
     app.conf.worker_hijack_root_logger = False
-    worker = app.Worker(pool="solo", concurrency=CONCURRENCY, quiet=True, **kwargs)
+    worker = app.Worker(pool="solo", concurrency=CONCURRENCY, quiet=True, use_eventloop=False,
+                        **kwargs)
     made.append(worker)
     return worker
 
