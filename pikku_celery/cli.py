@@ -1,23 +1,50 @@
 """The ``pikku`` command group (click), shared by every way of running it.
 
-``python manage.py pikku ...`` and ``flask pikku ...`` run this group with a function that
-finds their ``PikkuCelery`` (``bound``); ``celery -A proj pikku ...`` (a ``celery.commands``
-entry point) runs it bare, and the commands then take the instance bound to the Celery app
-Celery's own CLI loaded. The commands call the app's public methods only.
+``celery -A proj pikku ...`` runs it through Celery's ``celery.commands`` entry point (the
+commands take the ``PikkuCelery`` bound to the app Celery's CLI loaded);
+``python manage.py pikku ...`` and ``flask pikku ...`` run the same group with a function
+that finds their ``PikkuCelery`` (``bound``). The commands call the app's public methods.
+
+Every failure (an unknown run, MongoDB or Redis unreachable, a missing setting) is one line
+on stderr and exit status 1, never a traceback; ``watch`` exits 0, 1 or 2 for a run that
+completed, failed or was cancelled, and 3 when it cannot watch. Module imports stay light:
+Celery imports this module in every ``celery`` command, workers included, so rich and the
+dashboard are imported by the commands that use them.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import json
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, ParamSpec, TypeVar
 
 import click
 
 from pikku_celery.app import PikkuCelery, get_pikku
-from pikku_celery.errors import PikkuError
+from pikku_celery.records import RUN_STATUSES, RUN_TERMINAL
+from pikku_celery.timeline import Timeline, build, error_line
 
 RESOLVER = "pikku_celery.resolve"
+P = ParamSpec("P")
+T = TypeVar("T")
+
+EXIT_FOR_STATUS = {"completed": 0, "failed": 1, "cancelled": 2}
+DEFAULT_DASHBOARD_PORT = 5580
+
+
+class CommandFailed(click.ClickException):
+    """One line on stderr and exit status 1."""
+
+
+class WatchFailed(CommandFailed):
+    """``watch`` could not watch: 3, apart from the run outcomes' 0, 1 and 2."""
+
+    exit_code = 3
 
 
 def resolve(ctx: click.Context) -> PikkuCelery:
@@ -31,12 +58,39 @@ def resolve(ctx: click.Context) -> PikkuCelery:
     try:
         return get_pikku(celery_app)
     except LookupError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CommandFailed(f"{exc} (create PikkuCelery(app) in the module -A names)"
+                            ) from None
+
+
+@contextmanager
+def one_line_errors(failure: type[CommandFailed] = CommandFailed) -> Iterator[None]:
+    """Whatever fails becomes one line (``Type: message``) raised as ``failure``."""
+    try:
+        yield
+    except CommandFailed as exc:
+        if isinstance(exc, failure):
+            raise
+        raise failure(exc.message) from None
+    except (click.ClickException, click.exceptions.Exit, click.Abort):
+        raise
+    except KeyboardInterrupt:
+        raise click.Abort() from None
+    except Exception as exc:
+        raise failure(error_line({"type": type(exc).__name__, "message": str(exc)},
+                                 limit=500)) from None
+
+
+def operator_command(fn: Callable[P, T]) -> Callable[P, T]:
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        with one_line_errors():
+            return fn(*args, **kwargs)
+    return run
 
 
 @click.group("pikku")
 def pikku() -> None:
-    """Read and manage pikku workflow runs."""
+    """Read and operate pikku workflow runs."""
 
 
 def bound(find: Callable[[], PikkuCelery]) -> click.Group:
@@ -52,51 +106,216 @@ def bound(find: Callable[[], PikkuCelery]) -> click.Group:
 def _echo_json(value: Any) -> None:
     from pikku_celery.contrib._api import to_json
 
-    click.echo(json.dumps(to_json(value), indent=2, sort_keys=True))
+    click.echo(json.dumps(to_json(value), indent=2, sort_keys=True, default=str))
 
 
-def _error(error: dict[str, Any] | None) -> str:
-    return "" if not error else f"{error.get('type')}: {error.get('message')}"
+def timeline_of(app: PikkuCelery, run_id: str) -> Timeline:
+    """The run's timeline from three reads (run, steps, history)."""
+    run = app.get_run(run_id)
+    return build(run, app.get_steps(run_id), app.get_history(run_id), datetime.now(UTC))
+
+
+def timeline_json(timeline: Timeline) -> dict[str, Any]:
+    from pikku_celery.contrib._api import to_json
+
+    attempts = []
+    for attempt in timeline.attempts:
+        entry = to_json(attempt)
+        entry.update(superseded=attempt.superseded, duration_s=(
+            None if attempt.duration is None else attempt.duration.total_seconds()))
+        attempts.append(entry)
+    return {"run": to_json(timeline.run), "steps": to_json([s.state for s in timeline.steps]),
+            "attempts": attempts, "progress": timeline.progress()}
+
+
+# --- reading ------------------------------------------------------------------------------
 
 
 @pikku.command("runs")
 @click.option("--workflow", help="Only runs of this workflow.")
-@click.option("--status", help="Only runs with this status (running, failed, ...).")
-@click.option("--limit", default=20, show_default=True, help="At most this many runs.")
+@click.option("--status", type=click.Choice(RUN_STATUSES), help="Only runs with this status.")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000),
+              help="Runs per page.")
+@click.option("--before", metavar="RUN_ID",
+              help="The next page: runs created before this one (the last of a page).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
+@operator_command
 def runs(ctx: click.Context, workflow: str | None, status: str | None, limit: int,
-         as_json: bool) -> None:
-    """List runs, newest first."""
-    try:
-        found = resolve(ctx).list_runs(workflow=workflow, status=status, limit=limit)
-    except PikkuError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+         before: str | None, as_json: bool) -> None:
+    """List runs, newest first, one page at a time."""
+    app = resolve(ctx)
+    found = app.list_runs(workflow=workflow, status=status, limit=limit,
+                          created_before=app.get_run(before) if before else None)
+    more = found[-1].run_id if len(found) == limit else None
     if as_json:
-        _echo_json(found)
+        _echo_json({"runs": found, "next": more})
         return
-    for run in found:
-        click.echo(f"{run.run_id}  {run.workflow:<20}  {run.status:<10}  "
-                   f"{run.created_at:%Y-%m-%d %H:%M:%S}  {_error(run.error)}".rstrip())
+    from pikku_celery import _terminal
+
+    out = _terminal.console()
+    if not found:
+        out.print("no runs")
+        return
+    out.print(_terminal.runs_table(found))
+    if more:
+        out.print(f"next page: --before {more}", style="dim")
 
 
 @pikku.command("show")
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--tracebacks", is_flag=True, help="Print the errors' tracebacks too.")
 @click.pass_context
-def show(ctx: click.Context, run_id: str, as_json: bool) -> None:
-    """Show a run and its steps."""
-    app = resolve(ctx)
-    try:
-        run, steps = app.get_run(run_id), app.get_steps(run_id)
-    except PikkuError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+@operator_command
+def show(ctx: click.Context, run_id: str, as_json: bool, tracebacks: bool) -> None:
+    """Show a run and its per-attempt timeline (superseded attempts marked)."""
+    timeline = timeline_of(resolve(ctx), run_id)
     if as_json:
-        _echo_json({"run": run, "steps": steps})
+        click.echo(json.dumps(timeline_json(timeline), indent=2, sort_keys=True, default=str))
         return
-    click.echo(f"run {run.run_id}: {run.workflow} {run.status}  {_error(run.error)}".rstrip())
-    click.echo(f"  created {run.created_at:%Y-%m-%d %H:%M:%S}, "
-               f"updated {run.updated_at:%Y-%m-%d %H:%M:%S}")
-    for step in steps:
-        click.echo(f"  {step.step_name:<24} {step.status:<10} attempt {step.attempt}"
-                   f"/{step.max_attempts}  {_error(step.error)}".rstrip())
+    from pikku_celery import _terminal
+
+    out = _terminal.console()
+    out.print(_terminal.run_header(timeline, tracebacks=tracebacks))
+    out.print()
+    out.print(_terminal.attempts_table(timeline, tracebacks=tracebacks))
+    out.print(_terminal.progress_line(timeline))
+
+
+@pikku.command("watch")
+@click.argument("run_id")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.01, 60),
+              help="Seconds between reads.")
+@click.pass_context
+def watch(ctx: click.Context, run_id: str, interval: float) -> None:
+    """Follow a run live until it ends; exit 0 completed, 1 failed, 2 cancelled (3: could
+    not watch)."""
+    from rich.live import Live
+
+    from pikku_celery import _terminal
+
+    with one_line_errors(WatchFailed):
+        app = resolve(ctx)
+        timeline = timeline_of(app, run_id)
+        out = _terminal.console()
+        with Live(_terminal.live_view(timeline), console=out, auto_refresh=False) as live:
+            while not timeline.run.is_terminal:
+                time.sleep(interval)
+                timeline = timeline_of(app, run_id)
+                live.update(_terminal.live_view(timeline), refresh=True)
+    ctx.exit(EXIT_FOR_STATUS[timeline.run.status])
+
+
+# --- acting -------------------------------------------------------------------------------
+
+
+@pikku.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", help="Recorded with the run.")
+@click.pass_context
+@operator_command
+def cancel(ctx: click.Context, run_id: str, reason: str | None) -> None:
+    """Cancel a run durably (its in-flight steps are fenced and told)."""
+    app = resolve(ctx)
+    if not app.cancel(run_id, reason):
+        raise CommandFailed(f"run {run_id} has already ended "
+                            f"({app.get_run(run_id).status}): nothing to cancel")
+    click.echo(f"cancelled run {run_id}")
+
+
+@pikku.command("resume")
+@click.argument("run_id")
+@click.pass_context
+@operator_command
+def resume(ctx: click.Context, run_id: str) -> None:
+    """Resume a run suspended by wf.suspend()."""
+    app = resolve(ctx)
+    if not app.resume(run_id):
+        raise CommandFailed(f"run {run_id} is {app.get_run(run_id).status}, not suspended: "
+                            "nothing to resume")
+    click.echo(f"resumed run {run_id}")
+
+
+@pikku.command("purge")
+@click.option("--older-than", required=True, metavar="DURATION",
+              help="Runs that ended longer ago than this: 30d, 12h, 90m...")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(sorted(RUN_TERMINAL)),
+              help="Only these ended statuses (repeat it); default all three.")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option("--batch", default=500, show_default=True, type=click.IntRange(1, 1000),
+              help="Runs deleted per round trip.")
+@click.pass_context
+@operator_command
+def purge(ctx: click.Context, older_than: str, statuses: tuple[str, ...], dry_run: bool,
+          batch: int) -> None:
+    """Delete ended runs with their steps and history (never a live run)."""
+    chosen = statuses or tuple(sorted(RUN_TERMINAL))
+    count = resolve(ctx).purge(older_than, statuses=chosen, dry_run=dry_run, batch=batch)
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(f"{verb} {count} run{'s' if count != 1 else ''} ({', '.join(chosen)}) "
+               f"that ended more than {older_than} ago")
+
+
+# --- the deployment -----------------------------------------------------------------------
+
+
+@pikku.command("check")
+@click.option("--create-indexes", is_flag=True,
+              help="Create missing MongoDB indexes first (the first start does too).")
+@click.pass_context
+def check(ctx: click.Context, create_indexes: bool) -> None:
+    """Check the configuration, MongoDB, its indexes and Redis; list workflows and steps.
+    Exits 1 with one line per problem."""
+    from pikku_celery import _checks
+
+    with one_line_errors():
+        app = resolve(ctx)
+    report = _checks.run_checks(app, create_indexes=create_indexes)
+    for line in report.lines:
+        click.echo(line)
+    for problem in report.problems:
+        click.echo(f"problem: {problem}", err=True)
+    if report.problems:
+        ctx.exit(1)
+
+
+@pikku.command("dashboard")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; another than loopback needs --authorize or --token.")
+@click.option("--port", default=DEFAULT_DASHBOARD_PORT, show_default=True,
+              type=click.IntRange(1, 65535))
+@click.option("--authorize", metavar="DOTTED.PATH",
+              help="A callable (request, action, run_id) -> bool deciding every request.")
+@click.option("--token", envvar="PIKKU_DASHBOARD_TOKEN", metavar="SECRET",
+              help="Let in whoever opens the printed URL with this token (env "
+                   "PIKKU_DASHBOARD_TOKEN).")
+@click.option("--show-tracebacks", is_flag=True, help="Show error tracebacks to readers.")
+@click.pass_context
+def dashboard(ctx: click.Context, host: str, port: int, authorize: str | None,
+              token: str | None, show_tracebacks: bool) -> None:
+    """Serve the dashboard (and the JSON API) standalone."""
+    with one_line_errors():
+        if authorize is None and token is None and not is_loopback(host):
+            raise CommandFailed(
+                f"refusing to serve the dashboard on {host} without --authorize or --token "
+                "(on 127.0.0.1 it lets in requests from this machine only)")
+        from pikku_celery.dashboard.standalone import make_app
+
+        app = resolve(ctx)
+        web = make_app(app, authorize=authorize, token=token,
+                       show_tracebacks=show_tracebacks)
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    click.echo(f"pikku dashboard on {url} (Ctrl-C to stop)")
+    with one_line_errors():
+        web.run(host=host, port=port, threaded=True, use_reloader=False)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -135,10 +135,14 @@ def _copy_settings(app: Flask, celery_app: Any) -> None:
 
 
 def blueprint() -> Blueprint:
-    """The API's routes; each view reads its settings from the current app."""
+    """The API's routes and the dashboard's pages; each view reads its settings from the
+    current app."""
+    from pikku_celery.dashboard.flask import add_routes
+
     bp = Blueprint("pikku", __name__)
     for route in _api.ROUTES:
         bp.add_url_rule("/" + route.path, route.name, _view(route), methods=[route.method])
+    add_routes(bp)
     return bp
 
 

@@ -170,7 +170,7 @@ def test_the_bare_group_acts_on_the_celery_apps_pikku() -> None:
     run_id = pikku.start("sum", {"a": 1, "b": 1}, inline=True)
     result = CliRunner().invoke(pikku_group, ["runs", "--json"],
                                 obj=CeleryCLIContext(pikku.app))
-    assert [r["run_id"] for r in json.loads(result.output)] == [run_id]
+    assert [r["run_id"] for r in json.loads(result.output)["runs"]] == [run_id]
     unbound = CliRunner().invoke(pikku_group, ["runs"],
                                  obj=CeleryCLIContext(Celery("no-pikku", set_as_current=False)))
     assert unbound.exit_code == 1 and "no PikkuCelery" in unbound.output

@@ -1,0 +1,107 @@
+"""``pikku check``: can this deployment run workflows?
+
+In order, each check only when the one before it passed: the settings resolve (a missing
+``pikku_mongo_url`` is named), MongoDB answers a ping, the store's indexes exist (a
+database no ``start`` has touched has none yet: ``--create-indexes`` makes them), Redis
+answers a ping; then what is registered. Every problem is one line; stores and lease
+services without ``ping`` (the in-memory ones) have nothing to reach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pikku_celery.app import PikkuCelery
+from pikku_celery.timeline import error_line
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def ok(self, line: str) -> None:
+        self.lines.append(f"ok       {line}")
+
+    def problem(self, line: str) -> None:
+        self.problems.append(line)
+
+
+def run_checks(app: PikkuCelery, *, create_indexes: bool = False) -> Report:
+    report = Report()
+    try:
+        engine = app.engine
+    except Exception as exc:
+        report.problem(_line(exc))
+    else:
+        _check_store(report, engine.store, create_indexes)
+        _check_leases(report, engine.leases)
+    _list_registered(report, app)
+    return report
+
+
+def _check_store(report: Report, store: Any, create_indexes: bool) -> None:
+    where = _describe(store, "the store")
+    ping = getattr(store, "ping", None)
+    if ping is None:
+        report.ok(f"{where}: nothing to reach")
+        return
+    try:
+        ping()
+    except Exception as exc:
+        report.problem(_line(exc, where, "did not answer"))
+        return
+    report.ok(f"{where} answered")
+    try:
+        if create_indexes:
+            store.create_indexes()
+        missing = store.check_indexes() if hasattr(store, "check_indexes") else []
+    except Exception as exc:
+        report.problem(_line(exc, where, "indexes could not be read"))
+        return
+    for index in missing:
+        report.problem(f"{where} lacks the index {index} (the first start creates it, or "
+                       "run `pikku check --create-indexes`)")
+    if not missing:
+        report.ok(f"{where}: every index exists")
+
+
+def _check_leases(report: Report, leases: Any) -> None:
+    where = _describe(leases, "the lease service")
+    ping = getattr(leases, "ping", None)
+    if ping is None:
+        report.ok(f"{where}: nothing to reach")
+        return
+    try:
+        ping()
+    except Exception as exc:
+        report.problem(_line(exc, where, "did not answer"))
+        return
+    report.ok(f"{where} answered")
+
+
+def _list_registered(report: Report, app: PikkuCelery) -> None:
+    workflows = sorted(app.registry.workflows)
+    steps = sorted(app.registry.steps)
+    if not workflows:
+        report.problem("no workflow is registered: is the module that declares them "
+                       "imported by the app (-A) module?")
+    report.lines.append(f"workflows ({len(workflows)}): {', '.join(workflows) or '-'}")
+    report.lines.append(f"steps ({len(steps)}): {', '.join(steps) or '-'}")
+
+
+def _describe(service: Any, fallback: str) -> str:
+    describe = getattr(service, "describe", None)
+    if describe is None:
+        return f"{fallback} ({type(service).__name__})"
+    try:
+        return str(describe())
+    except Exception:
+        return fallback
+
+
+def _line(exc: BaseException, where: str | None = None, what: str = "") -> str:
+    """``Type: message``, after ``<where> <what>:`` unless the message names ``where``."""
+    message = error_line({"type": type(exc).__name__, "message": str(exc)}, limit=400)
+    return message if where is None or where in str(exc) else f"{where} {what}: {message}"

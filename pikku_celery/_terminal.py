@@ -1,0 +1,141 @@
+"""How the ``pikku`` commands draw runs in a terminal (rich): the runs table, a run's
+header and its per-attempt timeline, and the progress line of ``watch``.
+
+Values are user data: every cell is a ``rich.text.Text`` (never markup), so a run input
+holding ``[bold]`` or an escape sequence prints as written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from pikku_celery.records import WorkflowRun
+from pikku_celery.timeline import (
+    AttemptView,
+    Timeline,
+    error_line,
+    format_duration,
+    format_time,
+)
+
+STATUS_STYLE = {"completed": "green", "succeeded": "green", "failed": "red",
+                "lease-expired": "red", "cancelled": "yellow", "superseded": "magenta",
+                "running": "cyan", "suspended": "blue", "pending": "dim",
+                "scheduled": "blue"}
+MAX_VALUE_CHARS = 2000
+SUPERSEDED_MARK = "superseded ⟲"
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A console on the current stdout (click's test runner swaps it); a wide one when
+    the output is not a terminal, so ids are never cut in a pipe."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 200
+    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style=STATUS_STYLE.get(status, ""))
+
+
+def value_text(value: Any) -> str:
+    """A value as compact JSON, cut at ``MAX_VALUE_CHARS``."""
+    shown = json.dumps(value, default=str, ensure_ascii=False)
+    return shown if len(shown) <= MAX_VALUE_CHARS else shown[:MAX_VALUE_CHARS] + "…"
+
+
+def runs_table(runs: list[WorkflowRun]) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("run id", "workflow", "status", "created (UTC)", "updated (UTC)"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("error", overflow="fold")
+    for run in runs:
+        table.add_row(Text(run.run_id), Text(run.workflow), status_text(run.status),
+                      format_time(run.created_at), format_time(run.updated_at),
+                      Text(error_line(run.error, limit=120)))
+    return table
+
+
+def run_header(timeline: Timeline, *, tracebacks: bool = False) -> Table:
+    run = timeline.run
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    rows: list[tuple[str, Text | str]] = [
+        ("run", Text(run.run_id)),
+        ("workflow", Text(f"{run.workflow}" + (f" (version {run.version})"
+                                               if run.version else ""))),
+        ("status", status_text(run.status)),
+        ("created", format_time(run.created_at)),
+        ("ended" if run.is_terminal else "updated", format_time(run.updated_at)),
+        ("took" if run.is_terminal else "so far",
+         format_duration(timeline.end - timeline.start)),
+    ]
+    if run.parent_run_id:
+        rows.append(("parent", Text(f"{run.parent_run_id} (step {run.parent_step_name})")))
+    if run.cancel_reason:
+        rows.append(("cancel reason", Text(run.cancel_reason)))
+    rows.append(("input", Text(value_text(run.input))))
+    if run.status == "completed":
+        rows.append(("output", Text(value_text(run.output))))
+    if run.error:
+        rows.append(("error", Text(error_line(run.error, limit=1000), style="red")))
+        if tracebacks and run.error.get("traceback"):
+            rows.append(("traceback", Text(str(run.error["traceback"]).rstrip())))
+    for label, value in rows:
+        grid.add_row(label, value)
+    return grid
+
+
+def attempts_table(timeline: Timeline, *, tracebacks: bool = False) -> Table:
+    """One row per attempt of every step (a step with none yet: one row, its status)."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("step", "attempt", "status", "worker", "started (UTC)", "took"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("error", overflow="fold")
+    for step in timeline.steps:
+        label = Text(step.state.step_name)
+        if step.kind != "step":
+            label.append(f" ({step.kind})", style="dim")
+        if not step.attempts:
+            table.add_row(label, "-", status_text(step.state.status), "", "", "", "")
+        for attempt in step.attempts:
+            table.add_row(label, f"{attempt.attempt}/{step.state.max_attempts}",
+                          _outcome(attempt), Text(attempt.worker or "-"),
+                          format_time(attempt.started_at),
+                          format_duration(attempt.duration),
+                          _error(attempt, tracebacks))
+    return table
+
+
+def _outcome(attempt: AttemptView) -> Text:
+    if attempt.superseded:
+        return Text(SUPERSEDED_MARK, style="bold magenta")
+    return status_text(attempt.outcome)
+
+
+def _error(attempt: AttemptView, tracebacks: bool) -> Text:
+    text = Text(error_line(attempt.error))
+    if tracebacks and attempt.error and attempt.error.get("traceback"):
+        text.append("\n" + str(attempt.error["traceback"]).rstrip(), style="dim")
+    return text
+
+
+def progress_line(timeline: Timeline) -> Text:
+    run = timeline.run
+    line = Text("run ")
+    line.append(run.run_id)
+    line.append(" ")
+    line.append_text(status_text(run.status))
+    line.append(f": {timeline.progress()}, {format_duration(timeline.end - timeline.start)}")
+    return line
+
+
+def live_view(timeline: Timeline) -> RenderableType:
+    return Group(attempts_table(timeline), progress_line(timeline))

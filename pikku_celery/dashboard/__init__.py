@@ -1,0 +1,17 @@
+"""The dashboard: server-rendered pages over a ``PikkuCelery`` (no JavaScript build; a few
+lines of vanilla JS re-read live pages).
+
+- **Runs** (``<mount>/``): newest first, filtered by workflow and status, paged
+  (``?before=<run id>``), with a count per status (each an index-served count that stops
+  at 10,000), refreshed every few seconds.
+- **Run** (``<mount>/runs/<run_id>``): status, timings, input/output/error, the
+  per-attempt timeline chart (inline SVG, ``chart.py``), every attempt, child runs, and
+  cancel/resume buttons for callers allowed to.
+
+Mounted by the Django app (``pikku_celery.contrib.django.urls``) and the Flask extension
+(its blueprint), behind the JSON API's ``authorize`` rules; served alone by ``pikku
+dashboard`` (``standalone.py``). Pages are built by ``_pages.Dashboard`` and rendered by
+Jinja2 with autoescaping; the adapters (``flask.py``, ``django.py``) authorize, check
+CSRF and form sizes, and send the security headers (a CSP that runs only the page's own
+script, no framing, no caching).
+"""

@@ -1,0 +1,241 @@
+"""The dashboard's pages, free of any web framework (the adapters in ``flask.py`` and
+``django.py`` authorize, read the request and send what this returns).
+
+Everything shown passes through Jinja2 with autoescaping on: run inputs, outputs, errors
+and step names are user data. Errors are shown as the JSON API serves them (type and
+message; tracebacks only with ``PIKKU_SHOW_TRACEBACKS``). Each page costs a bounded number
+of index-served reads: the runs page one page of runs (``limit`` at most 200) and one
+count per status that stops at ``COUNT_LIMIT``; a run page the run, its steps and its
+history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from pikku_celery.app import PikkuCelery
+from pikku_celery.contrib._api import CANCEL, RESUME, ApiOptions, present
+from pikku_celery.dashboard.chart import chart
+from pikku_celery.errors import (
+    InvalidInputError,
+    WorkflowNotFoundError,
+    WorkflowRunNotFoundError,
+)
+from pikku_celery.records import RUN_STATUSES, RUN_SUSPENDED
+from pikku_celery.timeline import build, error_line, format_duration, format_time
+from pikku_celery.validate import check_name
+
+log = logging.getLogger("pikku_celery.contrib")
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 200
+COUNT_LIMIT = 10_000
+MAX_SHOWN_CHARS = 64 * 1024  # of one value: the API serves the whole of it
+MAX_FORM_BYTES = 16 * 1024
+MAX_REASON_CHARS = 500
+REFRESH_S = 5
+ACTIONS = (CANCEL, RESUME)
+DONE = {CANCEL: "cancelled", RESUME: "resumed"}
+
+
+@dataclass(frozen=True)
+class Page:
+    status: int
+    html: str = ""
+    redirect: str | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """What an adapter knows of the request: where the dashboard is mounted (``base``,
+    ending in ``/``), the query string, whether the caller may do an action to a run (for
+    the buttons), the CSRF form field (``None``: no forms), and the CSP nonce of the page's
+    script."""
+
+    base: str
+    query: Mapping[str, str]
+    can: Callable[[str, str | None], bool]
+    csrf: tuple[str, str] | None
+    nonce: str
+
+
+class PageError(Exception):
+    def __init__(self, status: int, title: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.title = title
+        self.message = message
+
+
+def pretty(value: Any) -> str:
+    shown = json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
+    if len(shown) > MAX_SHOWN_CHARS:
+        return shown[:MAX_SHOWN_CHARS] + "\n… (cut: the JSON API serves the whole value)"
+    return shown
+
+
+def _environment() -> Environment:
+    env = Environment(loader=PackageLoader("pikku_celery.dashboard", "templates"),
+                      autoescape=True, undefined=StrictUndefined, trim_blocks=True,
+                      lstrip_blocks=True)
+    env.filters.update(duration=format_duration, time=format_time, pretty=pretty,
+                       error=lambda error, limit=300: error_line(error, limit=limit))
+    return env
+
+
+ENV = _environment()
+
+
+class Dashboard:
+    def __init__(self, pikku: PikkuCelery, options: ApiOptions) -> None:
+        self.pikku = pikku
+        self.options = options
+
+    # --- pages ------------------------------------------------------------------------
+
+    def runs_page(self, view: View) -> Page:
+        return self._page(view.base, lambda: self._runs(view))
+
+    def run_page(self, view: View, run_id: str) -> Page:
+        return self._page(view.base, lambda: self._run(view, run_id))
+
+    def act(self, view: View, run_id: str, action: str, form: Mapping[str, str]) -> Page:
+        """A button's POST (authorized and CSRF-checked by the adapter): do it, then send
+        the browser back to the run page."""
+        def act() -> Page:
+            check_name("run id", run_id)
+            if action == CANCEL:
+                reason = (form.get("reason") or "").strip()[:MAX_REASON_CHARS] or None
+                done = self.pikku.cancel(run_id, reason or "cancelled from the dashboard")
+            else:
+                done = self.pikku.resume(run_id)
+            notice = (f"run {DONE[action]}" if done
+                      else f"nothing to {action}: the run is {self.pikku.get_run(run_id).status}")
+            return Page(303, redirect=f"{view.base}runs/{run_id}?"
+                        + urlencode({"notice": notice}))
+        return self._page(view.base, act)
+
+    def refused(self, status: int, message: str, home: str,
+                login_url: str | None = None) -> Page:
+        title = "Log in" if status == 401 else "Not allowed"
+        return Page(status, ENV.get_template("refused.html").render(
+            title=title, message=message, login_url=login_url, status=status, home=home))
+
+    # --- what the pages show ----------------------------------------------------------
+
+    def _runs(self, view: View) -> Page:
+        query = view.query
+        workflow = query.get("workflow") or None
+        status = query.get("status") or None
+        if workflow is not None:
+            check_name("workflow name", workflow)
+        if status is not None and status not in RUN_STATUSES:
+            raise InvalidInputError(f"unknown run status {status!r}")
+        limit = _limit(query.get("limit"))
+        before = query.get("before") or None
+        runs = self.pikku.list_runs(
+            workflow=workflow, status=status, limit=limit,
+            created_before=self.pikku.get_run(before) if before else None)
+        counts = {s: self.pikku.count_runs(s, workflow=workflow, limit=COUNT_LIMIT)
+                  for s in RUN_STATUSES}
+
+        def link(**changes: str | None) -> str:
+            params = {"workflow": workflow, "status": status, "limit": (
+                str(limit) if limit != DEFAULT_LIMIT else None), **changes}
+            kept = {k: v for k, v in params.items() if v}
+            return view.base + ("?" + urlencode(kept) if kept else "")
+
+        return Page(200, ENV.get_template("runs.html").render(
+            view=view, home=view.base, records=runs,
+            runs=[present(r, show_tracebacks=False) for r in runs],
+            counts=counts, count_limit=COUNT_LIMIT, workflow=workflow, status=status,
+            workflows=sorted(self.pikku.registry.workflows), statuses=RUN_STATUSES,
+            older=link(before=runs[-1].run_id) if len(runs) == limit else None,
+            newest=link() if before else None, link=link, refresh_s=REFRESH_S,
+            now=datetime.now(UTC)))
+
+    def _run(self, view: View, run_id: str) -> Page:
+        check_name("run id", run_id)
+        run = self.pikku.get_run(run_id)
+        timeline = build(run, self.pikku.get_steps(run_id), self.pikku.get_history(run_id),
+                         datetime.now(UTC))
+        shown = self.options.show_tracebacks
+        attempts = [(a, present({"error": a.error}, show_tracebacks=shown)["error"])
+                    for a in timeline.attempts]
+        live = not run.is_terminal
+        return Page(200, ENV.get_template("run.html").render(
+            view=view, home=view.base, run=run, timeline=timeline,
+            served=present(run, show_tracebacks=shown),
+            chart=chart(timeline), attempts=attempts,
+            children=[s.state for s in timeline.steps if s.state.child_run_id],
+            can_cancel=live and view.csrf is not None and view.can(CANCEL, run_id),
+            can_resume=(run.status == RUN_SUSPENDED and view.csrf is not None
+                        and view.can(RESUME, run_id)),
+            notice=view.query.get("notice"), live=live, refresh_s=REFRESH_S))
+
+    def _page(self, home: str, make: Callable[[], Page]) -> Page:
+        """Run a page and map its failure to an error page, as the API maps statuses."""
+        try:
+            return make()
+        except PageError as exc:
+            return self.error(exc.status, exc.title, exc.message, home)
+        except (WorkflowRunNotFoundError, WorkflowNotFoundError) as exc:
+            return self.error(404, "Not found", str(exc), home)
+        except (InvalidInputError, ValueError) as exc:
+            return self.error(400, "Bad request", str(exc), home)
+        except Exception:
+            # Never the message: a driver's error can quote a URL with its password.
+            log.exception("pikku dashboard: unexpected error")
+            return self.error(500, "Server error",
+                              "the server could not answer; the error is in its log", home)
+
+    def error(self, status: int, title: str, message: str, home: str) -> Page:
+        return Page(status, ENV.get_template("error.html").render(
+            title=title, message=message, status=status, home=home))
+
+
+def _limit(raw: str | None) -> int:
+    if not raw:
+        return DEFAULT_LIMIT
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise InvalidInputError(f"limit must be an integer, got {raw!r}") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidInputError(f"limit must be from 1 to {MAX_LIMIT}, got {limit}")
+    return limit
+
+
+def security_headers(nonce: str) -> dict[str, str]:
+    """Sent with every page: only the page's own nonce'd script runs (an injected
+    ``<script>`` would not, were escaping ever missed), no framing (a cancel button under
+    another site's clicks), no sniffing, no caching of run data."""
+    return {
+        "Content-Security-Policy": (
+            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+            f"script-src 'nonce-{nonce}'; connect-src 'self'; form-action 'self'; "
+            "frame-ancestors 'none'; base-uri 'none'"),
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "same-origin",
+        "Cache-Control": "no-store",
+    }
+
+
+def check_form(content_type: str | None, content_length: int | None) -> None:
+    """A button's POST is a small urlencoded form: anything else is refused before it is
+    read."""
+    if (content_type or "").split(";")[0].strip().lower() != \
+            "application/x-www-form-urlencoded":
+        raise PageError(415, "Unsupported form", "the dashboard's forms are urlencoded")
+    if content_length is None or content_length > MAX_FORM_BYTES:
+        raise PageError(413, "Form too large",
+                        f"a dashboard form is at most {MAX_FORM_BYTES} bytes")

@@ -1,0 +1,115 @@
+"""The dashboard in Django: pages beside the JSON API in
+``pikku_celery.contrib.django.urls`` (``pikku/``: the runs page; ``pikku/runs/<run_id>``:
+a run), behind the same ``PIKKU_AUTHORIZE`` (staff users by default) with the action each
+needs (``read`` for a page, ``cancel``/``resume`` for a button). The buttons' forms carry
+Django's CSRF token and their views are ``csrf_protect``-ed (with or without
+``CsrfViewMiddleware``); every page sets the CSRF cookie (``ensure_csrf_cookie``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.middleware.csrf import get_token
+from django.shortcuts import resolve_url
+from django.urls import path, reverse
+from django.views.decorators.csrf import csrf_protect, ensure_csrf_cookie
+from django.views.decorators.http import require_http_methods
+
+from pikku_celery.contrib.django import project_pikku
+from pikku_celery.contrib.django.views import options, refusal
+from pikku_celery.dashboard._pages import (
+    ACTIONS,
+    Dashboard,
+    Page,
+    PageError,
+    View,
+    check_form,
+    security_headers,
+)
+
+CSRF_FIELD = "csrfmiddlewaretoken"  # what csrf_protect reads from a form
+
+
+def _serve(request: HttpRequest, action: str, run_id: str | None,
+           page: Callable[[Dashboard, View], Page]) -> HttpResponse:
+    board = Dashboard(project_pikku(), options())
+    base = reverse("pikku:dashboard")
+    nonce = secrets.token_urlsafe(16)
+    denied = refusal(request, action, run_id)
+    if denied is not None:
+        login = None
+        if denied.status == 401:
+            login = (resolve_url(settings.LOGIN_URL) + "?"
+                     + urlencode({"next": request.get_full_path()}))
+        return _respond(board.refused(denied.status, denied.message, base, login), nonce)
+
+    def can(other: str, other_run_id: str | None) -> bool:
+        return refusal(request, other, other_run_id) is None
+
+    view = View(base=base, query=request.GET, can=can, csrf=(CSRF_FIELD, get_token(request)),
+                nonce=nonce)
+    try:
+        return _respond(page(board, view), nonce)
+    except PageError as exc:
+        return _respond(board.error(exc.status, exc.title, exc.message, base), nonce)
+
+
+def _respond(page: Page, nonce: str) -> HttpResponse:
+    response: HttpResponse
+    if page.redirect is not None:
+        response = HttpResponseRedirect(page.redirect, status=303)
+    else:
+        response = HttpResponse(page.html, status=page.status,
+                                content_type="text/html; charset=utf-8")
+    for name, value in security_headers(nonce).items():
+        response[name] = value
+    return response
+
+
+@require_http_methods(["GET"])
+@ensure_csrf_cookie
+def runs_view(request: HttpRequest) -> HttpResponse:
+    return _serve(request, "read", None, lambda board, view: board.runs_page(view))
+
+
+@require_http_methods(["GET"])
+@ensure_csrf_cookie
+def run_view(request: HttpRequest, run_id: str) -> HttpResponse:
+    return _serve(request, "read", run_id, lambda board, view: board.run_page(view, run_id))
+
+
+def _action_view(action: str) -> Callable[..., HttpResponse]:
+    def checked(request: HttpRequest, run_id: str) -> HttpResponse:
+        def act(board: Dashboard, view: View) -> Page:
+            return board.act(view, run_id, action, request.POST)
+        return _serve(request, action, run_id, act)
+
+    protected = csrf_protect(checked)
+
+    def view(request: HttpRequest, run_id: str) -> HttpResponse:
+        # The size and type of the form before anything reads it (csrf_protect does).
+        length = request.META.get("CONTENT_LENGTH")
+        try:
+            check_form(request.content_type, int(length) if length else None)
+        except PageError as exc:
+            return HttpResponse(exc.message, status=exc.status, content_type="text/plain")
+        response: HttpResponse = protected(request, run_id)
+        return response
+
+    view.__name__ = f"pikku_dashboard_{action}"
+    guarded: Any = require_http_methods(["POST"])(view)
+    return guarded  # type: ignore[no-any-return]
+
+
+urlpatterns = [
+    path("", runs_view, name="dashboard"),
+    path("runs/<str:run_id>", run_view, name="dashboard-run"),
+    *(path(f"runs/<str:run_id>/{action}", _action_view(action), name=f"dashboard-{action}")
+      for action in ACTIONS),
+]

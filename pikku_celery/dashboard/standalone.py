@@ -1,0 +1,102 @@
+"""``pikku dashboard``: the dashboard (and the JSON API) as a Flask app of its own.
+
+Who gets in, in this order: ``authorize`` (a callable ``(request, action, run_id) ->
+bool`` or its dotted path, as ``PIKKU_AUTHORIZE``) decides every request when given; else
+with a ``token``, whoever opens ``/?token=<token>`` once (the token is kept in the signed
+session cookie) or sends ``Authorization: Bearer <token>``; else only requests from this
+machine to a loopback name (``"allow-local"``). The CLI refuses to bind anything but
+loopback without an authorize callable or a token.
+
+``make_app`` returns a WSGI app: behind a real server,
+``gunicorn 'pikku_celery.dashboard.standalone:from_env()'`` (reads the same settings from
+``PIKKU_DASHBOARD_*`` environment variables) serves it on many threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from typing import Any
+from urllib.parse import urlencode
+
+from flask import Flask, abort, redirect, request, session
+from flask.typing import ResponseReturnValue
+
+from pikku_celery.app import PikkuCelery
+from pikku_celery.contrib._api import ALLOW_LOCAL, Authorize, import_authorize
+
+TOKEN_SESSION_KEY = "pikku_token"
+
+
+def make_app(pikku: PikkuCelery, *, authorize: Authorize | str | None = None,
+             token: str | None = None, show_tracebacks: bool = False,
+             secret_key: bytes | None = None) -> Flask:
+    """A Flask app serving the dashboard at ``/`` and the JSON API at ``/api/``."""
+    from pikku_celery.contrib.flask import PikkuFlask
+
+    if authorize is not None:
+        rule: Authorize | str = import_authorize(authorize, "--authorize")
+    elif token is not None:
+        if len(token) < 16:
+            raise ValueError("a dashboard token must have at least 16 characters")
+        rule = _token_rule(token)
+    else:
+        rule = ALLOW_LOCAL
+    app = Flask("pikku_celery.dashboard")
+    app.config.update(
+        SECRET_KEY=secret_key or secrets.token_bytes(32),
+        SESSION_COOKIE_NAME="pikku_dashboard", SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax", MAX_CONTENT_LENGTH=1024 * 1024,
+        PIKKU_URL_PREFIX="", PIKKU_AUTHORIZE=rule, PIKKU_SHOW_TRACEBACKS=show_tracebacks)
+    if token is not None and authorize is None:
+        app.before_request(_token_login(token))
+    PikkuFlask(pikku).init_app(app)
+    return app
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(b"pikku-dashboard:" + token.encode()).hexdigest()
+
+
+def _token_rule(token: str) -> Authorize:
+    expected = _digest(token)
+
+    def authorize(req: Any, action: str, run_id: str | None) -> bool:
+        kept = session.get(TOKEN_SESSION_KEY, "")
+        header = request.headers.get("Authorization", "")
+        sent = _digest(header[7:]) if header.startswith("Bearer ") else ""
+        if hmac.compare_digest(str(kept), expected) or hmac.compare_digest(sent, expected):
+            return True
+        abort(401)
+    return authorize
+
+
+def _token_login(token: str) -> Any:
+    expected = _digest(token)
+
+    def login() -> ResponseReturnValue | None:
+        sent = request.args.get("token")
+        if sent is None or request.method != "GET":
+            return None
+        if not hmac.compare_digest(_digest(sent), expected):
+            abort(401)
+        session[TOKEN_SESSION_KEY] = expected
+        # The same page without the token in its address (history, Referer, screenshots).
+        rest = [(k, v) for k, v in request.args.items(multi=True) if k != "token"]
+        return redirect(request.path + (f"?{urlencode(rest)}" if rest else ""), 303)
+    return login
+
+
+def from_env() -> Flask:
+    """For a WSGI server: the app of ``PIKKU_DASHBOARD_CELERY_APP`` (``"proj.celery:app"``)
+    with ``PIKKU_DASHBOARD_AUTHORIZE`` or ``PIKKU_DASHBOARD_TOKEN``."""
+    from pikku_celery.app import get_pikku
+    from pikku_celery.contrib._api import import_dotted
+
+    celery_app = import_dotted(os.environ["PIKKU_DASHBOARD_CELERY_APP"],
+                               "PIKKU_DASHBOARD_CELERY_APP")
+    return make_app(get_pikku(celery_app),
+                    authorize=os.environ.get("PIKKU_DASHBOARD_AUTHORIZE"),
+                    token=os.environ.get("PIKKU_DASHBOARD_TOKEN"))
