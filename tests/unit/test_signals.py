@@ -193,3 +193,31 @@ class _Ignore:
     def wake_run(self, *args: Any, **kwargs: Any) -> None: ...
 
     def arm_timer(self, *args: Any) -> None: ...
+
+
+def test_the_task_id_is_recorded_unless_it_could_not_be_a_task_id() -> None:
+    """A message chooses its task id: a normal one is recorded with the attempt, one too
+    large to be an id (forged) is not stored, and the attempt still runs."""
+    pikku = _pikku()
+    pikku.engine.dispatcher = _Ignore()
+    tag = uuid.uuid4().hex[:6]
+
+    @pikku.step(name=f"sig{tag}.flaky", bind=True, retries=1, retry_delay="1ms")
+    def flaky(ctx: Any, data: Any) -> str:
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+        return "ok"
+
+    @pikku.workflow(f"sig-ids-{tag}")
+    def flow(wf: Any, data: Any) -> str:
+        return str(wf.do("s", flaky, data))
+
+    run, _ = pikku.engine.create_run(flow, None)
+    pikku.engine.advance(run.run_id)
+    task = pikku.app.tasks[f"sig{tag}.flaky"]
+    first = task.apply(args=(run.run_id, "s"), task_id="celery-task-1")
+    assert first.state == "RETRY"  # attempts left: Celery's word for it, not FAILURE
+    second = task.apply(args=(run.run_id, "s"), task_id="x" * 300)
+    assert second.state == "SUCCESS"
+    assert [(a.attempt, a.status, a.task_id) for a in pikku.get_history(run.run_id)] == [
+        (1, "failed", "celery-task-1"), (2, "succeeded", None)]

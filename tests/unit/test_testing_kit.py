@@ -198,3 +198,14 @@ def test_the_readme_example_passes_as_written(pytester: pytest.Pytester) -> None
                         test_shop=readme_example("test_shop.py"))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_the_kit_leaves_no_heartbeat_thread_behind() -> None:
+    pikku = _configured_pikku()
+    flows = _workflows(pikku, uuid.uuid4().hex[:6])
+    with inline(pikku):
+        pikku.start(flows["child"], 1)  # runs a step: the engine's heartbeat thread starts
+        thread = pikku.engine.heartbeat._thread
+        assert thread is not None and thread.is_alive()
+    thread.join(5)
+    assert not thread.is_alive()
