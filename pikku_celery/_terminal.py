@@ -52,9 +52,11 @@ def value_text(value: Any) -> str:
 
 def runs_table(runs: list[WorkflowRun]) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("run id", "workflow", "status", "created (UTC)", "updated (UTC)"):
+    # Ids are never cut: the error column gives way.
+    table.add_column("run id", no_wrap=True, min_width=max(len(r.run_id) for r in runs))
+    for name in ("workflow", "status", "created (UTC)", "updated (UTC)"):
         table.add_column(name, no_wrap=True)
-    table.add_column("error", overflow="fold")
+    table.add_column("error", no_wrap=True, overflow="ellipsis")  # one line per run
     for run in runs:
         table.add_row(Text(run.run_id), Text(run.workflow), status_text(run.status),
                       format_time(run.created_at), format_time(run.updated_at),

@@ -35,6 +35,7 @@ T = TypeVar("T")
 
 EXIT_FOR_STATUS = {"completed": 0, "failed": 1, "cancelled": 2}
 DEFAULT_DASHBOARD_PORT = 5580
+_sleep = time.sleep  # watch's wait between reads (tests replace it)
 
 
 class CommandFailed(click.ClickException):
@@ -201,7 +202,7 @@ def watch(ctx: click.Context, run_id: str, interval: float) -> None:
         out = _terminal.console()
         with Live(_terminal.live_view(timeline), console=out, auto_refresh=False) as live:
             while not timeline.run.is_terminal:
-                time.sleep(interval)
+                _sleep(interval)
                 timeline = timeline_of(app, run_id)
                 live.update(_terminal.live_view(timeline), refresh=True)
     ctx.exit(EXIT_FOR_STATUS[timeline.run.status])
