@@ -1,0 +1,381 @@
+"""The dashboard over HTTP, the same for Flask and Django (their test clients): what the
+pages show, who may see them and press their buttons (anonymous, an action the caller
+lacks, CSRF, a cross-site POST), what a form must be, that user data is escaped and
+tracebacks are hidden; and the standalone app's token and loopback rules.
+``tests/integration/test_dashboard_browser.py`` drives the same pages in Chromium."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pikku_celery import PikkuCelery
+from pikku_celery.dashboard import _pages
+from pikku_celery.dashboard.standalone import make_app
+from pikku_celery.store.base import NewRun
+from tests.support import django_project
+from tests.support.operate import now_ms, superseded_run
+from tests.unit.test_contrib import USERS, authorize, make_pikku
+
+BASE = "/pikku/"
+
+
+@dataclass
+class Answer:
+    status: int
+    text: str
+    headers: dict[str, str]
+
+    def form_token(self) -> tuple[str, str]:
+        found = re.search(r'name="(pikku_csrf|csrfmiddlewaretoken)" value="([^"]+)"',
+                          self.text)
+        assert found is not None, "no CSRF field on the page"
+        return found.group(1), found.group(2)
+
+
+@dataclass
+class Site:
+    """One framework's app: ``get(path, user=...)`` and ``post(path, form, user=...)``
+    on one client per user, so a token read from a page goes back with its cookie."""
+
+    framework: str
+    pikku: PikkuCelery
+    get: Callable[..., Answer]
+    post: Callable[..., Answer]
+    token: Callable[[str], tuple[str, str]]  # the CSRF field a user's client holds
+
+
+def flask_site(pikku: PikkuCelery, **config: Any) -> Site:
+    from flask import Flask
+
+    from pikku_celery.contrib.flask import PikkuFlask
+
+    app = Flask("dashboard-test")
+    app.config.update({"SECRET_KEY": "tests", "PIKKU_AUTHORIZE": authorize, **config})
+    PikkuFlask(pikku).init_app(app)
+    clients: dict[str | None, Any] = {}
+
+    def client(user: str | None) -> Any:
+        if user not in clients:
+            clients[user] = app.test_client()
+            if user is not None:
+                with clients[user].session_transaction() as session:
+                    session["user"] = user
+        return clients[user]
+
+    def get(path: str, *, user: str | None = "admin") -> Answer:
+        response = client(user).get(path)
+        return Answer(response.status_code, response.get_data(as_text=True),
+                      dict(response.headers))
+
+    def post(path: str, form: dict[str, str] | str, *, user: str | None = "admin",
+             content_type: str = "application/x-www-form-urlencoded",
+             headers: dict[str, str] | None = None) -> Answer:
+        response = client(user).post(path, data=form, content_type=content_type,
+                                     headers=headers or {})
+        return Answer(response.status_code, response.get_data(as_text=True),
+                      dict(response.headers))
+
+    def token(user: str) -> tuple[str, str]:
+        with client(user).session_transaction() as session:
+            return "pikku_csrf", str(session.get("pikku_csrf"))
+
+    return Site("flask", pikku, get, post, token)
+
+
+def django_site(pikku: PikkuCelery, **overrides: Any) -> Site:
+    django_project.setup()
+    from urllib.parse import urlencode
+
+    from django.contrib.auth.models import User
+    from django.test import Client, override_settings
+
+    for name in USERS:
+        User.objects.get_or_create(username=name, defaults={"is_staff": name == "admin"})
+    settings = {"PIKKU_CELERY_APP": pikku.app, "PIKKU_AUTHORIZE": authorize, **overrides}
+    clients: dict[str | None, Any] = {}
+
+    def client(user: str | None) -> Any:
+        if user not in clients:
+            clients[user] = Client(enforce_csrf_checks=True)
+            if user is not None:
+                clients[user].force_login(User.objects.get(username=user))
+        return clients[user]
+
+    def answer(response: Any) -> Answer:
+        return Answer(response.status_code, response.content.decode(),
+                      {k: v for k, v in response.items()})
+
+    def get(path: str, *, user: str | None = "admin") -> Answer:
+        with override_settings(**settings):
+            return answer(client(user).get(path))
+
+    def post(path: str, form: dict[str, str] | str, *, user: str | None = "admin",
+             content_type: str = "application/x-www-form-urlencoded",
+             headers: dict[str, str] | None = None) -> Answer:
+        body = form if isinstance(form, str) else urlencode(form)
+        extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
+        with override_settings(**settings):
+            return answer(client(user).generic("POST", path, body, content_type=content_type,
+                                               **extra))
+
+    def token(user: str) -> tuple[str, str]:
+        return "csrfmiddlewaretoken", client(user).cookies["csrftoken"].value
+
+    return Site("django", pikku, get, post, token)
+
+
+@pytest.fixture(params=["flask", "django"])
+def site(request: pytest.FixtureRequest) -> Iterator[Site]:
+    pikku = make_pikku()
+    yield flask_site(pikku) if request.param == "flask" else django_site(pikku)
+
+
+def rows(answer: Answer) -> list[str]:
+    return re.findall(r'<tr data-run-id="([^"]+)"', answer.text)
+
+
+# --- the pages ------------------------------------------------------------------------------
+
+
+def test_the_runs_page_lists_counts_filters_and_pages(site: Site) -> None:
+    ids = [site.pikku.start("sum", {"a": i, "b": 1}, inline=True) for i in range(3)]
+    failed = site.pikku.start("fails", None, inline=True)
+    page = site.get(BASE + "?limit=2")
+    assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert rows(page) == [failed, ids[2]]
+    older = re.search(r'<a href="([^"]+)" id="older">', page.text)
+    assert older is not None
+    assert rows(site.get(older.group(1).replace("&amp;", "&"))) == [ids[1], ids[0]]
+    counts = dict(re.findall(r'data-status="(\w+)"><b>(\d+)', page.text))
+    assert counts == {"running": "0", "suspended": "0", "completed": "3", "failed": "1",
+                      "cancelled": "0"}
+    assert rows(site.get(BASE + "?status=failed")) == [failed]
+    assert rows(site.get(BASE + "?workflow=sum&status=failed")) == []
+    sums = site.get(BASE + "?workflow=sum")
+    assert dict(re.findall(r'data-status="(\w+)"><b>(\d+)', sums.text))["failed"] == "0"
+
+
+def test_counts_stop_at_their_limit(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(3):
+        site.pikku.start("sum", {"a": i, "b": 1}, inline=True)
+    monkeypatch.setattr(_pages, "COUNT_LIMIT", 2)
+    page = site.get(BASE)
+    assert 'data-status="completed"><b>2+</b>' in page.text
+
+
+def test_bad_queries_and_unknown_runs_are_pages_not_tracebacks(site: Site) -> None:
+    bad = site.get(BASE + "?status=done")
+    assert bad.status == 400 and "unknown run status" in bad.text
+    assert site.get(BASE + "?limit=5000").status == 400
+    missing = site.get(BASE + "runs/ghost")
+    assert missing.status == 404 and "no workflow run with id" in missing.text
+    assert site.get(BASE + "runs/$where").status in (400, 404)
+    assert "Traceback" not in bad.text + missing.text
+
+
+def test_the_run_page_shows_the_timeline_with_the_superseded_attempt(site: Site) -> None:
+    run_id = superseded_run(site.pikku)
+    page = site.get(f"{BASE}runs/{run_id}")
+    assert page.status == 200
+    bars = re.findall(r'<g class="attempt outcome-(\S+?)( superseded)?" data-step="add" '
+                      r'data-attempt="(\d)"', page.text)
+    assert bars == [("superseded", " superseded", "1"), ("succeeded", "", "2")]
+    assert page.text.count('class="fence"') == 1 and "✕ superseded" in page.text
+    assert "worker-a@host1" in page.text and "worker-b@host2" in page.text
+    assert "1/1 steps settled, 2 attempts (1 superseded)" in page.text
+    assert 'data-live="false"' in page.text  # an ended run is not re-read
+
+
+def test_run_input_and_errors_are_escaped(site: Site) -> None:
+    store = site.pikku.engine.store
+    evil = "<script>alert('pwned')</script>"
+    store.create_run(NewRun("evil-1", "<b>wf</b>", {"note": evil}), now_ms())
+    store.transition_run("evil-1", ["running"], "failed", now_ms(),
+                         error={"type": "Boom", "message": "<img src=x onerror=alert(1)>"})
+    for path in (BASE, f"{BASE}runs/evil-1"):
+        page = site.get(path)
+        assert page.status == 200
+        assert "<script>alert" not in page.text and "<img src=x" not in page.text
+        assert "<b>wf</b>" not in page.text and "&lt;b&gt;wf&lt;/b&gt;" in page.text
+    run_page = site.get(f"{BASE}runs/evil-1").text
+    assert "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;" in run_page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in run_page
+
+
+def test_tracebacks_only_with_the_setting(site: Site) -> None:
+    run_id = site.pikku.start("fails", None, inline=True)
+    page = site.get(f"{BASE}runs/{run_id}")
+    assert "RuntimeError" in page.text and "Traceback (most recent call last)" not in page.text
+    shown = (flask_site(site.pikku, PIKKU_SHOW_TRACEBACKS=True) if site.framework == "flask"
+             else django_site(site.pikku, PIKKU_SHOW_TRACEBACKS=True))
+    assert "Traceback (most recent call last)" in shown.get(f"{BASE}runs/{run_id}").text
+
+
+def test_every_page_sends_a_strict_csp_whose_nonce_is_the_scripts(site: Site) -> None:
+    page = site.get(BASE)
+    csp = page.headers["Content-Security-Policy"]
+    nonce = re.search(r"'nonce-([^']+)'", csp)
+    assert nonce is not None and f'<script nonce="{nonce.group(1)}">' in page.text
+    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+    assert page.headers["X-Frame-Options"] == "DENY"
+    assert page.headers["Cache-Control"] == "no-store"
+    assert site.get(BASE).headers["Content-Security-Policy"] != csp  # a nonce per page
+
+
+# --- who may see and act --------------------------------------------------------------------
+
+
+def _routes(run_id: str) -> list[tuple[str, str]]:
+    return [("GET", BASE), ("GET", f"{BASE}runs/{run_id}"),
+            ("POST", f"{BASE}runs/{run_id}/cancel"), ("POST", f"{BASE}runs/{run_id}/resume")]
+
+
+def _call(site: Site, method: str, path: str, user: str | None) -> Answer:
+    if method == "GET":
+        return site.get(path, user=user)
+    return site.post(path, {"x": "1"}, user=user)
+
+
+def test_anonymous_callers_are_refused_everywhere(site: Site) -> None:
+    run_id = site.pikku.start("waits", None, inline=True)
+    for method, path in _routes(run_id):
+        answer = _call(site, method, path, None)
+        expected = 401 if method == "GET" or site.framework == "flask" else 403  # CSRF first
+        assert answer.status == expected, (method, path, answer.status)
+        assert method == "POST" or 'id="refused"' in answer.text
+    assert site.pikku.get_run(run_id).status == "suspended"
+
+
+def test_a_user_without_the_action_is_refused(site: Site) -> None:
+    run_id = site.pikku.start("waits", None, inline=True)
+    for method, path in _routes(run_id):
+        assert _call(site, method, path, "nobody").status == 403, (method, path)
+    reader = site.get(f"{BASE}runs/{run_id}", user="reader")
+    assert reader.status == 200 and 'id="cancel"' not in reader.text
+    assert 'id="resume"' not in reader.text
+    # With a valid CSRF token of its own, the reader is still refused: by authorization.
+    field, token = site.token("reader")
+    for action in ("cancel", "resume"):
+        refused = site.post(f"{BASE}runs/{run_id}/{action}", {field: token}, user="reader")
+        assert refused.status == 403 and "not allowed to" in refused.text
+    assert site.pikku.get_run(run_id).status == "suspended"
+
+
+def test_the_cancel_button_cancels_with_the_pages_token(site: Site) -> None:
+    run_id = site.pikku.start("waits", None, inline=True)
+    page = site.get(f"{BASE}runs/{run_id}")
+    assert 'id="cancel"' in page.text and 'id="resume"' in page.text
+    field, token = page.form_token()
+    done = site.post(f"{BASE}runs/{run_id}/cancel", {field: token, "reason": "dup <order>"})
+    assert done.status == 303
+    assert done.headers["Location"].endswith(f"{BASE}runs/{run_id}?notice=run+cancelled")
+    run = site.pikku.get_run(run_id)
+    assert run.status == "cancelled" and run.cancel_reason == "dup <order>"
+    after = site.get(f"{BASE}runs/{run_id}?notice=run+cancelled")
+    assert "run cancelled" in after.text and 'id="cancel"' not in after.text
+    again = site.post(f"{BASE}runs/{run_id}/cancel", {field: token})
+    assert again.status == 303 and "nothing+to+cancel" in again.headers["Location"]
+
+
+def test_the_resume_button_resumes(site: Site) -> None:
+    run_id = site.pikku.start("waits", None, inline=True)
+    field, token = site.get(f"{BASE}runs/{run_id}").form_token()
+    assert site.post(f"{BASE}runs/{run_id}/resume", {field: token}).status == 303
+    assert site.pikku.get_run(run_id).status == "running"
+
+
+def test_a_post_without_the_token_is_refused(site: Site) -> None:
+    run_id = site.pikku.start("waits", None, inline=True)
+    field, token = site.get(f"{BASE}runs/{run_id}").form_token()
+    for form in ({}, {field: "y" * len(token)}):
+        refused = site.post(f"{BASE}runs/{run_id}/cancel", form)
+        assert refused.status == 403, form
+    assert site.pikku.get_run(run_id).status == "suspended"
+
+
+def test_a_form_must_be_small_and_urlencoded(site: Site) -> None:
+    run_id = site.pikku.start("waits", None, inline=True)
+    field, token = site.get(f"{BASE}runs/{run_id}").form_token()
+    path = f"{BASE}runs/{run_id}/cancel"
+    csrf = {"X-CSRFToken": token}  # Django's middleware checks CSRF before the view
+    assert site.post(path, f"{field}={token}", content_type="text/plain",
+                     headers=csrf).status == 415
+    assert site.post(path, '{"a": 1}', content_type="application/json",
+                     headers=csrf).status == 415
+    big = {field: token, "reason": "x" * (_pages.MAX_FORM_BYTES + 1)}
+    assert site.post(path, big).status == 413
+    assert site.pikku.get_run(run_id).status == "suspended"
+
+
+def test_flask_refuses_a_cross_site_post_even_with_a_token() -> None:
+    site = flask_site(make_pikku())
+    run_id = site.pikku.start("waits", None, inline=True)
+    field, token = site.get(f"{BASE}runs/{run_id}").form_token()
+    refused = site.post(f"{BASE}runs/{run_id}/cancel", {field: token},
+                        headers={"Origin": "https://evil.example",
+                                 "Sec-Fetch-Site": "cross-site"})
+    assert refused.status == 403 and "Cross-site" in refused.text
+    assert site.pikku.get_run(run_id).status == "suspended"
+
+
+def test_flask_without_a_secret_key_shows_no_buttons_and_takes_no_post() -> None:
+    site = flask_site(make_pikku(), SECRET_KEY=None,
+                      PIKKU_AUTHORIZE=lambda request, action, run_id: True)
+    run_id = site.pikku.start("waits", None, inline=True)
+    page = site.get(f"{BASE}runs/{run_id}", user=None)
+    assert page.status == 200 and 'id="cancel"' not in page.text
+    assert site.post(f"{BASE}runs/{run_id}/cancel", {"pikku_csrf": ""}, user=None
+                     ).status == 403
+    assert site.pikku.get_run(run_id).status == "suspended"
+
+
+def test_django_sends_anonymous_callers_to_the_login_page() -> None:
+    site = django_site(make_pikku())
+    page = site.get(BASE + "?status=failed", user=None)
+    assert page.status == 401
+    assert 'href="/accounts/login/?next=%2Fpikku%2F%3Fstatus%3Dfailed"' in page.text
+
+
+# --- the standalone app ---------------------------------------------------------------------
+
+
+def test_standalone_with_a_token_lets_in_who_opens_the_token_url() -> None:
+    pikku = make_pikku()
+    run_id = pikku.start("sum", {"a": 1, "b": 2}, inline=True)
+    app = make_app(pikku, token="s" * 20)
+    browser = app.test_client()
+    assert browser.get("/").status_code == 401
+    assert browser.get("/?token=" + "w" * 20).status_code == 401
+    login = browser.get("/?token=" + "s" * 20 + "&status=completed")
+    assert login.status_code == 303 and login.headers["Location"] == "/?status=completed"
+    page = browser.get("/?status=completed")
+    assert page.status_code == 200 and run_id in page.get_data(as_text=True)
+    api = app.test_client().get(f"/api/runs/{run_id}",
+                                headers={"Authorization": "Bearer " + "s" * 20})
+    assert api.status_code == 200 and api.json["output"] == 3
+    assert app.test_client().get(f"/api/runs/{run_id}").status_code == 401
+
+
+def test_standalone_without_a_token_lets_in_this_machine_only() -> None:
+    app = make_app(make_pikku())
+    local = {"REMOTE_ADDR": "127.0.0.1"}
+    assert app.test_client().get("/", base_url="http://127.0.0.1:5580",
+                                 environ_base=local).status_code == 200
+    rebound = app.test_client().get("/", base_url="http://evil.example:5580",
+                                    environ_base=local)
+    assert rebound.status_code == 403
+    remote = app.test_client().get("/", base_url="http://127.0.0.1:5580",
+                                   environ_base={"REMOTE_ADDR": "10.1.2.3"})
+    assert remote.status_code == 403
+
+
+def test_standalone_with_an_authorize_callable() -> None:
+    app = make_app(make_pikku(), authorize=lambda request, action, run_id: action == "read")
+    assert app.test_client().get("/").status_code == 200
+    with pytest.raises(ImportError, match="--authorize"):
+        make_app(make_pikku(), authorize="no.such:thing")
