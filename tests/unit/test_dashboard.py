@@ -379,3 +379,19 @@ def test_standalone_with_an_authorize_callable() -> None:
     assert app.test_client().get("/").status_code == 200
     with pytest.raises(ImportError, match="--authorize"):
         make_app(make_pikku(), authorize="no.such:thing")
+
+
+def test_child_runs_are_linked_both_ways(site: Site) -> None:
+    from pikku_celery.store.base import NewStep
+
+    store = site.pikku.engine.store
+    store.create_run(NewRun("parent-1", "sum", None), now_ms())
+    store.insert_step(NewStep("parent-1", "refund", "waits", status="running",
+                              child_run_id="child-1"), now_ms())
+    store.create_run(NewRun("child-1", "waits", None, parent_run_id="parent-1",
+                            parent_step_name="refund"), now_ms())
+    parent = site.get(f"{BASE}runs/parent-1")
+    assert f'href="{BASE}runs/child-1"' in parent.text
+    assert 'data-kind="child"' in parent.text  # the parked step is drawn as a wait
+    child = site.get(f"{BASE}runs/child-1")
+    assert f'href="{BASE}runs/parent-1"' in child.text and "(step refund)" in child.text
