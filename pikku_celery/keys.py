@@ -70,7 +70,7 @@ LEASE_TOKEN_FMT = "{prefix}:lease-token:{{{key}}}"
 
 RUNS = "workflow_runs"
 STEPS = "workflow_steps"
-HISTORY = "workflow_step_history"
+HISTORY = "workflow_step_history"  # written by earlier versions only, read for their runs
 VERSIONS = "workflow_versions"
 RESULTS = "celery_task_results"
 DEFAULT_DATABASE = "pikku"
@@ -115,12 +115,21 @@ class StepField:
     TASK_ID = "task_id"  # the Celery task id of the delivery that claimed the attempt
     CHILD_RUN = "child_run_id"
     ON_ERROR = "on_error"
+    # The history of the step: one entry per attempt, keyed by the attempt number as a
+    # string ("1", "2", ...), each with the ``HistoryField`` fields STATUS, ERROR, STARTED,
+    # ENDED, WORKER and TASK_ID. Written by the same write that changes the step.
+    ATTEMPTS = "attempts"
+    # The run-lease token of the pass that recorded the step (tokens rise with every pass,
+    # so a pass finds the steps recorded since its own with ``seq > token``).
+    SEQ = "seq"
     CREATED = "created_ms"
     UPDATED = "updated_ms"
 
 
 class HistoryField:
-    """Fields of a ``workflow_step_history`` document (``_id`` is ``<step id>:<attempt>``)."""
+    """Fields of one history entry: an entry of a step's ``attempts`` (which holds
+    STATUS, ERROR, STARTED, ENDED, WORKER and TASK_ID), or a ``workflow_step_history``
+    document written by an earlier version (``_id`` is ``<step id>:<attempt>``)."""
 
     ID = "_id"
     STEP = "step_id"

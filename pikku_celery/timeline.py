@@ -6,10 +6,11 @@ What an attempt's outcome is, read from the history entry and the step document:
 
 - ``superseded``: a history entry whose error is ``WorkflowStepLeaseExpiredError`` for an
   attempt that is not the step's current one. Its worker lost the lease (died, stalled)
-  and a reclaim fenced it out; the store wrote that entry when it advanced the attempt
-  (``store._docs.superseded_history``), or ``merge_history`` reports it so when the entry
-  was lost. It has no end of its own: it ended, as far as the step is concerned, when the
-  next attempt was claimed, so its span runs to that claim.
+  and a reclaim fenced it out; the reclaim's own write closed that entry when it advanced
+  the attempt (``store._docs.superseded_fields``), or ``merge_history`` reports it so when
+  no entry was written (a step from an earlier version). It has no end of its own: it
+  ended, as far as the step is concerned, when the next attempt was claimed, so its span
+  runs to that claim.
 - ``lease-expired``: the same error on the step's current attempt: the last attempt lost
   its worker and the step failed for good.
 - ``cancelled``: fenced by a cancellation (``WorkflowCancelledError``).

@@ -20,6 +20,7 @@ from pikku_celery.records import (
     STEP_RUNNING,
     STEP_SCHEDULED,
 )
+from pikku_celery.store._docs import entry_path, open_entry
 
 Doc = dict[str, Any]
 
@@ -84,19 +85,25 @@ def first_claim_filter(step_id: str, function: str | None, now_ms: int) -> Doc:
     """The optimistic first-claim filter: claims a fresh step in one write, no read.
 
     A pending step is due from its insertion, so one plain conjunction covers pending and
-    due scheduled steps. (No ``$or`` in write filters: the nx-27017 stand-in applies an
-    ``$or`` filter of ``find_one_and_update`` to the whole collection, ignoring ``_id``.)"""
+    due scheduled steps; both are always at attempt 1 (no transition leads back to them),
+    which the filter states so the write can open attempt 1's history entry. (No ``$or``
+    in write filters: the nx-27017 stand-in applies an ``$or`` filter of
+    ``find_one_and_update`` to the whole collection, ignoring ``_id``.)"""
     return {
         S.ID: step_id,
         S.FUNCTION: function,
         S.STATUS: {"$in": [STEP_PENDING, STEP_SCHEDULED]},
+        S.ATTEMPT: 1,
         S.DUE: {"$ne": None, "$lte": now_ms},
     }
 
 
 def running_fields(now_ms: int, lease_ms: int, worker: str | None,
-                   task_id: str | None = None) -> Doc:
+                   task_id: str | None = None, *, attempt: int) -> Doc:
+    """The ``$set`` of a claim that starts ``attempt``: the lease, and the attempt's history
+    entry, opened in the same write."""
     return {
+        entry_path(attempt): open_entry(now_ms, worker, task_id),
         S.STATUS: STEP_RUNNING,
         S.LEASE: now_ms + lease_ms,
         S.STARTED: now_ms,

@@ -55,7 +55,8 @@ def new_run_doc(run: NewRun, now_ms: int) -> Doc:
     }
 
 
-def new_step_doc(step: NewStep, now_ms: int) -> Doc:
+def new_step_doc(step: NewStep, now_ms: int, seq: int = 0) -> Doc:
+    """A step as first recorded; ``seq`` is the run-lease token of the pass recording it."""
     return {
         S.ID: invocation_id(step.run_id, step.step_name),
         S.RUN: step.run_id,
@@ -76,6 +77,10 @@ def new_step_doc(step: NewStep, now_ms: int) -> Doc:
         S.TASK_ID: None,
         S.CHILD_RUN: step.child_run_id,
         S.ON_ERROR: step.on_error,
+        # A step parked on a child run starts with its insert: its one attempt is open.
+        S.ATTEMPTS: ({"1": open_entry(now_ms, None, None)} if step.status == STEP_RUNNING
+                     else {}),
+        S.SEQ: seq,
         S.CREATED: now_ms,
         S.UPDATED: now_ms,
     }
@@ -120,10 +125,52 @@ def step_from_doc(doc: Doc) -> StepState:
     )
 
 
+def entry_path(attempt: int, field: str | None = None) -> str:
+    """The dotted path of attempt ``attempt``'s history entry (or one of its fields)."""
+    path = f"{S.ATTEMPTS}.{attempt}"
+    return path if field is None else f"{path}.{field}"
+
+
+def open_entry(now_ms: int, worker: str | None, task_id: str | None) -> Doc:
+    """The entry a claim writes for the attempt it starts."""
+    return {H.STATUS: STEP_RUNNING, H.STARTED: now_ms, H.ENDED: None, H.ERROR: None,
+            H.WORKER: worker, H.TASK_ID: task_id}
+
+
+def closing_fields(attempt: int, status: str, now_ms: int,
+                   error: dict[str, Any] | None = None) -> Doc:
+    """``$set`` fields that close an attempt's entry, in the write that settles it."""
+    return {entry_path(attempt, H.STATUS): status, entry_path(attempt, H.ERROR): error,
+            entry_path(attempt, H.ENDED): now_ms}
+
+
+def superseded_fields(step: Doc) -> Doc:
+    """``$set`` fields a reclaim writes for the running attempt it fences out: it lost its
+    lease (its end is not known)."""
+    attempt = step[S.ATTEMPT]
+    return {entry_path(attempt, H.STATUS): STEP_FAILED,
+            entry_path(attempt, H.ERROR): lease_lost_error(step[S.RUN], step[S.NAME],
+                                                           attempt)}
+
+
+def apply_set(doc: Doc, fields: Doc) -> None:
+    """Apply ``$set`` fields (dotted paths included) to a document held as a dict, as
+    MongoDB would: the in-memory store writes exactly what the MongoDB store does."""
+    for path, value in fields.items():
+        target = doc
+        *parents, last = path.split(".")
+        for part in parents:
+            child = target.get(part)
+            if not isinstance(child, dict):
+                child = target[part] = {}
+            target = child
+        target[last] = value
+
+
 def history_doc(step: Doc, attempt: int, status: str, *, result: Any = None,
                 error: dict[str, Any] | None = None, ended_ms: int | None = None,
                 started_ms: int | None = None) -> Doc:
-    """The history entry of one attempt; written after the step document, as a timeline."""
+    """One attempt as a reader sees it (the shape of a history document)."""
     return {
         H.ID: history_id(step[S.ID], attempt),
         H.STEP: step[S.ID],
@@ -141,7 +188,7 @@ def history_doc(step: Doc, attempt: int, status: str, *, result: Any = None,
 
 
 def settled_history(step: Doc) -> Doc:
-    """History entry for the attempt a settled step document describes."""
+    """The attempt a settled step document describes."""
     status = step[S.STATUS]
     return history_doc(
         step, step[S.ATTEMPT], status,
@@ -151,20 +198,41 @@ def settled_history(step: Doc) -> Doc:
     )
 
 
-def merge_history(steps: list[Doc], history: list[Doc]) -> list[StepAttempt]:
-    """Join history entries with step documents.
+def written_entries(step: Doc) -> dict[int, Doc]:
+    """The history entries written in a step document, by attempt, each in the shape of a
+    history document; nothing filled in. A succeeded entry's result is the step's (only
+    the last attempt can succeed, and its entry is closed in the write that stores it)."""
+    out: dict[int, Doc] = {}
+    for key, entry in (step.get(S.ATTEMPTS) or {}).items():
+        attempt = int(key)
+        status = entry.get(H.STATUS)
+        out[attempt] = {
+            H.ID: history_id(step[S.ID], attempt), H.STEP: step[S.ID], H.RUN: step[S.RUN],
+            H.NAME: step[S.NAME], H.ATTEMPT: attempt, H.STATUS: status,
+            H.RESULT: step.get(S.RESULT) if status == STEP_SUCCEEDED else None,
+            H.ERROR: entry.get(H.ERROR), H.STARTED: entry.get(H.STARTED),
+            H.ENDED: entry.get(H.ENDED), H.WORKER: entry.get(H.WORKER),
+            H.TASK_ID: entry.get(H.TASK_ID)}
+    return out
 
-    The step document wins for its current attempt: it is written first, so it is never
-    behind the history. An earlier attempt still recorded ``running`` (or not recorded at
-    all, if its reclaimer died between the two writes) lost its lease: it is reported
-    ``failed`` with a lease-expired error, never ``running`` forever.
+
+def merge_history(steps: list[Doc], legacy: list[Doc] | None = None) -> list[StepAttempt]:
+    """Every attempt of ``steps``, from the entries written in each step document (or, for
+    a step written by an earlier version, from its ``legacy`` history documents).
+
+    The step document wins for its current attempt. An earlier attempt still recorded
+    ``running``, or not recorded at all, lost its lease: it is reported ``failed`` with a
+    lease-expired error, never ``running`` forever. (A step's entries are written by the
+    writes that change the step, so none goes missing; the fill-in covers documents
+    written otherwise, by hand or by older versions.)
     """
     by_step: dict[str, dict[int, Doc]] = {}
-    for entry in history:
+    for entry in legacy or ():
         by_step.setdefault(entry[H.STEP], {})[entry[H.ATTEMPT]] = entry
     out: list[StepAttempt] = []
     for step in steps:
-        entries = by_step.get(step[S.ID], {})
+        entries = (written_entries(step) if S.ATTEMPTS in step
+                   else by_step.get(step[S.ID], {}))
         current = step[S.ATTEMPT]
         for attempt in range(1, current):
             out.append(_attempt_from_entry(_earlier_entry(step, attempt, entries.get(attempt))))
@@ -232,10 +300,3 @@ def lease_expired_error(step: Doc) -> dict[str, Any]:
 
     exc = WorkflowStepLeaseExpiredError(step[S.RUN], step[S.NAME], step[S.ATTEMPT])
     return {"type": type(exc).__name__, "message": str(exc), "attempt": step[S.ATTEMPT]}
-
-
-def superseded_history(previous: Doc) -> Doc:
-    """The entry of an attempt that a reclaim just fenced out: it lost its lease."""
-    attempt = previous[S.ATTEMPT]
-    return history_doc(previous, attempt, STEP_FAILED,
-                       error=lease_lost_error(previous[S.RUN], previous[S.NAME], attempt))

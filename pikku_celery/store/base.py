@@ -1,9 +1,11 @@
 """The workflow store contract.
 
 A store keeps runs, steps, one history entry per step attempt, and workflow versions. The
-step document is the authority on a step: history is a timeline for people, written after
-the step, and readers fill in the current attempt from the step itself, so a crash between
-the two writes never misreports a step.
+step document is the authority on a step, and it holds the step's history: every write that
+changes a step writes the entry of the attempt it starts or ends in the same atomic write,
+so no crash can leave an attempt without its entry. Readers still take the current attempt
+from the step itself, and report an earlier attempt that has no entry (a document written
+otherwise) as one that lost its lease.
 
 Every method that *decides* something (a claim, a fenced write, a guarded transition) is one
 atomic compare-and-set on the step or run; none reads and then writes unguarded. Callers pass

@@ -51,8 +51,7 @@ class InMemoryWorkflowStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, Doc] = {}
-        self._steps: dict[str, Doc] = {}
-        self._history: dict[str, Doc] = {}
+        self._steps: dict[str, Doc] = {}  # each with its history (``attempts``)
         self._versions: dict[str, Doc] = {}
 
     # --- runs -------------------------------------------------------------------------
@@ -158,11 +157,12 @@ class InMemoryWorkflowStore:
             if decision.action is Action.EXPIRE:
                 self._expire(doc, now_ms)
                 return ClaimResult(None, wake_run=True)
-            previous = copy.deepcopy(doc)
-            doc.update(running_fields(now_ms, lease_ms, worker, task_id))
-            if decision.action is Action.RECLAIM:
-                doc[S.ATTEMPT] += 1
-                self._record_superseded(previous)
+            attempt = doc[S.ATTEMPT] + (1 if decision.action is Action.RECLAIM else 0)
+            fields = running_fields(now_ms, lease_ms, worker, task_id, attempt=attempt)
+            if decision.action is Action.RECLAIM and doc[S.STATUS] == STEP_RUNNING:
+                fields.update(_docs.superseded_fields(doc))  # the attempt fenced out
+            _docs.apply_set(doc, copy.deepcopy(fields))
+            doc[S.ATTEMPT] = attempt
             return ClaimResult(_docs.step_from_doc(copy.deepcopy(doc)))
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
@@ -172,7 +172,7 @@ class InMemoryWorkflowStore:
             doc = self._fenced(run_id, step_name, attempt)
             doc.update({S.STATUS: STEP_SUCCEEDED, S.RESULT: as_stored(result),
                         S.ERROR: None, S.LEASE: None, S.DUE: None, S.UPDATED: now_ms})
-            self._put_history(_docs.settled_history(doc))
+            _docs.apply_set(doc, _docs.closing_fields(attempt, STEP_SUCCEEDED, now_ms))
             return _docs.step_from_doc(copy.deepcopy(doc))
 
     def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
@@ -185,7 +185,8 @@ class InMemoryWorkflowStore:
             doc.update({S.STATUS: STEP_FAILED, S.ERROR: as_stored(error), S.RESULT: None,
                         S.LEASE: None, S.DUE: None if spent else (retry_at_ms or now_ms),
                         S.UPDATED: now_ms})
-            self._put_history(_docs.settled_history(doc))
+            _docs.apply_set(doc, _docs.closing_fields(attempt, STEP_FAILED, now_ms,
+                                                      as_stored(error)))
             return _docs.step_from_doc(copy.deepcopy(doc))
 
     def renew_leases(self, held: Sequence[tuple[str, str, int]], now_ms: int,
@@ -218,12 +219,16 @@ class InMemoryWorkflowStore:
             if doc is None or not _is_waiting(doc, now_ms, child_run_id, gate):
                 return False
             status = STEP_FAILED if error is not None else STEP_SUCCEEDED
+            parked = doc[S.STATUS] == STEP_RUNNING
             doc.update({S.STATUS: status, S.RESULT: as_stored(result),
                         S.ERROR: as_stored(error), S.LEASE: None, S.DUE: None,
                         S.UPDATED: now_ms})
-            if doc.get(S.STARTED) is None:
-                doc[S.STARTED] = now_ms
-            self._put_history(_docs.settled_history(doc))
+            if parked:  # on a child since its insert, which opened its one attempt
+                _docs.apply_set(doc, _docs.closing_fields(1, status, now_ms, as_stored(error)))
+            else:  # a sleep or a gate: its one attempt starts and ends here
+                _docs.apply_set(doc, {_docs.entry_path(1): {
+                    **_docs.open_entry(now_ms, None, None), H.STATUS: status,
+                    H.ERROR: as_stored(error), H.ENDED: now_ms}})
             return True
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
@@ -232,11 +237,11 @@ class InMemoryWorkflowStore:
             docs = [d for d in self._run_steps(run_id) if d[S.STATUS] in _UNSETTLED
                     or (d[S.STATUS] == STEP_FAILED and d[S.DUE] is not None)]
             for doc in docs:
-                in_flight = doc[S.STATUS] == STEP_RUNNING
+                if doc[S.STATUS] == STEP_RUNNING:  # a failed attempt waiting for its retry
+                    _docs.apply_set(doc, _docs.closing_fields(  # keeps its own entry
+                        doc[S.ATTEMPT], STEP_FAILED, now_ms, as_stored(error)))
                 doc.update({S.STATUS: STEP_FAILED, S.ERROR: as_stored(error),
                             S.RESULT: None, S.LEASE: None, S.DUE: None, S.UPDATED: now_ms})
-                if in_flight:  # a failed attempt waiting for its retry keeps its entry
-                    self._put_history(_docs.settled_history(doc))
             return len(docs)
 
     # --- history ----------------------------------------------------------------------
@@ -245,9 +250,7 @@ class InMemoryWorkflowStore:
         check_name("run id", run_id)
         with self._lock:
             steps = copy.deepcopy(self._run_steps(run_id))
-            ids = {s[S.ID] for s in steps}
-            entries = [copy.deepcopy(h) for h in self._history.values() if h[H.STEP] in ids]
-        return _docs.merge_history(steps, entries)
+        return _docs.merge_history(steps)
 
     # --- versions ---------------------------------------------------------------------
 
@@ -313,10 +316,9 @@ class InMemoryWorkflowStore:
         with self._lock:
             ids = [d[R.ID] for d in self._runs.values()
                    if d[R.STATUS] in chosen and d[R.UPDATED] < ended_before_ms][:limit]
-            doomed = set(ids)
-            for table, field in ((self._steps, S.RUN), (self._history, H.RUN)):
-                for key in [k for k, d in table.items() if d[field] in doomed]:
-                    del table[key]
+            doomed = set(ids)  # a step's history is in its document: it goes with it
+            for key in [k for k, d in self._steps.items() if d[S.RUN] in doomed]:
+                del self._steps[key]
             for run_id in ids:
                 del self._runs[run_id]
         return ids
@@ -342,16 +344,11 @@ class InMemoryWorkflowStore:
         return doc
 
     def _expire(self, doc: Doc, now_ms: int) -> None:
+        error = _docs.lease_expired_error(doc)
         doc.update({S.STATUS: STEP_FAILED, S.LEASE: None, S.DUE: None, S.RESULT: None,
-                    S.ERROR: _docs.lease_expired_error(doc), S.UPDATED: now_ms})
-        self._put_history(_docs.settled_history(doc))
-
-    def _record_superseded(self, previous: Doc) -> None:
-        if previous[S.STATUS] == STEP_RUNNING:
-            self._put_history(_docs.superseded_history(previous))
-
-    def _put_history(self, entry: Doc) -> None:
-        self._history[entry[H.ID]] = copy.deepcopy(entry)
+                    S.ERROR: error, S.UPDATED: now_ms})
+        _docs.apply_set(doc, _docs.closing_fields(doc[S.ATTEMPT], STEP_FAILED, now_ms,
+                                                  copy.deepcopy(error)))
 
 
 def _is_waiting(doc: Doc, now_ms: int, child_run_id: str | None, gate: bool) -> bool:

@@ -21,26 +21,28 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
                     not running, or parked on a child run), ``due_ms`` (when a scheduled step
                     or a failed step's next attempt may start; null when never), ``started_ms``,
                     ``worker``, ``task_id`` (the Celery task id of the delivery that claimed
-                    the attempt), ``child_run_id``, ``on_error``, ``created_ms``,
-                    ``updated_ms``.
+                    the attempt), ``child_run_id``, ``on_error``, ``attempts`` (the history:
+                    ``{"<attempt>": {status, error, started_ms, ended_ms, worker, task_id}}``,
+                    one entry per attempt), ``created_ms``, ``updated_ms``.
                     Indexes: ``(run_id, created_ms, step_name)`` for a run's steps in
                     order (``_id`` already makes a step unique); ``(status,
                     lease_expires_ms)`` for the lapsed sweep, ``(status, updated_ms)`` and
                     ``(status, due_ms)`` for the due sweep. Each sweep's range bounds the
                     scan to its backlog (lapsed, undispatched or due steps, the few the
                     reaper has not handled yet), which is then ordered in memory for paging.
-``workflow_step_history``  ``_id`` ``<step id>:<attempt>`` (so an entry is written at most
-                    once per attempt, by upsert), ``step_id``, ``run_id``, ``step_name``,
-                    ``attempt``, ``status``, ``result``, ``error``, ``started_ms``,
-                    ``ended_ms``, ``worker``, ``task_id``. Index: ``run_id`` (``_id``
-                    already makes an entry unique per attempt).
+``workflow_step_history``  written by earlier versions only (one document per attempt,
+                    ``_id`` ``<step id>:<attempt>``, ``step_id``, ``run_id``, ...): read for
+                    a step whose document has no ``attempts``, deleted with its run. Index:
+                    ``run_id``.
 ``workflow_versions``  ``_id`` ``<workflow>:<version>``, ``workflow``, ``version``,
                     ``source``, ``created_ms``; first writer wins (insert, duplicate ignored).
 
 Atomicity: every claim, fenced write and run transition is one ``update_one`` or
-``find_one_and_update`` whose filter repeats what the decision read. A step in steady state
-costs three commands: the claim (one optimistic ``find_one_and_update``), the settle, and
-the history entry. History is written after the step and never decides anything.
+``find_one_and_update`` whose filter repeats what the decision read. A step's history lives
+in its document, so each write that changes the step writes its history entry too, in the
+same atomic write: the claim opens the attempt's entry (and a reclaim closes the entry of
+the attempt it fences out), the settle closes it. A step in steady state costs two
+commands: the claim (one optimistic ``find_one_and_update``) and the settle.
 
 Indexes: every query's filter and sort is served by an index whose fields are the query's
 equality fields, then its sort, then its range (``tests/unit/test_hardening_infra.py``
@@ -286,7 +288,7 @@ class MongoWorkflowStore:
         # Steady state: a fresh step is claimed by one write, with no read before it.
         claimed = self._steps.find_one_and_update(
             first_claim_filter(step_id, function, now_ms),
-            {"$set": running_fields(now_ms, lease_ms, worker, task_id)},
+            {"$set": running_fields(now_ms, lease_ms, worker, task_id, attempt=1)},
             return_document=_AFTER)
         if claimed is not None:
             return ClaimResult(_docs.step_from_doc(claimed))
@@ -299,14 +301,16 @@ class MongoWorkflowStore:
             return ClaimResult(None)
         if decision.action is Action.EXPIRE:
             return self._expire(guard, doc, now_ms)
-        update: Doc = {"$set": running_fields(now_ms, lease_ms, worker, task_id)}
+        attempt = doc[S.ATTEMPT] + (1 if decision.action is Action.RECLAIM else 0)
+        fields = running_fields(now_ms, lease_ms, worker, task_id, attempt=attempt)
+        if decision.action is Action.RECLAIM and doc[S.STATUS] == STEP_RUNNING:
+            fields.update(_docs.superseded_fields(doc))  # the attempt this write fences out
+        update: Doc = {"$set": fields}
         if decision.action is Action.RECLAIM:
             update["$inc"] = {S.ATTEMPT: 1}
         claimed = self._steps.find_one_and_update(guard, update, return_document=_AFTER)
         if claimed is None:
             return ClaimResult(None)  # lost the race to another claimer
-        if decision.action is Action.RECLAIM and doc[S.STATUS] == STEP_RUNNING:
-            self._put_history(_docs.superseded_history(doc))
         return ClaimResult(_docs.step_from_doc(claimed))
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
@@ -314,7 +318,8 @@ class MongoWorkflowStore:
         check_value(f"result of step {step_name!r}", result)
         state = self._settle(run_id, step_name, attempt, {
             S.STATUS: STEP_SUCCEEDED, S.RESULT: result, S.ERROR: None, S.LEASE: None,
-            S.DUE: None, S.UPDATED: now_ms})
+            S.DUE: None, S.UPDATED: now_ms,
+            **_docs.closing_fields(attempt, STEP_SUCCEEDED, now_ms)})
         assert state is not None  # _settle raises when it must match and does not
         return state
 
@@ -323,7 +328,8 @@ class MongoWorkflowStore:
                   final: bool = False) -> StepState:
         check_value(f"error of step {step_name!r}", error)
         fields: Doc = {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
-                       S.DUE: retry_at_ms or now_ms, S.UPDATED: now_ms}
+                       S.DUE: retry_at_ms or now_ms, S.UPDATED: now_ms,
+                       **_docs.closing_fields(attempt, STEP_FAILED, now_ms, error)}
         # With attempts left the next one is due at retry_at_ms; with none left the step is
         # failed for good and never due again. Try the common case first.
         state = None if final else self._settle(
@@ -370,40 +376,40 @@ class MongoWorkflowStore:
                             child_run_id: str | None = None, gate: bool = False) -> bool:
         check_value(f"result of step {step_name!r}", result)
         guard: Doc = {S.ID: keys.invocation_id(run_id, step_name)}
+        status = STEP_FAILED if error is not None else STEP_SUCCEEDED
+        fields: Doc = {S.STATUS: status, S.RESULT: result, S.ERROR: error, S.LEASE: None,
+                       S.DUE: None, S.UPDATED: now_ms}
         if child_run_id is not None:
+            # Parked on the child since its insert, which opened its one attempt.
             guard.update({S.STATUS: STEP_RUNNING, S.CHILD_RUN: child_run_id})
+            fields.update(_docs.closing_fields(1, status, now_ms, error))
         else:
+            # A sleep or a gate: its one attempt starts and ends with this write.
             guard.update({S.STATUS: STEP_SCHEDULED, S.FUNCTION: None,
                           S.DUE: None if gate else {"$ne": None, "$lte": now_ms}})
-        status = STEP_FAILED if error is not None else STEP_SUCCEEDED
-        doc = self._steps.find_one_and_update(guard, {"$set": {
-            S.STATUS: status, S.RESULT: result, S.ERROR: error, S.LEASE: None, S.DUE: None,
-            S.UPDATED: now_ms}}, return_document=_AFTER)
-        if doc is None:
-            return False
-        if doc.get(S.STARTED) is None:
-            doc[S.STARTED] = now_ms
-        self._put_history(_docs.settled_history(doc))
-        return True
+            fields[_docs.entry_path(1)] = {**_docs.open_entry(now_ms, None, None),
+                                           H.STATUS: status, H.ERROR: error, H.ENDED: now_ms}
+        found = self._steps.update_one(guard, {"$set": fields})
+        return found.matched_count == 1
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
         check_name("run id", run_id)
         fenced = 0
-        for doc in self._steps.find({S.RUN: run_id, **_UNSETTLED}):
+        # Only what the guard repeats (a projection built per call: drivers may keep it).
+        read = {S.ATTEMPT: 1, S.STATUS: 1, S.DUE: 1}
+        for doc in self._steps.find({S.RUN: run_id, **_UNSETTLED}, read):
             # Each step is fenced by a write that repeats what was read (attempt, status,
-            # due): one that settled since the read keeps its outcome and its history entry,
-            # and only an attempt this write fenced gets a cancelled entry. Cancels are rare
-            # and runs have few unsettled steps: one write each is cheap.
+            # due): one that settled since the read keeps its outcome and its history entry.
+            # An attempt in flight ends here, its entry closed by the same write; a failed
+            # one waiting for its retry keeps its own entry. Cancels are rare and runs have
+            # few unsettled steps: one write each is cheap.
             guard: Doc = {S.ID: doc[S.ID], S.ATTEMPT: doc[S.ATTEMPT], S.STATUS: doc[S.STATUS],
                           S.DUE: doc.get(S.DUE)}
-            found = self._steps.find_one_and_update(guard, {"$set": {
-                S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
-                S.DUE: None, S.UPDATED: now_ms}}, return_document=_AFTER)
-            if found is None:
-                continue
-            fenced += 1
-            if doc[S.STATUS] == STEP_RUNNING:  # an attempt in flight ends here; a failed
-                self._put_history(_docs.settled_history(found))  # one keeps its entry
+            fields: Doc = {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None,
+                           S.LEASE: None, S.DUE: None, S.UPDATED: now_ms}
+            if doc[S.STATUS] == STEP_RUNNING:
+                fields.update(_docs.closing_fields(doc[S.ATTEMPT], STEP_FAILED, now_ms, error))
+            fenced += self._steps.update_one(guard, {"$set": fields}).matched_count
         return fenced
 
     # --- history ----------------------------------------------------------------------
@@ -411,8 +417,11 @@ class MongoWorkflowStore:
     def get_history(self, run_id: str) -> list[StepAttempt]:
         check_name("run id", run_id)
         steps = self._run_steps(run_id)
-        entries = list(self._history.find({H.RUN: run_id}))
-        return _docs.merge_history(steps, entries)
+        # Entries live in the step documents; a step written by an earlier version kept
+        # them in the history collection, read only when such a step is there.
+        legacy = (list(self._history.find({H.RUN: run_id}))
+                  if any(S.ATTEMPTS not in d for d in steps) else None)
+        return _docs.merge_history(steps, legacy)
 
     # --- versions ---------------------------------------------------------------------
 
@@ -502,21 +511,17 @@ class MongoWorkflowStore:
             current = self._steps.find_one({S.ID: step_id}, {S.ATTEMPT: 1})
             raise WorkflowStepSupersededError(run_id, step_name, attempt,
                                               None if current is None else current[S.ATTEMPT])
-        self._put_history(_docs.settled_history(doc))
         return _docs.step_from_doc(doc)
 
     def _expire(self, guard: Doc, doc: Doc, now_ms: int) -> ClaimResult:
         error = _docs.lease_expired_error(doc)
-        found = self._steps.find_one_and_update(guard, {"$set": {
+        found = self._steps.update_one(guard, {"$set": {
             S.STATUS: STEP_FAILED, S.LEASE: None, S.DUE: None, S.RESULT: None, S.ERROR: error,
-            S.UPDATED: now_ms}}, return_document=_AFTER)
-        if found is None:
+            S.UPDATED: now_ms, **_docs.closing_fields(doc[S.ATTEMPT], STEP_FAILED, now_ms,
+                                                      error)}})
+        if found.matched_count == 0:
             return ClaimResult(None)  # renewed (or claimed) since we read it
-        self._put_history(_docs.settled_history(found))
         return ClaimResult(None, wake_run=True)
-
-    def _put_history(self, entry: Doc) -> None:
-        self._history.replace_one({H.ID: entry[H.ID]}, entry, upsert=True)
 
 
 # Every index, by collection (see the schema above); ``create_indexes`` makes them and

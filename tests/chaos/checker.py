@@ -1,9 +1,9 @@
 """Reads what a chaos run left behind and checks the library's promise against it.
 
-The evidence is the raw documents (``workflow_steps`` and ``workflow_step_history`` read
-straight from MongoDB: the merged ``get_history`` view fills missing attempts in, so it
-cannot show one missing), the ledger the step bodies wrote outside Redis and MongoDB, the
-workers' logs (every refused write is one WARNING line), and the faults injected.
+The evidence is the raw documents (``workflow_steps`` read straight from MongoDB, with the
+history entries each holds in ``attempts``: the merged ``get_history`` view fills missing
+attempts in, so it cannot show one missing), the ledger the step bodies wrote outside Redis
+and MongoDB, the workers' logs (every refused write is one WARNING line), and the faults injected.
 
 What must hold:
 
@@ -11,7 +11,7 @@ What must hold:
 * every step has exactly one recorded outcome, from the attempt that owns it (its result
   carries the attempt, pid and invocation that produced it), and no attempt beyond
   ``retries + 1``;
-* one history entry per attempt, in the raw collection, each matching the step;
+* one history entry per attempt, written in the raw step document, each matching the step;
 * every attempt exists for a reason: the one before it failed in its body, or lost its
   lease to a fault (its process was killed, crashed or paused, or Redis or MongoDB
   restarted meanwhile). An attempt with no such reason means a live worker was robbed
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pikku_celery import keys
+from pikku_celery.store._docs import written_entries
 from tests.chaos.faults import FaultEvent
 
 WORKER_FUNCTIONS = ("chaos.work", "chaos.compensate", "chaos.big")
@@ -131,7 +132,8 @@ class Evidence:
 
 def load_raw(db: Any, run_ids: Iterable[str]) -> tuple[dict[str, list[Doc]],
                                                        dict[str, dict[int, Doc]]]:
-    """The raw step and history documents of ``run_ids`` (a step's data left out)."""
+    """The raw step documents of ``run_ids`` (a step's data left out) and the history
+    entries written in them (``attempts``: only what was written, nothing filled in)."""
     ids = list(run_ids)
     steps: dict[str, list[Doc]] = defaultdict(list)
     history: dict[str, dict[int, Doc]] = defaultdict(dict)
@@ -139,8 +141,7 @@ def load_raw(db: Any, run_ids: Iterable[str]) -> tuple[dict[str, list[Doc]],
         chunk = ids[start:start + 200]
         for doc in db[keys.STEPS].find({"run_id": {"$in": chunk}}, {"data": 0}):
             steps[doc["run_id"]].append(doc)
-        for entry in db[keys.HISTORY].find({"run_id": {"$in": chunk}}):
-            history[entry["step_id"]][entry["attempt"]] = entry
+            history[doc["_id"]] = written_entries(doc)
     return steps, history
 
 

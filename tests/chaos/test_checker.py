@@ -87,7 +87,7 @@ def test_a_clean_run_passes_and_counts_the_stale_write() -> None:
 
 def test_a_superseded_attempt_without_its_own_history_entry_is_flagged() -> None:
     scene = Scene()  # what a reclaim that forgets the fenced attempt's entry leaves behind
-    scene.db[keys.HISTORY].delete_one({"_id": f"{scene.inv}:1"})
+    scene.db[keys.STEPS].update_one({"_id": scene.inv}, {"$unset": {"attempts.1": ""}})
     assert flagged(scene.check(), "no history entry written for attempts [1]")
 
 
@@ -120,8 +120,8 @@ def test_a_stale_body_whose_write_was_neither_recorded_nor_refused_is_flagged() 
 
 def test_two_recorded_successes_and_too_many_attempts_are_flagged() -> None:
     scene = Scene()
-    scene.db[keys.HISTORY].update_one({"_id": f"{scene.inv}:1"},
-                                      {"$set": {"status": "succeeded"}})
+    scene.db[keys.STEPS].update_one({"_id": scene.inv},
+                                    {"$set": {"attempts.1.status": "succeeded"}})
     scene.db[keys.STEPS].update_one({"_id": scene.inv}, {"$set": {"max_attempts": 1}})
     report = scene.check()
     assert report.double_recorded == 1

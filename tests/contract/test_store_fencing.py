@@ -91,12 +91,14 @@ def test_a_superseded_attempt_has_its_own_history_entry(store: WorkflowStore) ->
     add_step(store, run_id)
     store.claim_step(run_id, "charge", FN, T0, LEASE, worker="w1")
     store.claim_step(run_id, "charge", FN, T0 + LEASE + 1, LEASE, worker="w2")
-    assert entries(store, run_id, "charge") == [(1, "failed")], (
-        "the reclaim must write the entry of the attempt it fenced out")
+    assert entries(store, run_id, "charge") == [(1, "failed"), (2, "running")], (
+        "the reclaim must close the entry of the attempt it fenced out, and open its own")
     first = raw_history(store, run_id)[0]
     assert first["error"]["type"] == LEASE_EXPIRED and first["worker"] == "w1"
     store.claim_step(run_id, "charge", FN, T0 + 3 * LEASE, LEASE, worker="w3")
     store.set_result(run_id, "charge", 3, "third", T0 + 3 * LEASE + 1)
+    assert entries(store, run_id, "charge") == [(1, "failed"), (2, "failed"), (3, "succeeded")]
+    store.claim_step(run_id, "charge", FN, T0 + 4 * LEASE, LEASE)  # settled: nothing written
     assert entries(store, run_id, "charge") == [(1, "failed"), (2, "failed"), (3, "succeeded")]
     assert [d["worker"] for d in raw_history(store, run_id)] == ["w1", "w2", "w3"]
 

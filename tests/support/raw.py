@@ -1,11 +1,12 @@
 """Read what a store really wrote, below its read API.
 
 ``get_history`` merges history entries with the step documents and fills a missing earlier
-attempt in as lease-expired (so a crash between the two writes never misreports a step).
+attempt in as lease-expired (so a document without its entries never misreports a step).
 That is right for readers, and it means an "one entry per attempt" assert made through
 ``get_history`` can never fail. Tests that check what was *written* read the raw documents
-here: the in-memory store's dicts, or MongoDB's ``workflow_steps`` and
-``workflow_step_history`` collections (names from ``pikku_celery.keys``).
+here: the in-memory store's dicts, or MongoDB's ``workflow_steps`` collection (names from
+``pikku_celery.keys``), whose documents hold each attempt's entry in ``attempts``. An entry
+that was never written is absent here, whatever the readers fill in.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from pikku_celery import keys
 from pikku_celery.keys import HistoryField as H
 from pikku_celery.keys import StepField as S
+from pikku_celery.store._docs import written_entries
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 
@@ -33,15 +35,30 @@ def raw_steps(store: Any, run_id: str) -> list[Doc]:
 
 
 def raw_history(store: Any, run_id: str) -> list[Doc]:
-    """Every history entry of ``run_id`` as stored, sorted by step name then attempt."""
+    """Every history entry written for ``run_id``, sorted by step name then attempt, each
+    in the shape of a history document (``step_id``, ``attempt``, ``status``, ``error``,
+    ``worker``, ...; a succeeded entry's ``result`` is its step's, stored by the same
+    write)."""
+    docs = [entry for step in raw_steps(store, run_id)
+            for entry in written_entries(step).values()]
+    return sorted(docs, key=lambda d: (d[H.NAME], d[H.ATTEMPT]))
+
+
+def drop_entries(store: Any, run_id: str, step_name: str, *attempts: int) -> None:
+    """Remove written history entries (all of the step's when no attempt is named), as a
+    store that forgot to write them would leave the step document."""
+    step_id = keys.invocation_id(run_id, step_name)
     if isinstance(store, InMemoryWorkflowStore):
         with store._lock:
-            docs = [copy.deepcopy(d) for d in store._history.values() if d[H.RUN] == run_id]
+            entries = store._steps[step_id].get(S.ATTEMPTS, {})
+            for attempt in attempts or [int(a) for a in list(entries)]:
+                entries.pop(str(attempt), None)
     elif isinstance(store, MongoWorkflowStore):
-        docs = list(store.db[keys.HISTORY].find({H.RUN: run_id}))
+        unset = ({f"{S.ATTEMPTS}.{a}": "" for a in attempts} if attempts
+                 else {S.ATTEMPTS: ""})
+        store.db[keys.STEPS].update_one({S.ID: step_id}, {"$unset": unset})
     else:
         raise TypeError(f"no raw view of {type(store).__name__}")
-    return sorted(docs, key=lambda d: (d[H.NAME], d[H.ATTEMPT]))
 
 
 def entries(store: Any, run_id: str, step_name: str) -> list[tuple[int, str]]:

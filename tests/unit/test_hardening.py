@@ -29,6 +29,7 @@ from pikku_celery import (
 from pikku_celery.claims import Claimed, Claimer
 from pikku_celery.clock import ServerClock
 from pikku_celery.heartbeat import Heartbeat, HeldStep
+from pikku_celery.store._docs import written_entries
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.tasks import WorkerReaper
 from tests.unit.test_engine import Recorder
@@ -276,10 +277,10 @@ def any_store(request: pytest.FixtureRequest) -> Any:
 def _history(store: Any, step_id: str) -> dict[int, dict[str, Any]]:
     """The raw history entries of one step, by attempt (not the merged view)."""
     if isinstance(store, InMemoryWorkflowStore):
-        entries = [h for h in store._history.values() if h["step_id"] == step_id]
+        doc = store._steps[step_id]
     else:
-        entries = list(store._history.find({"step_id": step_id}))
-    return {h["attempt"]: h for h in entries}
+        doc = store.db["workflow_steps"].find_one({"_id": step_id})
+    return written_entries(doc)
 
 
 def test_5_a_failed_attempt_waiting_for_its_retry_keeps_its_history(any_store: Any) -> None:
