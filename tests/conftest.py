@@ -56,6 +56,18 @@ def _no_heartbeat_outlives_its_test(monkeypatch: pytest.MonkeyPatch) -> Iterator
             heartbeat.remove(held)
 
 
+@pytest.fixture(autouse=True)
+def _celery_join_flag_restored() -> Iterator[None]:
+    """A worker built in this process (started or not) marks the process as a worker, and
+    every later ``AsyncResult.get()`` here raises "Never call result.get() within a task":
+    one test's worker must not change what the next test's client may do."""
+    from celery import _state
+
+    before = _state.task_join_will_block()
+    yield
+    _state._set_task_join_will_block(before)
+
+
 @pytest.fixture(scope="session")
 def nx_server() -> Iterator[NxServer]:
     server = NxServer().start()
