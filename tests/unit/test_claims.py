@@ -10,7 +10,7 @@ import pytest
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, keys
 from pikku_celery.claims import Claimed, Claimer, NotClaimed
 from pikku_celery.clock import ServerClock
-from pikku_celery.errors import WorkflowStepSupersededError
+from pikku_celery.errors import LeaseLostError, WorkflowStepSupersededError
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.store.base import NewRun, NewStep
 
@@ -183,3 +183,47 @@ def test_a_retried_settle_never_takes_a_cancel_for_its_own_outcome(outcome: str)
             claimer.fail(claimed, {"type": "ConnectionError", "message": "card api down"}, 0)
     step = store.get_step("run", "s")
     assert step is not None and (step.status, step.attempt, step.error) == ("failed", 1, cancel)
+
+
+# --- survivors of ./dev mutate in the claim layer ------------------------------------------
+
+
+def test_a_bound_body_sees_its_attempt_and_the_stable_invocation_id() -> None:
+    from pikku_celery.claims import StepContext
+
+    store = InMemoryWorkflowStore()
+    _, claimed = _claimed(store)
+    ctx = StepContext(claimed.state, claimed.held)
+    assert (ctx.run_id, ctx.step_name, ctx.attempt, ctx.max_attempts) == ("run", "s", 1, 2)
+    assert ctx.invocation_id == keys.invocation_id("run", "s") == claimed.state.invocation_id
+    assert ctx.wait_lost(0.01) is False and not ctx.lease_lost  # held: a short sleep
+    claimed.held.mark_lost("superseded")
+    assert ctx.wait_lost(30) is True and ctx.lease_lost  # wakes at once when lost
+    with pytest.raises(LeaseLostError):
+        ctx.check()
+    unheld = StepContext(claimed.state, None)  # a body run with no lease to lose
+    assert unheld.wait_lost(0.01) is False and not unheld.lease_lost
+
+
+def test_a_failure_is_due_again_after_its_retry_delay() -> None:
+    store = InMemoryWorkflowStore()
+    claimer, claimed = _claimed(store)
+    before = claimer.leases.now_ms()
+    state = claimer.fail(claimed, {"type": "ConnectionError", "message": "later"}, 60_000)
+    assert state.status == "failed" and state.due_at is not None
+    assert int(state.due_at.timestamp() * 1000) >= before + 60_000  # not at once
+    assert store.claim_step("run", "s", "f", before + 59_000, 30_000).state is None
+
+
+def test_a_stored_error_names_its_type_message_and_traceback() -> None:
+    from pikku_celery.claims import MAX_MESSAGE_CHARS, serialize_error
+
+    try:
+        raise ValueError("card declined")
+    except ValueError as exc:
+        error = serialize_error(exc)
+    assert (error["type"], error["message"]) == ("ValueError", "card declined")
+    assert error["traceback"].startswith("Traceback") and "ValueError: card declined" in (
+        error["traceback"])
+    long = serialize_error(RuntimeError("x" * (MAX_MESSAGE_CHARS + 10)))
+    assert long["message"] == "x" * MAX_MESSAGE_CHARS + f"... [{MAX_MESSAGE_CHARS + 10} characters]"
