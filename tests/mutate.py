@@ -54,6 +54,10 @@ pytest_add_cli_args_test_selection = {tests}
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-k", "{deselect}"]
 process_isolation = "forkserver"
 use_git_change_detection = false
+# A mutant that makes its tests three times slower counts as caught (a timeout): a lease or
+# heartbeat mutant that stops renewals otherwise waits out every event bound of its tests.
+timeout_multiplier = 3.0
+timeout_constant = 2.0
 debug = {debug}
 """
 
@@ -80,17 +84,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutate: {', '.join(modules)} against {' '.join(TESTS)} in {scratch}",
               flush=True)
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children",
-                              str(args.max_children)], cwd=scratch, env=env)
+        mutmut = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children",
+                                   str(args.max_children)], cwd=scratch, env=env,
+                                  start_new_session=True)
+        try:
+            returncode = mutmut.wait()
+        finally:
+            if mutmut.poll() is None:  # we were stopped: stop mutmut and its workers too
+                os.killpg(mutmut.pid, signal.SIGTERM)
         took = time.monotonic() - started
         survivors = _survivors(scratch, env)
         print(f"\nmutate: {', '.join(modules)}: {len(survivors)} survived, "
-              f"{took / 60:.1f} min (mutmut exit {run.returncode})")
+              f"{took / 60:.1f} min (mutmut exit {returncode})")
         for name in survivors:
             shown = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=scratch,
                                    env=env, capture_output=True, text=True)
             print(f"\n--- survived: {name}\n{shown.stdout.strip()}")
-        return run.returncode
+        return returncode
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
