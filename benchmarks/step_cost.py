@@ -1,115 +1,184 @@
-"""Round trips per step execution: MongoDB commands (pymongo command monitoring) and Redis
-commands (a counting client), on the worker side and on the orchestrator side.
+"""Round trips per step, whole system: MongoDB commands (pymongo command monitoring), the
+documents and bytes their replies return, Redis commands (a counting client) and broker
+messages, for the workers' side (claim, body, settle, and with ``continue_in_place`` the
+pass that follows) and the orchestrator's side (``pikku.orchestrate`` passes).
 
-Counts, not seconds: they are the same on any machine. Runs against the MongoDB in
-``PIKKU_MONGO_URL`` or the nx-27017 stand-in, and Redis from ``PIKKU_REDIS_URL`` or
-127.0.0.1:6379 (see example_project/stack.py).
+Counts, not seconds: they are the same on any machine. One process plays every part: a
+queue stands in for the broker and delivers each message the engine publishes, in order,
+to the engine call its Celery task would make (a step message to ``execute_step``, an
+orchestrator message to ``advance`` with the step it names). Starting the run is not
+counted. Runs against the MongoDB in ``PIKKU_MONGO_URL`` or the nx-27017 stand-in, and
+Redis from ``PIKKU_REDIS_URL`` or 127.0.0.1:6379 (see example_project/stack.py).
 
-    python -m benchmarks.step_cost [--steps 20]
+    python -m benchmarks.step_cost [--steps 20] [--fanout 100]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import uuid
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery
 
 from example_project.stack import Stack
 from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService
-from tests.support.counting import CountingRedis, counting_mongo
+from pikku_celery.errors import LeaseTakenError
+from tests.support.counting import CountingRedis, MongoCommands, counting_mongo
+
+SIDES = ("worker", "orchestrator")
 
 
-class Wakes:
-    """Stands in for the broker: counts the messages the engine would publish."""
+class Broker:
+    """Stands in for the broker: queues the messages the engine publishes, counts them."""
 
     def __init__(self) -> None:
+        self.queue: deque[tuple[str, str, str | None]] = deque()
         self.messages: Counter[str] = Counter()
 
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
         self.messages["step"] += 1
+        self.queue.append(("step", run_id, step_name))
 
-    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
         self.messages["orchestrate"] += 1
+        self.queue.append(("run", run_id, step_name))
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         self.messages["timer"] += 1
 
 
-def measure(steps: int, redis_url: str, mongo_url: str, *, in_place: bool = False
-            ) -> dict[str, Any]:
+@dataclass
+class Side:
+    mongo: Counter[str] = field(default_factory=Counter)
+    documents: int = 0
+    reply_bytes: int = 0
+    redis: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class Result:
+    shape: str
+    steps: int
+    in_place: bool
+    sides: dict[str, Side]
+    messages: Counter[str]
+
+    def per_step(self, side: str | None, what: str) -> float:
+        chosen = [self.sides[side]] if side else list(self.sides.values())
+        total = 0
+        for s in chosen:
+            value = getattr(s, what)
+            total += sum(value.values()) if isinstance(value, Counter) else value
+        return total / self.steps
+
+
+def measure(shape: str, steps: int, redis_url: str, mongo_url: str, *,
+            in_place: bool) -> Result:
+    """One run of ``steps`` no-op steps, ``sequential`` (one after another) or ``fanout``
+    (all gathered at once), every message delivered and counted."""
     client, mongo = counting_mongo(mongo_url)
     redis_client = CountingRedis.from_url(redis_url)
     prefix = f"pikku-bench-{uuid.uuid4().hex[:8]}"
-    pikku = PikkuCelery(Celery("bench", broker="memory://"),
-                        store=MongoWorkflowStore(client[f"pikku_bench_{uuid.uuid4().hex[:8]}"]),
+    store = MongoWorkflowStore(client[f"pikku_bench_{uuid.uuid4().hex[:8]}"])
+    pikku = PikkuCelery(Celery("bench", broker="memory://"), store=store,
                         leases=RedisLeaseService(redis_client, key_prefix=prefix),
                         continue_in_place=in_place, worker_reaper=False)
-    wakes = Wakes()
-    pikku.engine.dispatcher = wakes
+    broker = Broker()
+    pikku.engine.dispatcher = broker
 
     @pikku.step(name="bench.noop")
     def noop(data: Any) -> Any:
         return data
 
-    @pikku.workflow("bench")
-    def bench(wf: Any, n: int) -> int:
+    @pikku.workflow("bench.sequential")
+    def sequential(wf: Any, n: int) -> int:
         for i in range(n):
             wf.do(f"s{i}", noop, i)
         return n
 
-    run_id = pikku.start(bench, steps)
-    definition = pikku.registry.steps["bench.noop"]
-    worker: dict[str, Counter[str]] = {"mongo": Counter(), "redis": Counter()}
-    orchestrator: dict[str, Counter[str]] = {"mongo": Counter(), "redis": Counter()}
-    for i in range(steps + 1):
-        if i == 0 or not in_place:
-            _count(mongo, redis_client, orchestrator, lambda: pikku.engine.advance(run_id))
-        if i < steps:
-            _count(mongo, redis_client, worker,
-                   lambda i=i: pikku.engine.execute_step(definition, run_id, f"s{i}"))
-    assert pikku.get_run(run_id).status == "completed"
-    for key in redis_client.scan_iter(match=f"{prefix}:*"):
-        redis_client.delete(key)
-    client.drop_database(pikku.engine.store.db.name)  # type: ignore[attr-defined]
-    return {"steps": steps, "worker": worker, "orchestrator": orchestrator,
-            "messages": wakes.messages, "in_place": in_place}
+    @pikku.workflow("bench.fanout")
+    def fanout(wf: Any, n: int) -> int:
+        return len(wf.gather(*(wf.call(f"s{i}", noop, i) for i in range(n))))
+
+    try:
+        run_id = pikku.start(f"bench.{shape}", steps)
+        broker.messages.clear()
+        definition = pikku.registry.steps["bench.noop"]
+        sides = {name: Side() for name in SIDES}
+        while broker.queue:
+            kind, target, step_name = broker.queue.popleft()
+            if kind == "step":
+                assert step_name is not None
+                _count(mongo, redis_client, sides["worker"], pikku.engine.execute_step,
+                       definition, target, step_name)
+            else:
+                _count(mongo, redis_client, sides["orchestrator"], _advance, pikku, target,
+                       step_name)
+        assert pikku.get_run(run_id).status == "completed", pikku.get_run(run_id)
+        return Result(shape, steps, in_place, sides, Counter(broker.messages))
+    finally:
+        doomed = list(redis_client.scan_iter(match=f"{prefix}:*"))
+        if doomed:
+            redis_client.delete(*doomed)
+        client.drop_database(store.db.name)
+        client.close()
 
 
-def _count(mongo: Any, redis_client: Any, into: dict[str, Counter[str]], fn: Any) -> None:
-    mongo.commands.clear()
+def _advance(pikku: PikkuCelery, run_id: str, step_name: str | None) -> None:
+    # What pikku.orchestrate does: a run held elsewhere keeps the mark this call left.
+    with contextlib.suppress(LeaseTakenError):
+        pikku.engine.advance(run_id, step_name=step_name)
+
+
+def _count(mongo: MongoCommands, redis_client: CountingRedis, into: Side, fn: Any,
+           *args: Any) -> None:
+    mongo.clear()
     redis_client.commands.clear()
-    fn()
-    into["mongo"].update(mongo.commands)
-    into["redis"].update(redis_client.commands)
+    fn(*args)
+    into.mongo.update(mongo.commands)
+    into.documents += sum(mongo.documents.values())
+    into.reply_bytes += sum(mongo.reply_bytes.values())
+    into.redis.update(redis_client.commands)
 
 
-def report(result: dict[str, Any]) -> str:
-    n = result["steps"]
-    mode = ("continue_in_place=True: the worker replays the run after each step"
-            if result["in_place"] else "default: each step success sends an orchestrator message")
-    lines = [f"step_cost: one workflow of {n} sequential steps, per step ({mode})"]
-    for side in ("worker", "orchestrator"):
-        for store in ("mongo", "redis"):
-            counts = result[side][store]
-            total = sum(counts.values()) / n
-            detail = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(counts.items()))
-            lines.append(f"  {side:<12} {store:<5} {total:5.2f} commands/step  ({detail})")
-    msgs = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(result["messages"].items()))
-    lines.append(f"  broker messages per step: {msgs}")
+def report(result: Result) -> str:
+    n = result.steps
+    mode = ("continue_in_place=True: the worker passes after its step"
+            if result.in_place else "continue_in_place=False: a message per settle")
+    lines = [f"step_cost: {result.shape}, {n} steps, {mode}; per step"]
+    for side in SIDES:
+        s = result.sides[side]
+        detail = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(s.mongo.items()))
+        lines.append(
+            f"  {side:<12} mongo {result.per_step(side, 'mongo'):5.2f} ({detail or '-'}); "
+            f"documents {s.documents / n:5.2f}, {s.reply_bytes / n / 1024:6.2f} KB; "
+            f"redis {result.per_step(side, 'redis'):5.2f}")
+    messages = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(result.messages.items()))
+    lines.append(
+        f"  {'whole system':<12} mongo {result.per_step(None, 'mongo'):5.2f}; documents "
+        f"{result.per_step(None, 'documents'):5.2f}, "
+        f"{result.per_step(None, 'reply_bytes') / 1024:6.2f} KB; "
+        f"redis {result.per_step(None, 'redis'):5.2f}; broker messages "
+        f"{sum(result.messages.values()) / n:.2f} ({messages})")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=20, help="sequential steps per run")
+    parser.add_argument("--fanout", type=int, default=100, help="calls in the gather")
     args = parser.parse_args(argv)
     with Stack() as stack:
-        print(report(measure(args.steps, stack.redis_url, stack.mongo_url)))
-        print()
-        print(report(measure(args.steps, stack.redis_url, stack.mongo_url, in_place=True)))
+        for shape, n in (("sequential", args.steps), ("fanout", args.fanout)):
+            for in_place in (True, False):
+                print(report(measure(shape, n, stack.redis_url, stack.mongo_url,
+                                     in_place=in_place)))
+                print()
 
 
 if __name__ == "__main__":

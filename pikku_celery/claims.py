@@ -27,12 +27,18 @@ from typing import Any
 
 from pikku_celery import keys
 from pikku_celery.clock import Clock
-from pikku_celery.errors import InvalidInputError, LeaseLostError, WorkflowStepSupersededError
+from pikku_celery.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    WorkflowStepFunctionMismatchError,
+    WorkflowStepSupersededError,
+)
 from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import StepState
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.validate import as_stored, check_step_document
+from pikku_celery.views import settled_for_good
 
 
 class StepContext:
@@ -82,6 +88,21 @@ class NotClaimed:
 
 
 MAX_MESSAGE_CHARS = 4000
+MAX_TAGGED_FUNCTION = 400  # longer function names are not written into lease holders
+
+
+def _function_tag(function: str | None) -> str:
+    return function or ""
+
+
+def _holder(function: str | None) -> str:
+    """A fresh holder for a step lease, naming the function it claims with (``<random>:
+    <function>``): a later message for the step can be told from a forgery by the lease
+    alone. An overlong name is left out (the store still checks every claim)."""
+    tag = _function_tag(function)
+    if len(tag) > MAX_TAGGED_FUNCTION:
+        return uuid.uuid4().hex
+    return f"{uuid.uuid4().hex}:{tag}"
 
 
 def serialize_error(exc: BaseException) -> dict[str, Any]:
@@ -113,9 +134,14 @@ class Claimer:
               lease_ms: int, *, task_id: str | None = None) -> Claimed | NotClaimed:
         key = keys.step_lease_key(run_id, step_name)
         sent = time.monotonic()
-        lease = self.leases.acquire(key, uuid.uuid4().hex, lease_ms)
+        lease = self.leases.acquire(key, _holder(function), lease_ms)
         if lease is None:
-            return NotClaimed()  # a live worker holds it: a duplicate delivery
+            # A live worker holds it, or the step settled (its lease is left to lapse): a
+            # duplicate delivery. A message naming another function is refused all the
+            # same, from the function the holder claimed with (which its store claim
+            # checked), without touching the store.
+            self._refuse_another_function(run_id, step_name, key, function)
+            return NotClaimed()
         self.clock.observe(lease.granted_at_ms, sent)
         try:
             outcome = self.store.claim_step(run_id, step_name, function, lease.granted_at_ms,
@@ -130,6 +156,16 @@ class Claimer:
                         held_until=sent + lease_ms / 1000)
         self.heartbeat.add(held)
         return Claimed(outcome.state, held)
+
+    def _refuse_another_function(self, run_id: str, step_name: str, key: str,
+                                 function: str | None) -> None:
+        current = self.leases.get(key)
+        if current is None or ":" not in current.holder:
+            return
+        claimed_as = current.holder.split(":", 1)[1]
+        if claimed_as != _function_tag(function):
+            raise WorkflowStepFunctionMismatchError(run_id, step_name, claimed_as or None,
+                                                    function)
 
     def succeed(self, claimed: Claimed, result: Any) -> StepState:
         """Record the result; ``WorkflowStepSupersededError`` if the attempt lost the step,
@@ -175,10 +211,16 @@ class Claimer:
         held.settling = True  # a beat racing the write must not call the refusal a loss
         deadline = held.held_until
         delay_s, retried = 0.1, False
+        release = True
         try:
             while True:
                 try:
                     state: StepState = write(self.clock.now_ms())
+                    # Settled for good, the step can never be claimed again: its Redis
+                    # lease is left to lapse by itself (a Redis command saved per step; a
+                    # duplicate delivery meanwhile stops at it, as it would at the store).
+                    # A retry to come needs it free.
+                    release = not settled_for_good(state)
                     return state
                 except WorkflowStepSupersededError:
                     recorded = self._landed(claimed, landed) if retried else None
@@ -194,15 +236,16 @@ class Claimer:
                     time.sleep(delay_s)
                     delay_s, retried = min(delay_s * 2, 2.0), True
         finally:
-            self._let_go(held)
+            self._let_go(held, release=release)
 
-    def _let_go(self, held: HeldStep) -> None:
-        """Stop renewing ``held`` and free its Redis lease; the store lease is left to the
-        settle that follows (or to lapse, for the reaper)."""
+    def _let_go(self, held: HeldStep, *, release: bool = True) -> None:
+        """Stop renewing ``held`` and (with ``release``) free its Redis lease; the store
+        lease is left to the settle that follows (or to lapse, for the reaper)."""
         self.heartbeat.remove(held)
-        # A failed release is harmless: the lease lapses by itself.
-        with contextlib.suppress(Exception):
-            self.leases.release(held.lease)
+        if release:
+            # A failed release is harmless: the lease lapses by itself.
+            with contextlib.suppress(Exception):
+                self.leases.release(held.lease)
 
     def _landed(self, claimed: Claimed, landed: Callable[[StepState], bool]
                 ) -> StepState | None:

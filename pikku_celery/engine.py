@@ -1,16 +1,16 @@
-"""The workflow engine: starts runs, advances them by replay under the run lease, executes
-steps through the claim layer, sweeps for lost work. No Celery import: the Celery tasks in
-``tasks.py`` are thin shells over these methods, and inline runs use them directly."""
+"""The workflow engine: starts runs, advances them by replay under the run lease (the passes
+live in ``passes.py``), executes steps through the claim layer, sweeps for lost work. No
+Celery import: the Celery tasks in ``tasks.py`` are thin shells over these methods, and
+inline runs use them directly."""
 
 from __future__ import annotations
 
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from datetime import datetime
+from typing import Any, Protocol
 
 from pikku_celery import keys
 from pikku_celery.claims import Claimed, Claimer, NotClaimed, StepContext, serialize_error
@@ -20,7 +20,6 @@ from pikku_celery.errors import (
     InvalidInputError,
     LeaseLostError,
     LeaseTakenError,
-    PikkuError,
     WorkflowCancelledError,
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
@@ -28,30 +27,23 @@ from pikku_celery.errors import (
 )
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.leases.base import LeaseService
-from pikku_celery.leases.hold import hold_lease
+from pikku_celery.passes import Passes
 from pikku_celery.reaper import Reaper
 from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
-    RUN_FAILED,
     RUN_RUNNING,
     RUN_SUSPENDED,
-    STEP_PENDING,
     STEP_RUNNING,
     STEP_SCHEDULED,
-    STEP_SUCCEEDED,
     StepAttempt,
     StepState,
     WorkflowRun,
 )
-from pikku_celery.replay import (
-    SUSPEND_PREFIX,
-    PassInterrupted,
-    Pause,
-    WorkflowContext,
-)
-from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
+from pikku_celery.replay import SUSPEND_PREFIX
+from pikku_celery.store.base import NewRun, WorkflowStore
 from pikku_celery.validate import as_stored, check_name
+from pikku_celery.views import ALL
 
 log = logging.getLogger("pikku_celery")
 _LIVE = (RUN_RUNNING, RUN_SUSPENDED)
@@ -74,7 +66,11 @@ class Dispatcher(Protocol):
 
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None: ...
 
-    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None: ...
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
+        """Ask for a pass of ``run_id``; ``step_name``: the step whose change it is for (the
+        pass reads that step; ``None``: it reads the run and every unsettled step)."""
+        ...
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None: ...
 
@@ -115,6 +111,7 @@ class Engine:
         self.heartbeat = Heartbeat(store, leases, self.clock)
         self.claimer = Claimer(store, leases, self.clock, self.heartbeat, host=worker)
         self._reaper = Reaper(self)
+        self.passes = Passes(self)
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -143,68 +140,38 @@ class Engine:
                 run_id, f"it is a run of {run.workflow!r} with another input")
         return run, created
 
-    def advance(self, run_id: str, dispatcher: Dispatcher | None = None) -> str:
-        """One orchestration pass under the run lease. Raises ``LeaseTakenError`` when
-        another orchestrator holds the run, ``LeaseLostError`` when the lease was lost
-        during the pass (whatever the pass wrote stands). Returns the run's status, or
-        ``paused`` when the run waits on something."""
-        run = self.get_run(run_id)
-        if run.is_terminal:
-            # Redeliveries for settled runs are routine: no lease is taken. A child run makes
-            # sure its parent heard (idempotent: the parent's step settles once).
-            if run.parent_run_id is not None:
-                self.notify_parent(run.run_id, dispatcher or self.dispatcher)
-            return run.status
-        definition = self.registry.workflow(run.workflow)
-        # hold_lease reads a bare number as seconds: say milliseconds explicitly.
-        ttl = timedelta(milliseconds=self.settings.run_lease_ms)
-        with hold_lease(self.leases, keys.run_lease_key(run_id), ttl):
-            return self._pass(run, definition.fn, dispatcher or self.dispatcher)
-
-    def _pass(self, run: WorkflowRun, fn: Any, dispatcher: Dispatcher) -> str:
-        # A cancel landing during the pass is safe: the run's final write is guarded on a
-        # live status, and cancelled steps refuse their claims.
-        steps = self.store.list_steps(run.run_id)
-        wf = WorkflowContext(run.run_id, run.input, steps, _PassHost(self, dispatcher))
-        try:
-            output = fn(wf, run.input)
-        except Pause:
-            # A cancel can land while a pass runs, after the pass read the steps: whatever
-            # the pass created since (steps, children) is fenced now, as the cancel fenced
-            # the rest. A worker that claimed one in between is told by its heartbeat.
-            if self.store.touch_run(run.run_id, self.now_ms()) == RUN_CANCELLED:
-                self.cancel(run.run_id, None)
-            return "paused"
-        except PassInterrupted as interrupted:
-            raise interrupted.__cause__ or RuntimeError("pass interrupted") from None
-        except WorkflowCancelledError as exc:
-            return self.finish(run, RUN_CANCELLED, error=serialize_error(exc),
-                               dispatcher=dispatcher, reason=exc.reason)
-        except Exception as exc:
-            log.info("pikku: run %s of %s failed: %s", run.run_id, run.workflow, exc)
-            return self.finish(run, RUN_FAILED, error=serialize_error(exc),
-                               dispatcher=dispatcher)
-        try:
-            return self.finish(run, RUN_COMPLETED, output=output, dispatcher=dispatcher)
-        except InvalidInputError as exc:
-            return self.finish(run, RUN_FAILED, error=serialize_error(exc),
-                               dispatcher=dispatcher)
+    def advance(self, run_id: str, dispatcher: Dispatcher | None = None, *,
+                step_name: str | None = None, settled: StepState | None = None) -> str:
+        """Orchestration passes under the run lease, until nothing is left to do (see
+        ``pikku_celery.passes``). ``step_name`` is the step whose change asked for it (the
+        pass reads that step; ``None``: anything may have changed), ``settled`` that step as
+        its settle wrote it. Raises ``LeaseTakenError`` when another orchestrator holds the
+        run (it will pass again: this call left it a mark), ``LeaseLostError`` when the
+        lease was lost during a pass (whatever the pass wrote stands). Returns the run's
+        status, or ``paused`` when the run waits on something."""
+        return self.passes.advance(run_id, dispatcher or self.dispatcher,
+                                   mark=ALL if step_name is None else step_name,
+                                   settled=settled)
 
     def finish(self, run: WorkflowRun, status: str, *, output: Any = None,
                error: dict[str, Any] | None = None, dispatcher: Dispatcher | None = None,
-               reason: str | None = None) -> str:
-        """Settle the run (guarded: only a live run moves) and tell a parent run."""
+               reason: str | None = None, leftovers: bool = True) -> str:
+        """Settle the run (guarded: only a live run moves) and tell a parent run.
+        ``leftovers=False``: the caller knows every step of the run settled for good, so
+        there is nothing to fence and the query for unsettled steps is skipped."""
         wrote = self.store.transition_run(run.run_id, _LIVE, status, self.now_ms(),
                                           output=output, error=error, cancel_reason=reason)
         if wrote:
             self._emit_finished(run, status, output=output, error=error)
             # Steps the body left behind (a sleep the run did not wait for, a step of a
             # failed branch) would otherwise stay due forever and wake a finished run.
-            self.store.cancel_steps(run.run_id, {
-                "type": "WorkflowRunEnded",
-                "message": f"run {run.run_id} ended {status} before this step settled"},
-                self.now_ms())
-            self.notify_parent(run.run_id, dispatcher or self.dispatcher)
+            if leftovers:
+                self.store.cancel_steps(run.run_id, {
+                    "type": "WorkflowRunEnded",
+                    "message": f"run {run.run_id} ended {status} before this step settled"},
+                    self.now_ms())
+            if run.parent_run_id is not None:
+                self.notify_parent(run.run_id, dispatcher or self.dispatcher)
             return status
         # Another writer ended the run while this pass ran. A cancel that landed after the
         # pass read the steps fenced only what existed then: fence what the pass created
@@ -235,7 +202,7 @@ class Engine:
         if self.store.settle_waiting_step(child.parent_run_id, child.parent_step_name,
                                           self.now_ms(), result=child.output, error=error,
                                           child_run_id=child.run_id):
-            dispatcher.wake_run(child.parent_run_id)
+            dispatcher.wake_run(child.parent_run_id, step_name=child.parent_step_name)
 
     def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
                      child_run_id: str, dispatcher: Dispatcher) -> None:
@@ -265,7 +232,7 @@ class Engine:
                  "message": message}
         if self.store.settle_waiting_step(parent_run_id, step_name, self.now_ms(),
                                           error=error, child_run_id=child_run_id):
-            dispatcher.wake_run(parent_run_id)
+            dispatcher.wake_run(parent_run_id, step_name=step_name)
 
     def resume(self, run_id: str) -> bool:
         """Release a suspended run: open its suspension gates, then move it to ``running``
@@ -292,7 +259,13 @@ class Engine:
 
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel durably: the run first, then every unsettled step is fenced (in-flight
-        bodies learn it at their next heartbeat), then child runs, then the parent."""
+        bodies learn it at their next heartbeat), then child runs, then the parent.
+
+        Between the two, a mark on the run lease: a pass holding the run (it read the run
+        before the cancel) passes again before it lets go, finds the run cancelled and
+        fences what it recorded after this fence; a pass that lets go before the mark
+        recorded its steps before the fence. Should Redis not take the mark, a message asks
+        for that pass instead."""
         run = self.get_run(run_id)
         if reason is not None and not isinstance(reason, str):
             raise InvalidInputError(f"cancel reason must be a string, got {reason!r}")
@@ -300,6 +273,12 @@ class Engine:
         error = {"type": type(exc).__name__, "message": str(exc)}
         wrote = self.store.transition_run(run_id, _LIVE, RUN_CANCELLED, self.now_ms(),
                                           error=error, cancel_reason=reason)
+        try:
+            self.leases.mark(keys.run_lease_key(run_id), ALL)
+        except Exception:
+            log.warning("pikku: could not mark run %s cancelled in Redis; waking it instead",
+                        run_id, exc_info=True)
+            self.dispatcher.wake_run(run_id)
         children = [s.child_run_id for s in self.store.list_steps(run_id)
                     if s.child_run_id and s.status == STEP_RUNNING]
         self.store.cancel_steps(run_id, error, self.now_ms())
@@ -325,8 +304,8 @@ class Engine:
         claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms,
                                    task_id=task_id)
         if isinstance(claim, NotClaimed):
-            if claim.wake_run:
-                dispatcher.wake_run(run_id)
+            if claim.wake_run:  # it failed the step for good: its lease had lapsed
+                dispatcher.wake_run(run_id, step_name=step_name)
             return StepOutcome("not_claimed")
         attempt = _AttemptReport(self, definition.name, claim, task_id)
         try:
@@ -334,7 +313,7 @@ class Engine:
         except Exception as exc:
             return self._record_failure(definition, claim, exc, dispatcher, attempt)
         try:
-            self.claimer.succeed(claim, result)
+            settled = self.claimer.succeed(claim, result)
         except InvalidInputError as exc:
             # The body returned something that can never be stored (a datetime, a result
             # too large beside the step's data): another attempt would return the same, so
@@ -345,22 +324,27 @@ class Engine:
             attempt.superseded(exc)
             raise
         attempt.finished("succeeded", result=result)
-        self._continue(run_id, dispatcher)
+        self._continue(settled, dispatcher)
         return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
                            max_attempts=claim.state.max_attempts)
 
-    def _continue(self, run_id: str, dispatcher: Dispatcher) -> None:
-        """Wake the run: in place (replay here, under the run lease) when configured and
-        the lease is free, else with a message to the orchestrator."""
+    def _continue(self, settled: StepState, dispatcher: Dispatcher) -> None:
+        """Tell the run a step settled: in place (replay here, under the run lease) when
+        configured, else with a message to the orchestrator. In place, a run being advanced
+        elsewhere gets a mark instead (the holder passes again before it lets go): no
+        message either way."""
+        run_id, step_name = settled.run_id, settled.step_name
         if self.settings.continue_in_place:
             try:
-                self.advance(run_id, dispatcher)
+                self.advance(run_id, dispatcher, step_name=step_name, settled=settled)
                 return
-            except (LeaseTakenError, LeaseLostError):
-                pass  # another pass is running: it may have missed this result, so wake
+            except LeaseTakenError:
+                return  # marked: the pass holding the run sees this step before it lets go
+            except LeaseLostError:
+                pass  # our pass lost the run: whoever has it now may not know, so wake
             except Exception:
                 log.exception("pikku: in-place continuation of run %s failed", run_id)
-        dispatcher.wake_run(run_id)
+        dispatcher.wake_run(run_id, step_name=step_name)
 
     def _call_body(self, definition: StepDefinition, claim: Claimed) -> Any:
         try:
@@ -396,7 +380,7 @@ class Engine:
             dispatcher.arm_timer(state.run_id, state.step_name,
                                  int(settled.due_at.timestamp() * 1000))
         else:
-            dispatcher.wake_run(state.run_id)
+            self._continue(settled, dispatcher)
         return StepOutcome("failed", error=exc, attempt=state.attempt,
                            max_attempts=state.max_attempts, retry_at=settled.due_at)
 
@@ -412,7 +396,7 @@ class Engine:
             dispatcher.arm_timer(run_id, step_name, due_ms)
             return "rearmed"
         if state.function is None:
-            dispatcher.wake_run(run_id)
+            dispatcher.wake_run(run_id, step_name=step_name)
         else:
             dispatcher.dispatch_step(state.function, run_id, step_name)
         return "fired"
@@ -484,91 +468,3 @@ class _AttemptReport:
     def superseded(self, exc: WorkflowStepSupersededError) -> None:
         self._emit("step_attempt_superseded", status="superseded",
                    current_attempt=exc.current_attempt, duration=self._duration())
-
-
-class _PassHost:
-    """The writes one replay pass makes, bound to the pass's dispatcher."""
-
-    def __init__(self, engine: Engine, dispatcher: Dispatcher) -> None:
-        self._engine = engine
-        self._dispatcher = dispatcher
-
-    def now_ms(self) -> int:
-        return _guarded(self._engine.now_ms)
-
-    def suspend_run(self, run_id: str, gate: str) -> bool:
-        """Record the run suspended behind ``gate``; ``False`` if the gate turned out open.
-
-        A resume can land between this pass's read of the gate and this write. The write
-        cannot check another document, so the gate is read again after it: ``resume``
-        opens gates before it moves the run, so if it moved the run first, the gate is open
-        by now and the run is taken back to ``running`` here."""
-        store = self._engine.store
-        _guarded(lambda: store.transition_run(run_id, [RUN_RUNNING], RUN_SUSPENDED,
-                                              self.now_ms()))
-        state = _guarded(lambda: store.get_step(run_id, gate))
-        if state is None or state.status != STEP_SUCCEEDED:
-            return True
-        _guarded(lambda: store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING,
-                                              self.now_ms()))
-        return False
-
-    def is_lost_dispatch(self, state: StepState) -> bool:
-        if state.status != STEP_PENDING:
-            return False
-        age_ms = self.now_ms() - state.updated_at.timestamp() * 1000
-        return age_ms > self._engine.settings.undispatched_after_ms
-
-    def record_step(self, step: NewStep) -> StepState:
-        state, created = _guarded(lambda: self._engine.store.insert_step(step, self.now_ms()))
-        if created and step.child_run_id is None and not (
-                step.function is None and step.due_ms is None):  # a gate has no timer
-            if step.function is None:
-                assert step.due_ms is not None
-                due_ms = step.due_ms
-                _guarded(lambda: self._dispatcher.arm_timer(step.run_id, step.step_name, due_ms))
-            else:
-                function = step.function
-                _guarded(lambda: self._dispatcher.dispatch_step(function, step.run_id,
-                                                                step.step_name))
-        return state
-
-    def redispatch(self, state: StepState) -> None:
-        function = state.function
-        if function is not None:
-            _guarded(lambda: self._dispatcher.dispatch_step(function, state.run_id,
-                                                            state.step_name))
-
-    def settle_sleep(self, run_id: str, step_name: str) -> bool:
-        return _guarded(lambda: self._engine.store.settle_waiting_step(
-            run_id, step_name, self.now_ms()))
-
-    def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
-                     child_run_id: str) -> None:
-        _guarded(lambda: self._engine.ensure_child(parent_run_id, step_name, workflow, data,
-                                                   child_run_id, self._dispatcher))
-
-    def step_definition(self, step: Any) -> StepDefinition:
-        if isinstance(step, StepDefinition):
-            return step
-        attached = getattr(step, "pikku_step", None)
-        if isinstance(attached, StepDefinition):
-            return attached
-        if isinstance(step, str) and step in self._engine.registry.steps:
-            return self._engine.registry.steps[step]
-        raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")
-
-
-T = TypeVar("T")
-
-
-def _guarded(operation: Callable[[], T]) -> T:
-    """Run a pass's write. The library's own errors (bad input, an unknown child workflow)
-    are the workflow's and fail the run; anything else is the broker's, MongoDB's or Redis's
-    and only interrupts the pass (see ``PassInterrupted``)."""
-    try:
-        return operation()
-    except PikkuError:
-        raise
-    except Exception as exc:
-        raise PassInterrupted() from exc

@@ -31,12 +31,20 @@ class InlineDispatcher:
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
         self.queue.append(("step", function, f"{run_id}\x00{step_name}"))
 
-    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
+        # A queued pass reads what its step name says (all unsettled steps for ""); one
+        # queued pass per run, reading everything when two wakes name different steps.
+        hint = step_name or ""
         if countdown_s > 0:
             heapq.heappush(self.timers, (self._engine.now_ms() + int(countdown_s * 1000),
                                          "run", run_id))
-        elif ("run", "", run_id) not in self.queue:
-            self.queue.append(("run", "", run_id))
+            return
+        queued = [item for item in self.queue if item[0] == "run" and item[2] == run_id]
+        if not queued:
+            self.queue.append(("run", hint, run_id))
+        elif queued[0][1] != hint and queued[0][1] != "":
+            self.queue[self.queue.index(queued[0])] = ("run", "", run_id)
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         heapq.heappush(self.timers, (due_ms, "timer", f"{run_id}\x00{step_name}"))
@@ -78,8 +86,9 @@ class DrivingDispatcher(InlineDispatcher):
         super().dispatch_step(function, run_id, step_name)
         self.drain()
 
-    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
-        super().wake_run(run_id, countdown_s)
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
+        super().wake_run(run_id, countdown_s, step_name)
         self.drain()
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
@@ -115,8 +124,8 @@ def run_inline(engine: Engine, run_id: str, *, poll_s: float = 0.05) -> Workflow
 
 def _do(engine: Engine, dispatcher: InlineDispatcher, item: tuple[str, str, str]) -> None:
     kind, function, target = item
-    if kind == "run":
-        engine.advance(target, dispatcher)
+    if kind == "run":  # ``function`` holds the pass's step name, if any
+        engine.advance(target, dispatcher, step_name=function or None)
         return
     run_id, step_name = target.split("\x00")
     definition = engine.registry.steps.get(function)

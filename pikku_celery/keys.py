@@ -63,8 +63,12 @@ REAPER_LEASE_KEY = "workflow-reaper"
 #   <prefix>:lease:{<logical key>}        hash {holder, token} with a PEXPIRE
 #   <prefix>:lease-token:{<logical key>}  integer counter, never deleted; expires after a
 #                                         month (at least) without a grant or renewal
+#   <prefix>:lease-marks:{<logical key>}  set of marks left for the holder (run leases)
+#   <prefix>:lease-watch:{<logical key>}  flag: a watch is armed for the current holder
 LEASE_HASH_FMT = "{prefix}:lease:{{{key}}}"
 LEASE_TOKEN_FMT = "{prefix}:lease-token:{{{key}}}"
+LEASE_MARKS_FMT = "{prefix}:lease-marks:{{{key}}}"
+LEASE_WATCH_FMT = "{prefix}:lease-watch:{{{key}}}"
 
 # --- MongoDB collections ---------------------------------------------------------------
 

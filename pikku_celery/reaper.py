@@ -52,7 +52,7 @@ class Reaper:
                 continue
             counts["due"] += 1
             if step.function is None or step.function.startswith(CHILD_PREFIX):
-                dispatcher.wake_run(step.run_id)
+                dispatcher.wake_run(step.run_id, step_name=step.step_name)
             else:
                 self._dispatch(step, dispatcher)
         for run in engine.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit):

@@ -88,10 +88,12 @@ class CeleryDispatcher:
         else:
             self._app.send_task(function, args=(run_id, step_name), **route)
 
-    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
         task = self._app.tasks[ORCHESTRATE]
-        task.apply_async((run_id,), countdown=countdown_s or None,
-                         **self._route(ORCHESTRATE, (run_id,), task))
+        args = (run_id,) if step_name is None else (run_id, step_name)
+        task.apply_async(args, countdown=countdown_s or None,
+                         **self._route(ORCHESTRATE, args, task))
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         # A broker ETA longer than the Redis transport's visibility timeout would be
@@ -195,14 +197,21 @@ def register_internal_tasks(app: Celery, engine_ref: Callable[[], Engine]) -> No
     @app.task(name=ORCHESTRATE, bind=True, shared=False, acks_late=True,
               reject_on_worker_lost=True,
               serializer="json", throws=(LeaseTakenError, LeaseLostError))
-    def orchestrate(task: Task, run_id: str) -> str:
-        check_message(run_id)
+    def orchestrate(task: Task, run_id: str, step_name: str | None = None) -> str:
+        # ``step_name``: the step whose change sent this message (the pass reads it); none
+        # from the reaper, a resume or a start (the pass reads whatever may have changed).
+        check_message(run_id) if step_name is None else check_message(run_id, step_name)
         engine = engine_ref()
         try:
-            return engine.advance(run_id)
-        except (LeaseTakenError, LeaseLostError):
-            # Another orchestrator holds the run, or our pass lost the lease: wake the run
-            # again shortly instead of retrying, so a long pass never spends the retry
+            return engine.advance(run_id, step_name=step_name)
+        except LeaseTakenError:
+            # Another orchestrator holds the run: this message left it a mark, and it passes
+            # again before it lets go (or a watch wakes the run should it die first). No
+            # retry is spent and nothing is re-sent.
+            return "marked"
+        except LeaseLostError:
+            # Our pass lost the lease: whoever holds the run now may have missed this
+            # message's news, so wake the run again shortly, without spending the retry
             # budget this task keeps for real failures.
             engine.dispatcher.wake_run(run_id, countdown_s=RUN_LEASE_RETRY_S)
             return "rewake"

@@ -13,7 +13,10 @@ import pytest
 import redis
 
 from pikku_celery.heartbeat import Heartbeat
+from tests.support import mongomock_compat
 from tests.support.nx import NxServer
+
+mongomock_compat.install()  # $unionWith, which the store's reads use (MongoDB 4.4+)
 
 REDIS_URL = os.environ.get("PIKKU_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REAL_MONGO_URL = os.environ.get("PIKKU_TEST_MONGO_URL")

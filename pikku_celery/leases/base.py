@@ -7,6 +7,13 @@ token. Tokens never go backwards for a key, so they fence writes made under the 
 (``RedisLeaseService``: while the key is in use, and for at least 30 days after its last
 grant or renewal; see its counter TTL).
 
+A key can also carry **marks**: notes left for whoever holds it (``acquire_or_mark``,
+``mark``). The run lease uses them to coalesce wake-ups: a caller that finds a run being
+advanced leaves a mark instead of waiting or re-sending its message, and the holder takes
+the marks as it hands the lease back (``release_or_take_marks``) and advances the run again
+instead of releasing. Taking and releasing is one atomic step, so a mark is never left on a
+free key unseen: the next grant carries it.
+
 All expiry arithmetic is done on the service's clock (the Redis server's ``TIME`` for
 ``RedisLeaseService``), never on the caller's local wall clock: a worker whose clock is
 an hour off can neither steal a live lease nor hold one past its TTL.
@@ -21,13 +28,28 @@ from typing import Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class Lease:
-    """A granted lease. ``expires_at_ms`` and ``granted_at_ms`` are service-clock epoch ms."""
+    """A granted lease. ``expires_at_ms`` and ``granted_at_ms`` are service-clock epoch ms;
+    ``marks`` are the marks left on the key before this grant (``acquire_or_mark`` only)."""
 
     key: str
     holder: str
     token: int
     expires_at_ms: int
     granted_at_ms: int
+    marks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LeaseBusy:
+    """``acquire_or_mark`` found another holder's live lease and left the mark on the key.
+
+    ``remaining_ms`` is how long that lease has left. ``watch`` is set for the first mark
+    left since the lease was granted (and again once ``remaining_ms`` has passed): that
+    caller should make sure the key is looked at again after ``remaining_ms``, in case the
+    holder dies without taking the marks."""
+
+    remaining_ms: int
+    watch: bool
 
 
 @runtime_checkable
@@ -54,6 +76,23 @@ class LeaseService(Protocol):
 
     def get(self, key: str) -> Lease | None:
         """The live lease on ``key``, or ``None`` when absent or lapsed."""
+        ...
+
+    def acquire_or_mark(self, key: str, holder: str, ttl_ms: int, mark: str
+                        ) -> Lease | LeaseBusy:
+        """Grant as ``acquire`` does, the lease carrying (and clearing) every mark left on
+        the key; or, when another holder's lease is live, add ``mark`` to the key's marks
+        and return ``LeaseBusy``. One atomic step."""
+        ...
+
+    def mark(self, key: str, mark: str) -> None:
+        """Add ``mark`` to the key's marks, held or not."""
+        ...
+
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int) -> tuple[str, ...] | None:
+        """Hand the lease back: if marks were left on the key, take them and keep the lease
+        (renewed for ``ttl_ms``); else release it and return ``()``. ``None`` (nothing
+        done) when the lease is no longer this grant's. One atomic step."""
         ...
 
     def now_ms(self) -> int:

@@ -210,6 +210,57 @@ def hold_lease(
             _release_quietly(service, held.lease)
 
 
+class HeldPassLease(HeldLease):
+    """A lease held across a loop of passes (``hold_granted``): handing it back either
+    releases it or, when marks were left on it meanwhile, takes them and keeps it, so the
+    holder runs again instead of someone else's message bouncing off the held key."""
+
+    released = False
+
+    def hand_back(self) -> tuple[str, ...]:
+        """Release the lease and return ``()``, or take the marks left on it and keep it
+        (renewing on); ``LeaseLostError`` if the lease was lost at any point, or the call
+        fails or is refused (it was no longer ours: nothing was taken or freed)."""
+        self._stop()
+        if self.lost.is_set() or self._past_deadline():
+            self._mark_lost()
+            raise LeaseLostError(self.key)
+        sent = time.monotonic()
+        try:
+            taken = self._service.release_or_take_marks(self.lease, self._ttl_ms)
+        except Exception as exc:
+            self._mark_lost()
+            raise LeaseLostError(self.key) from exc
+        if taken is None:
+            self._mark_lost()
+            raise LeaseLostError(self.key)
+        if not taken:
+            self.released = True
+            return ()
+        with self._state_lock:
+            self._held_until = sent + self._ttl_ms / 1000
+        self._stopping = threading.Event()
+        self._start()
+        return taken
+
+
+@contextmanager
+def hold_granted(service: LeaseService, lease: Lease, ttl_ms: int,
+                 requested_at: float) -> Iterator[HeldPassLease]:
+    """Hold ``lease`` (granted by ``acquire_or_mark`` to a call sent at monotonic
+    ``requested_at``) for the ``with`` block, renewing every ``ttl / 3``; hand it back with
+    ``HeldPassLease.hand_back``. Whatever the block leaves unreleased (it raised) is
+    released quietly on exit: a lease no longer ours frees nothing."""
+    held = HeldPassLease(service, lease, ttl_ms, requested_at + ttl_ms / 1000)
+    held._start()
+    try:
+        yield held
+    finally:
+        held._stop()
+        if not held.released:
+            _release_quietly(service, held.lease)
+
+
 def _release_quietly(service: LeaseService, lease: Lease) -> None:
     try:
         service.release(lease)

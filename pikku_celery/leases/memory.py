@@ -7,6 +7,8 @@ Schema (all guarded by one ``threading.Lock``, so every method is one atomic ste
 * ``_tokens[key]``  -> the last token handed out for ``key``. Never deleted, so tokens keep
   rising across lapses and releases, like the Redis token counter (which expires only after
   a month without any grant or renewal of its key: a process does not live that idle).
+* ``_marks[key]``   -> the marks left on ``key`` and not yet taken.
+* ``_watch[key]``   -> until when (service ms) a watch is armed for ``key``'s holder.
 
 Time comes from the injected ``clock_ms`` (default: wall-clock epoch ms), so tests can make
 a lease lapse without sleeping. Full semantics, not a mock: ``RedisLeaseService`` must
@@ -21,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from pikku_celery.leases.base import Lease
+from pikku_celery.leases.base import Lease, LeaseBusy
 
 
 def wall_clock_ms() -> int:
@@ -37,6 +39,8 @@ class InMemoryLeaseService:
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
         self._tokens: dict[str, int] = {}
+        self._marks: dict[str, set[str]] = {}
+        self._watch: dict[str, int] = {}
 
     def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
         """Grant ``key`` to ``holder`` for ``ttl_ms`` ms; ``None`` if another holder is live.
@@ -91,6 +95,55 @@ class InMemoryLeaseService:
                 return None
             return Lease(key, current.holder, current.token, current.expires_at_ms, now)
 
+    def acquire_or_mark(self, key: str, holder: str, ttl_ms: int, mark: str
+                        ) -> Lease | LeaseBusy:
+        """``acquire``, the grant carrying the marks left on ``key``; or leave ``mark`` on
+        it when another holder's lease is live (see ``LeaseService.acquire_or_mark``)."""
+        check_key(key)
+        check_holder(holder)
+        check_ttl_ms(ttl_ms)
+        check_mark(mark)
+        with self._lock:
+            now = self._clock_ms()
+            current = self._live(key, now)
+            if current is not None and current.holder != holder:
+                self._marks.setdefault(key, set()).add(mark)
+                remaining = current.expires_at_ms - now
+                watch = self._watch.get(key, now) <= now
+                if watch:
+                    self._watch[key] = now + remaining + WATCH_SLACK_MS
+                return LeaseBusy(remaining, watch)
+            token = current.token if current is not None else self._next_token(key)
+            marks = tuple(sorted(self._marks.pop(key, ())))
+            self._watch.pop(key, None)
+            lease = Lease(key, holder, token, now + ttl_ms, now, marks)
+            self._leases[key] = Lease(key, holder, token, now + ttl_ms, now)
+            return lease
+
+    def mark(self, key: str, mark: str) -> None:
+        """Leave ``mark`` on ``key`` for its holder, or for the next grant."""
+        check_key(key)
+        check_mark(mark)
+        with self._lock:
+            self._marks.setdefault(key, set()).add(mark)
+
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int) -> tuple[str, ...] | None:
+        """Take the marks left on the key and keep the lease, or release it when there are
+        none; ``None`` when ``lease`` is no longer this grant's."""
+        check_ttl_ms(ttl_ms)
+        with self._lock:
+            now = self._clock_ms()
+            current = self._live(lease.key, now)
+            if current is None or not _same_grant(current, lease):
+                return None
+            marks = self._marks.pop(lease.key, None)
+            if marks:
+                self._leases[lease.key] = Lease(lease.key, lease.holder, lease.token,
+                                                now + ttl_ms, now)
+                return tuple(sorted(marks))
+            del self._leases[lease.key]
+            return ()
+
     def now_ms(self) -> int:
         """The injected clock: the one clock every deadline of this service uses."""
         return self._clock_ms()
@@ -127,6 +180,9 @@ def _same_grant(current: Lease, lease: Lease) -> bool:
 # it becomes a Redis key (a forged 500 KB name would otherwise leave a 500 KB counter).
 MAX_KEY_LEN = 512
 MAX_HOLDER_LEN = 512
+MAX_MARK_LEN = 512
+# A watch fires this long after the holder's lease would lapse: time for the lapse to show.
+WATCH_SLACK_MS = 1_000
 
 
 def check_key(key: object) -> None:
@@ -141,6 +197,13 @@ def check_holder(holder: object) -> None:
     if not isinstance(holder, str) or not holder or len(holder) > MAX_HOLDER_LEN:
         raise ValueError(f"invalid lease holder: {_shown(holder)} (must be a non-empty str "
                          f"of at most {MAX_HOLDER_LEN} characters)")
+
+
+def check_mark(mark: object) -> None:
+    """Refuse anything but a non-empty ``str`` of at most ``MAX_MARK_LEN`` characters."""
+    if not isinstance(mark, str) or not mark or len(mark) > MAX_MARK_LEN:
+        raise ValueError(f"invalid lease mark: {_shown(mark)} (must be a non-empty str of at "
+                         f"most {MAX_MARK_LEN} characters)")
 
 
 def _shown(value: object) -> str:

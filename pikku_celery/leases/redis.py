@@ -9,6 +9,12 @@ Keys (see ``pikku_celery.keys``; ``<prefix>`` is the service's ``key_prefix``):
   after ``counter_ttl_ms(ttl)`` = max(30 days, 1000 x the lease TTL) with no grant and no
   renewal of its key (every ACQUIRE and every renewal pushes it back), so a key that is used
   once does not stay in Redis forever.
+* ``<prefix>:lease-marks:{<key>}``  set of the marks left on the key and not yet taken
+  (``acquire_or_mark``, ``mark``); taken by the next grant or by the holder handing the
+  lease back. Expires a day after the last mark (a mark nobody takes in a day is stale).
+* ``<prefix>:lease-watch:{<key>}``  present while a watch is armed for the current holder
+  (``LeaseBusy.watch``); expires just after that holder's lease would lapse, and a grant
+  deletes it.
 
 What the counter TTL means for "tokens never go backwards": it holds for as long as the key
 is in use, and for 30 days (at least 1000 lease TTLs) after its last grant or renewal. Only
@@ -24,7 +30,8 @@ The ``{<key>}`` hash tag puts both keys of one lease in one cluster slot, so ACQ
 touch both. (``refresh_many`` passes many leases to one script; on Redis Cluster those must
 share a slot, so it is meant for a single Redis server.)
 
-Atomicity: ACQUIRE, REFRESH_MANY, RELEASE and GET are each one script, so each is atomic
+Atomicity: ACQUIRE, REFRESH_MANY, RELEASE, GET, ACQUIRE_OR_MARK, MARK and
+RELEASE_OR_TAKE_MARKS are each one script, so each is atomic
 and one round trip. No method reads the local clock: the scripts take ``TIME`` from the
 server and expiry is Redis's own TTL, so a worker whose clock is skewed by an hour can
 neither steal a live lease nor extend one past its TTL.
@@ -37,9 +44,15 @@ from typing import Any
 
 import redis
 
-from pikku_celery.keys import LEASE_HASH_FMT, LEASE_TOKEN_FMT
-from pikku_celery.leases.base import Lease
-from pikku_celery.leases.memory import check_holder, check_key, check_ttl_ms
+from pikku_celery.keys import LEASE_HASH_FMT, LEASE_MARKS_FMT, LEASE_TOKEN_FMT, LEASE_WATCH_FMT
+from pikku_celery.leases.base import Lease, LeaseBusy
+from pikku_celery.leases.memory import (
+    WATCH_SLACK_MS,
+    check_holder,
+    check_key,
+    check_mark,
+    check_ttl_ms,
+)
 
 COUNTER_TTL_FLOOR_MS = 30 * 24 * 3600 * 1000
 COUNTER_TTL_LEASES = 1000
@@ -114,6 +127,86 @@ return out
 """
 )
 
+ACQUIRE_OR_MARK = (
+    """
+-- ACQUIRE_OR_MARK: ACQUIRE, the grant taking the key's marks; or, when another holder's
+-- lease is live, leave a mark for it and arm a watch if none is armed.
+-- KEYS[1]  lease hash {holder, token}
+-- KEYS[2]  token counter
+-- KEYS[3]  marks set
+-- KEYS[4]  watch flag
+-- ARGV[1]  holder
+-- ARGV[2]  ttl_ms
+-- ARGV[3]  counter_ttl_ms
+-- ARGV[4]  mark
+-- ARGV[5]  marks_ttl_ms
+-- ARGV[6]  watch_slack_ms: the watch outlives the live lease by this much
+-- returns  {1, token, server_now_ms, {marks...}} when granted,
+--          {0, remaining_ms, watch (1 when this call armed it)} when busy
+"""
+    + _NOW_MS
+    + """
+local current = redis.call('HGET', KEYS[1], 'holder')
+if current and current ~= ARGV[1] then
+  redis.call('SADD', KEYS[3], ARGV[4])
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[5]))
+  local remaining = redis.call('PTTL', KEYS[1])
+  if remaining < 0 then remaining = 0 end
+  local armed = redis.call('SET', KEYS[4], '1', 'NX', 'PX', remaining + tonumber(ARGV[6]))
+  return {0, remaining, armed and 1 or 0}
+end
+local token
+if current then
+  token = tonumber(redis.call('HGET', KEYS[1], 'token'))
+else
+  token = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', string.format('%d', token))
+end
+redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+redis.call('DEL', KEYS[4])
+local marks = redis.call('SMEMBERS', KEYS[3])
+redis.call('DEL', KEYS[3])
+return {1, token, now_ms, marks}
+"""
+)
+
+MARK = """
+-- MARK: leave a mark on a key, held or not.
+-- KEYS[1]  marks set
+-- ARGV[1]  mark
+-- ARGV[2]  marks_ttl_ms
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return 1
+"""
+
+RELEASE_OR_TAKE_MARKS = """
+-- RELEASE_OR_TAKE_MARKS: hand a lease back. With marks left on the key, take them and keep
+-- the lease (renewed); else delete the lease. Only if holder and token still match.
+-- KEYS[1]  lease hash
+-- KEYS[2]  token counter
+-- KEYS[3]  marks set
+-- ARGV[1]  holder
+-- ARGV[2]  token
+-- ARGV[3]  ttl_ms
+-- ARGV[4]  counter_ttl_ms
+-- returns  {-1} not this grant's, {0} released, {1, {marks...}} marks taken, lease kept
+local held = redis.call('HMGET', KEYS[1], 'holder', 'token')
+if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
+  return {-1}
+end
+local marks = redis.call('SMEMBERS', KEYS[3])
+if #marks > 0 then
+  redis.call('DEL', KEYS[3])
+  redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[3])))
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[4]))
+  return {1, marks}
+end
+redis.call('DEL', KEYS[1])
+return {0}
+"""
+
 RELEASE = """
 -- RELEASE: delete the lease only if holder and token still match.
 -- KEYS[1]  lease hash
@@ -173,6 +266,9 @@ class RedisLeaseService:
         self._refresh_many = client.register_script(REFRESH_MANY)
         self._release = client.register_script(RELEASE)
         self._get = client.register_script(GET)
+        self._acquire_or_mark = client.register_script(ACQUIRE_OR_MARK)
+        self._mark = client.register_script(MARK)
+        self._release_or_take_marks = client.register_script(RELEASE_OR_TAKE_MARKS)
 
     @classmethod
     def from_url(cls, url: str, key_prefix: str | None = None) -> RedisLeaseService:
@@ -261,6 +357,53 @@ class RedisLeaseService:
         holder, token, pttl_ms, now_ms = reply
         return Lease(key, _text(holder), int(token), int(now_ms) + int(pttl_ms), int(now_ms))
 
+    def marks_key(self, key: str) -> str:
+        """The physical Redis key of the marks left on logical ``key``."""
+        return LEASE_MARKS_FMT.format(prefix=self._key_prefix, key=key)
+
+    def watch_key(self, key: str) -> str:
+        """The physical Redis key of the watch armed for ``key``'s holder."""
+        return LEASE_WATCH_FMT.format(prefix=self._key_prefix, key=key)
+
+    def acquire_or_mark(self, key: str, holder: str, ttl_ms: int, mark: str
+                        ) -> Lease | LeaseBusy:
+        """``acquire``, the grant taking the key's marks; or leave ``mark`` for the live
+        holder (see ``LeaseService.acquire_or_mark``). One script call."""
+        check_key(key)
+        check_holder(holder)
+        check_ttl_ms(ttl_ms)
+        check_mark(mark)
+        keys = [self.lease_hash_key(key), self.token_counter_key(key), self.marks_key(key),
+                self.watch_key(key)]
+        reply = self._acquire_or_mark(keys=keys, args=[
+            holder, ttl_ms, counter_ttl_ms(ttl_ms), mark, MARKS_TTL_MS, WATCH_SLACK_MS])
+        if int(reply[0]) == 0:
+            return LeaseBusy(int(reply[1]), bool(int(reply[2])))
+        token, now_ms = int(reply[1]), int(reply[2])
+        marks = tuple(sorted(_text(m) for m in reply[3]))
+        return Lease(key, holder, token, now_ms + ttl_ms, now_ms, marks)
+
+    def mark(self, key: str, mark: str) -> None:
+        """Leave ``mark`` on ``key`` for its holder, or for the next grant."""
+        check_key(key)
+        check_mark(mark)
+        self._mark(keys=[self.marks_key(key)], args=[mark, MARKS_TTL_MS])
+
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int) -> tuple[str, ...] | None:
+        """Take the key's marks and keep the lease, or release it when there are none;
+        ``None`` when ``lease`` is no longer this grant's. One script call."""
+        check_ttl_ms(ttl_ms)
+        keys = [self.lease_hash_key(lease.key), self.token_counter_key(lease.key),
+                self.marks_key(lease.key)]
+        reply = self._release_or_take_marks(keys=keys, args=[
+            lease.holder, str(lease.token), ttl_ms, counter_ttl_ms(ttl_ms)])
+        flag = int(reply[0])
+        if flag < 0:
+            return None
+        if flag == 0:
+            return ()
+        return tuple(sorted(_text(m) for m in reply[1]))
+
     def describe(self) -> str:
         """``Redis at redis://<host>:<port>/<db>``, for log lines: never the password."""
         kwargs = self._client.connection_pool.connection_kwargs
@@ -292,6 +435,7 @@ def _text(value: Any) -> str:
 
 
 DEFAULT_KEY_PREFIX = "pikku"
+MARKS_TTL_MS = 24 * 3600 * 1000
 
 
 def _check_prefix(key_prefix: object) -> None:

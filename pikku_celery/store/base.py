@@ -15,7 +15,7 @@ are written and compared on one clock whatever the worker's own clock says.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -63,6 +63,15 @@ class ClaimResult:
 
     state: StepState | None
     wake_run: bool = False
+
+
+@dataclass(frozen=True)
+class RunRead:
+    """What ``read_run`` found: the run (``None`` when not asked for, or unknown) and the
+    steps asked for that exist, in no particular order."""
+
+    run: WorkflowRun | None
+    steps: list[StepState]
 
 
 @runtime_checkable
@@ -115,6 +124,23 @@ class WorkflowStore(Protocol):
     def insert_step(self, step: NewStep, now_ms: int) -> tuple[StepState, bool]:
         """Insert a step; idempotent under a concurrent insert of the same
         ``(run_id, step_name)`` (the loser reads the winner's). Returns ``(state, created)``."""
+        ...
+
+    def insert_steps(self, steps: Sequence[NewStep], now_ms: int, *, seq: int = 0
+                     ) -> list[tuple[StepState, bool]]:
+        """Insert the steps a pass recorded, in one round trip (and one more to read those
+        that already existed): ``(state, created)`` for each, in order, as ``insert_step``
+        returns them. ``seq`` is the run-lease token of the pass (see ``read_run``). The
+        caller holds the run, so the run is not looked up."""
+        ...
+
+    def read_run(self, run_id: str, *, run: bool = True, input: bool = True,
+                 all_steps: bool = False, step_names: Collection[str] = (),
+                 recorded_after: int | None = None) -> RunRead:
+        """What a pass reads, in one round trip (none when it asks for nothing): the run
+        when ``run`` (without its input when ``input`` is false), and every step of it
+        (``all_steps``), or the steps named in ``step_names`` together with the steps
+        recorded by passes holding a run-lease token above ``recorded_after``."""
         ...
 
     def get_step(self, run_id: str, step_name: str) -> StepState | None: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from pikku_celery import keys
@@ -38,7 +38,7 @@ from pikku_celery.records import (
 )
 from pikku_celery.store import _docs, _retention
 from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
-from pikku_celery.store.base import ClaimResult, NewRun, NewStep
+from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead
 from pikku_celery.validate import as_stored, check_listing, check_name, check_value
 
 Doc = dict[str, Any]
@@ -135,6 +135,45 @@ class InMemoryWorkflowStore:
             doc[S.DATA] = as_stored(doc[S.DATA])
             self._steps[doc[S.ID]] = copy.deepcopy(doc)
             return _docs.step_from_doc(doc), True
+
+    def insert_steps(self, steps: Sequence[NewStep], now_ms: int, *, seq: int = 0
+                     ) -> list[tuple[StepState, bool]]:
+        for step in steps:
+            check_name("run id", step.run_id)
+            check_name("step name", step.step_name)
+            check_value(f"data of step {step.step_name!r}", step.data)
+        out: list[tuple[StepState, bool]] = []
+        with self._lock:
+            for step in steps:
+                doc = _docs.new_step_doc(step, now_ms, seq)
+                existing = self._steps.get(doc[S.ID])
+                if existing is not None:
+                    out.append((_docs.step_from_doc(copy.deepcopy(existing)), False))
+                    continue
+                doc[S.DATA] = as_stored(doc[S.DATA])
+                self._steps[doc[S.ID]] = copy.deepcopy(doc)
+                out.append((_docs.step_from_doc(doc), True))
+        return out
+
+    def read_run(self, run_id: str, *, run: bool = True, input: bool = True,
+                 all_steps: bool = False, step_names: Collection[str] = (),
+                 recorded_after: int | None = None) -> RunRead:
+        check_name("run id", run_id)
+        ids = {keys.invocation_id(run_id, name) for name in step_names}
+        with self._lock:
+            found: WorkflowRun | None = None
+            if run and run_id in self._runs:
+                doc = copy.deepcopy(self._runs[run_id])
+                if not input:
+                    doc.pop(R.INPUT, None)
+                found = _docs.run_from_doc(doc)
+            if all_steps or recorded_after is not None:
+                docs = [d for d in self._run_steps(run_id) if all_steps or d[S.ID] in ids
+                        or (recorded_after is not None and d.get(S.SEQ, 0) > recorded_after)]
+            else:  # by id: as cheap as MongoDB's ``_id`` lookups, whatever the store holds
+                docs = [self._steps[i] for i in sorted(ids) if i in self._steps]
+            steps = [_docs.step_from_doc(copy.deepcopy(d)) for d in docs]
+        return RunRead(found, steps)
 
     def get_step(self, run_id: str, step_name: str) -> StepState | None:
         with self._lock:

@@ -60,7 +60,7 @@ import contextlib
 import functools
 import inspect
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
@@ -68,6 +68,7 @@ from bson.errors import InvalidDocument
 from pymongo import ASCENDING, DESCENDING, MongoClient, ReturnDocument
 from pymongo.database import Database
 from pymongo.errors import (
+    BulkWriteError,
     DocumentTooLarge,
     DuplicateKeyError,
     OperationFailure,
@@ -107,7 +108,7 @@ from pikku_celery.store._decide import (
     guard_for,
     running_fields,
 )
-from pikku_celery.store.base import ClaimResult, NewRun, NewStep
+from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead
 from pikku_celery.validate import check_listing, check_name, check_value
 
 Doc = dict[str, Any]
@@ -272,6 +273,51 @@ class MongoWorkflowStore:
             if existing is None:  # pragma: no cover - purged between the two calls
                 raise
             return _docs.step_from_doc(existing), False
+
+    def insert_steps(self, steps: Sequence[NewStep], now_ms: int, *, seq: int = 0
+                     ) -> list[tuple[StepState, bool]]:
+        for step in steps:
+            check_name("run id", step.run_id)
+            check_name("step name", step.step_name)
+            check_value(f"data of step {step.step_name!r}", step.data)
+        if not steps:
+            return []
+        if not self._indexes_ready:
+            self.create_indexes()
+        docs = [_docs.new_step_doc(step, now_ms, seq) for step in steps]
+        taken: set[str] = set()
+        try:
+            with _storable("data of a step"):
+                self._steps.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            if any(e.get("code") != DUPLICATE_KEY for e in errors):
+                raise
+            taken = {docs[e["index"]][S.ID] for e in errors}
+        existing = {d[S.ID]: d for d in self._steps.find({S.ID: {"$in": sorted(taken)}})
+                    } if taken else {}
+        return [(_docs.step_from_doc(existing[d[S.ID]]), False) if d[S.ID] in existing
+                else (_docs.step_from_doc(d), True) for d in docs]
+
+    def read_run(self, run_id: str, *, run: bool = True, input: bool = True,
+                 all_steps: bool = False, step_names: Collection[str] = (),
+                 recorded_after: int | None = None) -> RunRead:
+        check_name("run id", run_id)
+        wanted = _steps_filter(run_id, all_steps, step_names, recorded_after)
+        if not run:
+            found = [] if wanted is None else list(self._steps.find(wanted))
+            return RunRead(None, [_docs.step_from_doc(d) for d in found])
+        # The run and its steps in one command: the run's document, then the steps'.
+        pipeline: list[Doc] = [{"$match": {R.ID: run_id}}]
+        if not input:
+            pipeline.append({"$project": {R.INPUT: 0}})
+        if wanted is not None:
+            pipeline.append({"$unionWith": {"coll": keys.STEPS,
+                                            "pipeline": [{"$match": wanted}]}})
+        docs = list(self._runs.aggregate(pipeline))
+        head = docs[0] if docs and S.NAME not in docs[0] else None
+        return RunRead(None if head is None else _docs.run_from_doc(head),
+                       [_docs.step_from_doc(d) for d in docs[1 if head else 0:]])
 
     def get_step(self, run_id: str, step_name: str) -> StepState | None:
         doc = self._steps.find_one({S.ID: keys.invocation_id(run_id, step_name)})
@@ -532,10 +578,31 @@ INDEXES: dict[str, list[list[tuple[str, int]]]] = {
                 [(R.STATUS, ASCENDING), *_NEWEST_FIRST],
                 [(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *_NEWEST_FIRST]],
     keys.STEPS: [[(S.RUN, ASCENDING), (S.CREATED, ASCENDING), (S.NAME, ASCENDING)],
+                 [(S.RUN, ASCENDING), (S.SEQ, ASCENDING)],
                  *([(S.STATUS, ASCENDING), (field, ASCENDING)]
                    for field in (S.LEASE, S.UPDATED, S.DUE))],
     keys.HISTORY: [[(H.RUN, ASCENDING)]],
 }
+
+
+DUPLICATE_KEY = 11000
+
+
+def _steps_filter(run_id: str, all_steps: bool, step_names: Collection[str],
+                  recorded_after: int | None) -> Doc | None:
+    """The steps ``read_run`` asks for (``None``: none). Each clause is served by an index:
+    ``_id`` for named steps, ``(run_id, seq)`` for those recorded since a token."""
+    if all_steps:
+        return {S.RUN: run_id}
+    clauses: list[Doc] = []
+    if step_names:
+        ids = sorted(keys.invocation_id(run_id, name) for name in step_names)
+        clauses.append({S.ID: {"$in": ids}})
+    if recorded_after is not None:
+        clauses.append({S.RUN: run_id, S.SEQ: {"$gt": recorded_after}})
+    if not clauses:
+        return None
+    return clauses[0] if len(clauses) == 1 else {"$or": clauses}
 
 
 def _page_after(field: str, after: tuple[int, str] | None) -> Doc:

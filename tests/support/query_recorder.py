@@ -22,7 +22,7 @@ ENV_LOG = "PIKKU_QUERY_LOG"
 FILTERED = ("find", "find_one", "find_one_and_update", "find_one_and_replace",
             "find_one_and_delete", "update_one", "update_many", "replace_one", "delete_one",
             "delete_many", "count_documents", "distinct")
-UNCHECKABLE = ("aggregate", "watch", "bulk_write")  # recorded so the check fails loudly
+UNCHECKABLE = ("watch", "bulk_write")  # recorded so the check fails loudly
 STORE_FILE = os.path.join("pikku_celery", "store", "mongo.py")
 
 Sink = Callable[[dict[str, Any]], None]
@@ -82,6 +82,8 @@ class RecordingCollection:
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._collection, name)
+        if name == "aggregate":
+            return self._aggregate(target)
         if name not in FILTERED and name not in UNCHECKABLE and name != "find":
             return target
 
@@ -97,6 +99,35 @@ class RecordingCollection:
             return result
 
         return recorded
+
+
+    def _aggregate(self, target: Any) -> Any:
+        """An aggregate is recorded as the finds its ``$match`` stages are: the first on
+        this collection, each ``$unionWith``'s on its own (a pipeline of anything else is
+        recorded as an uncheckable aggregate)."""
+        def recorded(pipeline: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+            method = _caller()
+            for entry in _matches(self._collection.name, pipeline, method):
+                self._sink(entry)
+            return target(pipeline, *args, **kwargs)
+
+        return recorded
+
+
+def _matches(collection: str, pipeline: list[dict[str, Any]], method: str
+             ) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for index, stage in enumerate(pipeline):
+        (operator, options), = stage.items()
+        if operator == "$match" and index == 0:
+            found.append({"collection": collection, "op": "find", "filter": options,
+                          "sort": None, "method": method})
+        elif operator == "$unionWith":
+            found += _matches(options["coll"], options.get("pipeline", []), method)
+        elif operator != "$project":
+            found.append({"collection": collection, "op": "aggregate", "filter": {},
+                          "sort": None, "method": method})
+    return found
 
 
 def record_store(store: MongoWorkflowStore, sink: Sink) -> None:

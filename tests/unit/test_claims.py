@@ -10,7 +10,11 @@ import pytest
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, keys
 from pikku_celery.claims import Claimed, Claimer, NotClaimed
 from pikku_celery.clock import ServerClock
-from pikku_celery.errors import LeaseLostError, WorkflowStepSupersededError
+from pikku_celery.errors import (
+    LeaseLostError,
+    WorkflowStepFunctionMismatchError,
+    WorkflowStepSupersededError,
+)
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.store.base import NewRun, NewStep
 
@@ -74,8 +78,27 @@ def test_a_beat_racing_a_settle_neither_regrabs_the_lease_nor_calls_it_lost() ->
     snapshot = claimer.heartbeat.held()  # a beat took its snapshot before the settle
     claimer.succeed(claimed, "done")
     claimer.heartbeat.beat(snapshot)
-    assert claimer.leases.get(keys.step_lease_key("run", "s")) is None
+    left = claimer.leases.get(keys.step_lease_key("run", "s"))
+    # Settled for good, the step keeps the grant it ran under until it lapses: the beat
+    # took no new one.
+    assert left is not None and (left.holder, left.token) == (
+        claimed.held.lease.holder, claimed.held.lease.token)
     assert not claimed.held.lost.is_set()
+
+
+def test_a_settled_steps_lease_is_left_to_lapse_a_retrying_ones_is_freed() -> None:
+    store = InMemoryWorkflowStore()
+    claimer, claimed = _claimed(store)
+    key = keys.step_lease_key("run", "s")
+    claimer.fail(claimed, {"type": "Boom", "message": "retry me"}, 0)
+    assert claimer.leases.get(key) is None  # the next attempt must be able to claim it
+    retried = claimer.claim("run", "s", "f", 30_000)
+    assert isinstance(retried, Claimed) and retried.state.attempt == 2
+    claimer.succeed(retried, "done")
+    # Nothing can claim a settled step again: one Redis command saved, and a duplicate
+    # delivery meanwhile stops at the lease, as it would at the store.
+    assert claimer.leases.get(key) is not None
+    assert claimer.claim("run", "s", "f", 30_000) == NotClaimed()
 
 
 def test_the_worker_is_the_claiming_process() -> None:
@@ -227,3 +250,31 @@ def test_a_stored_error_names_its_type_message_and_traceback() -> None:
         error["traceback"])
     long = serialize_error(RuntimeError("x" * (MAX_MESSAGE_CHARS + 10)))
     assert long["message"] == "x" * MAX_MESSAGE_CHARS + f"... [{MAX_MESSAGE_CHARS + 10} characters]"
+
+
+class NoStoreClaims(InMemoryWorkflowStore):
+    """Fails any claim that reaches it: what is refused must be refused before."""
+
+    armed = False
+
+    def claim_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self.armed:
+            raise AssertionError("the claim reached the store")
+        return super().claim_step(*args, **kwargs)
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_message_naming_another_function_is_refused_at_the_held_lease(
+        settled: bool) -> None:
+    """A step held by a live worker, or settled (its lease left to lapse): a duplicate is
+    ignored, a message naming another function is refused (invariant 8), neither touching
+    the store."""
+    store = NoStoreClaims()
+    claimer, claimed = _claimed(store)
+    if settled:
+        claimer.succeed(claimed, "done")
+    store.armed = True
+    assert claimer.claim("run", "s", "f", 30_000) == NotClaimed()
+    with pytest.raises(WorkflowStepFunctionMismatchError) as raised:
+        claimer.claim("run", "s", "forged", 30_000)
+    assert (raised.value.expected, raised.value.got) == ("f", "forged")

@@ -33,13 +33,16 @@ class Recorder:
     def __init__(self) -> None:
         self.steps: list[tuple[str, str, str]] = []
         self.wakes: list[tuple[str, float]] = []
+        self.woken_for: list[str | None] = []  # the step each wake named, if any
         self.timers: list[tuple[str, str, int]] = []
 
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
         self.steps.append((function, run_id, step_name))
 
-    def wake_run(self, run_id: str, countdown_s: float = 0.0) -> None:
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
         self.wakes.append((run_id, countdown_s))
+        self.woken_for.append(step_name)
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         self.timers.append((run_id, step_name, due_ms))
@@ -162,7 +165,7 @@ def test_a_failed_step_with_attempts_left_pauses_the_run(pikku: PikkuCelery) -> 
     assert recorder.timers and recorder.timers[-1][:2] == (run_id, "flaky")
 
 
-def test_12_a_run_leased_elsewhere_is_rewoken_in_a_second_without_running_the_body(
+def test_12_a_run_leased_elsewhere_is_marked_for_its_holder_without_running_the_body(
         pikku: PikkuCelery) -> None:
     recorder = Recorder()
     pikku.engine.dispatcher = recorder
@@ -174,29 +177,45 @@ def test_12_a_run_leased_elsewhere_is_rewoken_in_a_second_without_running_the_bo
 
     run_id = pikku.start(body, None)
     recorder.wakes.clear()
-    assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "someone", 60_000)
+    held = pikku.engine.leases.acquire(keys.run_lease_key(run_id), "someone", 60_000)
+    assert held is not None
     with pytest.raises(LeaseTakenError):
-        pikku.engine.advance(run_id)
-    result = pikku.app.tasks["pikku.orchestrate"].run(run_id)
-    assert result == "rewake"
-    assert recorder.wakes == [(run_id, 1.0)]
+        pikku.engine.advance(run_id, step_name="s")
+    # The message is done with: no retry spent, nothing re-sent ...
+    assert pikku.app.tasks["pikku.orchestrate"].run(run_id) == "marked"
     assert ran == [] and pikku.get_run(run_id).status == "running"
+    # ... but one watch per grant: should the holder die, the run is looked at again once
+    # its lease has lapsed.
+    [(woken, countdown)] = recorder.wakes
+    assert woken == run_id and 60 < countdown <= 62
+    # The holder, handing the lease back, takes the marks and passes again instead.
+    leases = pikku.engine.leases
+    assert leases.release_or_take_marks(held, 60_000) == ("$all", "s")
+    assert leases.release_or_take_marks(held, 60_000) == ()
+    assert pikku.engine.advance(run_id) == "completed" and ran == [1]
 
 
-def test_41_settled_runs_are_answered_without_taking_the_lease(pikku: PikkuCelery) -> None:
+def test_41_a_settled_runs_redelivered_wake_replays_nothing(pikku: PikkuCelery) -> None:
+    calls: list[int] = []
+
     @pikku.workflow()
     def quick(wf: Any, data: Any) -> int:
+        calls.append(1)
         return 1
 
     run_id = pikku.start(quick, None, inline=True)
-    assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "someone", 60_000)
     assert pikku.engine.advance(run_id) == "completed"
+    assert calls == [1]  # the redelivery found the run ended and replayed nothing
+    assert pikku.engine.leases.get(keys.run_lease_key(run_id)) is None  # and let go
 
 
 class RefusingLeases(InMemoryLeaseService):
-    """Grants leases but refuses every renewal: the lease is lost once held."""
+    """Grants leases but refuses every renewal and hand-back: the lease is lost once held."""
 
     def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
+        return None
+
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int) -> tuple[str, ...] | None:
         return None
 
     def refresh_many(self, leases: Any) -> list[Lease | None]:
@@ -409,10 +428,17 @@ def test_continue_in_place_replays_in_the_worker_instead_of_sending_a_wake() -> 
     pikku.engine.execute_step(definition, run_id, "a")
     assert recorder.wakes == []  # no orchestrator message: the worker replayed the run
     assert [s[2] for s in recorder.steps] == ["a", "b"]
-    # With the run lease held elsewhere, the worker falls back to a message.
-    assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "other", 60_000)
+    # With the run lease held elsewhere, the worker leaves the holder a mark naming its step
+    # (no message: the holder passes again before it lets go), and arms the one watch of
+    # that grant, which looks at the run again should the holder die first.
+    held = pikku.engine.leases.acquire(keys.run_lease_key(run_id), "other", 60_000)
+    assert held is not None
     pikku.engine.execute_step(definition, run_id, "b")
-    assert recorder.wakes == [(run_id, 0.0)]
+    assert [countdown > 60 for _, countdown in recorder.wakes] == [True]
+    assert pikku.engine.leases.release_or_take_marks(held, 60_000) == ("b",)
+    assert pikku.engine.leases.release_or_take_marks(held, 60_000) == ()  # released
+    assert pikku.engine.advance(run_id, step_name="b") == "completed"
+    assert pikku.get_run(run_id).output == 2
 
 
 def test_suspend_records_the_run_and_resume_continues_it(pikku: PikkuCelery) -> None:
@@ -475,6 +501,11 @@ class FlakyInsertStore(InMemoryWorkflowStore):
         if self.down:
             raise ConnectionError("mongodb unreachable")
         return super().insert_step(step, now_ms)
+
+    def insert_steps(self, steps: Any, now_ms: int, *, seq: int = 0) -> Any:
+        if self.down:
+            raise ConnectionError("mongodb unreachable")
+        return super().insert_steps(steps, now_ms, seq=seq)
 
 
 def test_an_infrastructure_error_in_a_pass_leaves_the_run_retryable() -> None:

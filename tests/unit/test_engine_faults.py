@@ -188,7 +188,7 @@ def test_52_a_graph_node_whose_worker_died_is_dispatched_again(pikku: PikkuCeler
         ("a", 1, "failed"), ("a", 2, "succeeded"), ("b", 1, "succeeded")]
 
 
-def test_13_a_graph_run_leased_elsewhere_is_rewoken_not_planned(pikku: PikkuCelery) -> None:
+def test_13_a_graph_run_leased_elsewhere_is_marked_not_planned(pikku: PikkuCelery) -> None:
     from pikku_celery import keys
 
     node = pikku.step(name="faults.g13")(lambda data: None)
@@ -197,9 +197,12 @@ def test_13_a_graph_run_leased_elsewhere_is_rewoken_not_planned(pikku: PikkuCele
     recorder = pikku.engine.dispatcher
     recorder.wakes.clear()
     recorder.steps.clear()
-    assert pikku.engine.leases.acquire(keys.run_lease_key(run_id), "elsewhere", 60_000)
-    assert pikku.app.tasks["pikku.orchestrate"].run(run_id) == "rewake"
-    assert recorder.wakes == [(run_id, 1.0)] and recorder.steps == []
+    held = pikku.engine.leases.acquire(keys.run_lease_key(run_id), "elsewhere", 60_000)
+    assert held is not None
+    assert pikku.app.tasks["pikku.orchestrate"].run(run_id) == "marked"
+    assert recorder.steps == []  # nothing planned: the holder plans, with the mark
+    assert [countdown > 60 for _, countdown in recorder.wakes] == [True]  # the grant's watch
+    assert pikku.engine.leases.release_or_take_marks(held, 60_000) == ("$all",)
 
 
 def test_42_retry_delays_are_fixed_when_set_and_exponential_otherwise() -> None:

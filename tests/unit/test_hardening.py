@@ -248,17 +248,17 @@ def test_4_a_cancel_between_a_pass_read_and_its_finish_fences_what_it_dispatched
         raise ValueError("the workflow fails")
 
     run_id = pikku.start("h4.flow", None)
-    original = store.list_steps
+    original = store.read_run
     cancelled: list[bool] = []
 
-    def list_steps(run: str) -> Any:
-        steps = original(run)
+    def read_run(run: str, **kwargs: Any) -> Any:
+        read = original(run, **kwargs)
         if not cancelled:
             cancelled.append(True)
             pikku.cancel(run_id, "customer")  # lands after the pass read the steps
-        return steps
+        return read
 
-    store.list_steps = list_steps  # type: ignore[method-assign]
+    store.read_run = read_run  # type: ignore[method-assign]
     assert pikku.engine.advance(run_id) == "cancelled"
     side = pikku.get_steps(run_id)[0]
     assert side.status == "failed" and side.error["type"] == "WorkflowCancelledError"

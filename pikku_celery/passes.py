@@ -1,0 +1,394 @@
+"""Orchestration passes: advance a run by replay under its run lease, reading only what
+changed since this process last saw it (see ``pikku_celery.views``).
+
+One call of ``Passes.advance``, in order:
+
+1. Take the run lease, or leave a mark on it (``acquire_or_mark``): a caller that finds the
+   run being advanced does not wait and sends no message; the holder sees the mark.
+2. Bring the process's view of the run up to date: one read of what the marks name (and of
+   the run and its unsettled steps when a mark says ``ALL`` or another process advanced
+   the run meanwhile), or of the whole run when there is no view.
+3. Replay the workflow over the view. Steps reached for the first time are recorded in one
+   ``insert_steps`` when the pass stops (or before any other write that needs them), then
+   dispatched.
+4. Hand the lease back: when marks were left meanwhile, take them and go to 2 instead of
+   releasing. Release and take are one atomic step, so a mark left after the last look is
+   never missed: the next grant carries it.
+
+A pass that ends well puts its view back for the next one. No Celery here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pikku_celery import keys
+from pikku_celery.claims import serialize_error
+from pikku_celery.definitions import StepDefinition
+from pikku_celery.errors import (
+    InvalidInputError,
+    LeaseTakenError,
+    PikkuError,
+    WorkflowCancelledError,
+    WorkflowRunNotFoundError,
+)
+from pikku_celery.leases.base import LeaseBusy
+from pikku_celery.leases.hold import hold_granted
+from pikku_celery.leases.memory import WATCH_SLACK_MS
+from pikku_celery.records import (
+    RUN_CANCELLED,
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_RUNNING,
+    RUN_SUSPENDED,
+    STEP_PENDING,
+    STEP_RUNNING,
+    STEP_SUCCEEDED,
+    StepState,
+)
+from pikku_celery.replay import PassInterrupted, Pause, WorkflowContext
+from pikku_celery.store import _docs
+from pikku_celery.store.base import NewStep
+from pikku_celery.validate import check_name
+from pikku_celery.views import ALL, RunView, Views
+
+if TYPE_CHECKING:
+    from pikku_celery.engine import Dispatcher, Engine
+
+log = logging.getLogger("pikku_celery")
+
+
+def _ms(when: datetime) -> int:
+    return round(when.timestamp() * 1000)
+
+
+class Passes:
+    """The passes of one engine, and the views of the runs they advanced."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.views = Views()
+
+    def advance(self, run_id: str, dispatcher: Dispatcher, *, mark: str = ALL,
+                settled: StepState | None = None) -> str:
+        """Advance ``run_id`` until no mark is left: see the module docstring. ``mark`` names
+        the step whose change brought this call (``ALL``: unknown); ``settled`` is that
+        step's state as its settle wrote it, when the caller has it (no need to read it).
+
+        Raises ``LeaseTakenError`` (having left the mark) when another pass holds the run,
+        ``LeaseLostError`` when the lease was lost (whatever the pass wrote stands)."""
+        engine = self._engine
+        check_name("run id", run_id)
+        key = keys.run_lease_key(run_id)
+        ttl_ms = engine.settings.run_lease_ms
+        view = self.views.take(run_id)
+        requested = time.monotonic()
+        got = engine.leases.acquire_or_mark(key, uuid.uuid4().hex, ttl_ms, mark)
+        if isinstance(got, LeaseBusy):
+            if view is not None:
+                if settled is not None:
+                    view.put(settled)  # what the settle wrote is true whoever passes next
+                self.views.put(view)
+            if got.watch:
+                # Should the holder die with the mark untaken, look again once its lease has
+                # lapsed: one message per lease grant, however many marks are left.
+                dispatcher.wake_run(run_id, countdown_s=(got.remaining_ms + WATCH_SLACK_MS)
+                                    / 1000)
+            raise LeaseTakenError(key)
+        if view is not None and got.token <= view.token:
+            view = None  # the token went backwards: Redis lost its counters, trust nothing
+        marks = set(got.marks) | {mark}
+        with hold_granted(engine.leases, got, ttl_ms, requested) as held:
+            while True:
+                status, view, again = self._once(run_id, got.token, view, marks, settled,
+                                                 dispatcher)
+                settled = None
+                if again:  # the view lacked steps the store has: replay with them
+                    marks = set()
+                    continue
+                if view is None:  # the run has ended: marks left now change nothing
+                    while held.hand_back():
+                        pass
+                    break
+                taken = held.hand_back()
+                if not taken:
+                    break
+                marks = set(taken)
+        if view is not None:
+            self.views.put(view)
+        return status
+
+    # --- one pass -----------------------------------------------------------------------
+
+    def _once(self, run_id: str, token: int, view: RunView | None, marks: set[str],
+              settled: StepState | None, dispatcher: Dispatcher
+              ) -> tuple[str, RunView | None, bool]:
+        """One pass: returns the status, the view to keep (``None`` once the run has
+        ended), and whether to replay again at once."""
+        view, fresh = self._load(run_id, token, view, marks, settled)
+        if view.run.is_terminal:
+            self._ended(view, dispatcher)
+            return view.run.status, None, False
+        host = _PassHost(self._engine, dispatcher, view, token, fresh)
+        status = self._replay(view, host, dispatcher)
+        if status in (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED):
+            return status, None, False
+        return status, view, host.again
+
+    def _load(self, run_id: str, token: int, view: RunView | None, marks: set[str],
+              settled: StepState | None) -> tuple[RunView, set[str]]:
+        """The view brought up to date for this pass, and the names of the steps read (or
+        written by their settle) just now."""
+        store = self._engine.store
+        if view is None:
+            read = store.read_run(run_id, all_steps=True)
+            if read.run is None:
+                raise WorkflowRunNotFoundError(run_id)
+            view = RunView(read.run, {}, token, _ms(read.run.updated_at))
+            for state in read.steps:
+                view.put(state)
+            return view, set(view.steps)
+        fresh: set[str] = set()
+        if settled is not None:
+            view.put(settled)
+            fresh.add(settled.step_name)
+        current = token - 1 <= view.token <= token
+        everything = ALL in marks or not current
+        names = {m for m in marks if m != ALL} - fresh
+        if everything:
+            names |= view.unsettled
+        read = store.read_run(run_id, run=everything, input=False, step_names=names,
+                              recorded_after=None if current else view.token)
+        if everything:
+            if read.run is None:
+                raise WorkflowRunNotFoundError(run_id)
+            view.run = dataclasses.replace(read.run, input=view.run.input)
+            view.touched_ms = _ms(read.run.updated_at)
+        for state in read.steps:
+            view.put(state)
+            fresh.add(state.step_name)
+        view.token = token
+        return view, fresh
+
+    def _ended(self, view: RunView, dispatcher: Dispatcher) -> None:
+        """A pass found the run ended. A child makes sure its parent heard (idempotent: the
+        parent's step settles once). A cancelled run is fenced again: a pass that held the
+        lease while the cancel landed may have recorded steps after the cancel's fence."""
+        engine = self._engine
+        run = view.run
+        if run.status == RUN_CANCELLED and view.unsettled:
+            engine.cancel(run.run_id, None)
+        if run.parent_run_id is not None:
+            engine.notify_parent(run.run_id, dispatcher)
+
+    def _replay(self, view: RunView, host: _PassHost, dispatcher: Dispatcher) -> str:
+        engine = self._engine
+        run = view.run
+        fn = engine.registry.workflow(run.workflow).fn
+        wf = WorkflowContext(run.run_id, run.input, view.steps, host)
+        try:
+            output = fn(wf, run.input)
+        except Pause:
+            if (failed := host.flush_or_error()) is not None:
+                return self._finish(view, RUN_FAILED, dispatcher, error=failed)
+            return self._paused(view, host)
+        except PassInterrupted as interrupted:
+            raise interrupted.__cause__ or RuntimeError("pass interrupted") from None
+        except WorkflowCancelledError as exc:
+            host.flush_or_error()
+            return self._finish(view, RUN_CANCELLED, dispatcher, error=serialize_error(exc),
+                                reason=exc.reason)
+        except Exception as exc:
+            log.info("pikku: run %s of %s failed: %s", run.run_id, run.workflow, exc)
+            host.flush_or_error()
+            return self._finish(view, RUN_FAILED, dispatcher, error=serialize_error(exc))
+        if (failed := host.flush_or_error()) is not None:
+            return self._finish(view, RUN_FAILED, dispatcher, error=failed)
+        try:
+            return self._finish(view, RUN_COMPLETED, dispatcher, output=output)
+        except InvalidInputError as exc:
+            return self._finish(view, RUN_FAILED, dispatcher, error=serialize_error(exc))
+
+    def _paused(self, view: RunView, host: _PassHost) -> str:
+        """The run waits on something. The stalled-run sweep looks at runs no pass touched
+        for ``stalled_after``: touch the run when its last touch is half that old (one write
+        every few seconds of activity, not one per pass). The touch reads the status too: a
+        cancel found there fences what this pass recorded."""
+        engine = self._engine
+        now = host.now_ms()
+        if now - view.touched_ms < engine.settings.stalled_after_ms // 2:
+            return "paused"
+        status = engine.store.touch_run(view.run.run_id, now)
+        view.touched_ms = now
+        if status == RUN_CANCELLED:
+            engine.cancel(view.run.run_id, None)
+            view.run = dataclasses.replace(view.run, status=RUN_CANCELLED)
+        return "paused"
+
+    def _finish(self, view: RunView, status: str, dispatcher: Dispatcher, *,
+                output: Any = None, error: dict[str, Any] | None = None,
+                reason: str | None = None) -> str:
+        return self._engine.finish(view.run, status, output=output, error=error,
+                                   dispatcher=dispatcher, reason=reason,
+                                   leftovers=bool(view.unsettled))
+
+
+class _PassHost:
+    """The writes one pass makes (``ReplayHost``), bound to its dispatcher and view.
+
+    Steps reached for the first time are recorded together: ``record_step`` returns the step
+    as it will be stored, and ``flush`` inserts the batch in one command, then sends their
+    messages. Every other write flushes first, since it may need them (a sleep settled at
+    once, a child run, a suspension gate)."""
+
+    def __init__(self, engine: Engine, dispatcher: Dispatcher, view: RunView, token: int,
+                 fresh: set[str]) -> None:
+        self._engine = engine
+        self._dispatcher = dispatcher
+        self._view = view
+        self._token = token
+        self._fresh = fresh
+        self._pending: list[NewStep] = []
+        self.again = False  # the batch met steps the view lacked: replay with them
+
+    def now_ms(self) -> int:
+        return _guarded(self._engine.now_ms)
+
+    # --- recording ----------------------------------------------------------------------
+
+    def record_step(self, step: NewStep) -> StepState:
+        state = _docs.step_from_doc(_docs.new_step_doc(step, self.now_ms(), self._token))
+        self._pending.append(step)
+        self._view.put(state)
+        return state
+
+    def flush(self) -> None:
+        """Insert what the pass recorded (one command) and send its messages."""
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        recorded = _guarded(lambda: self._engine.store.insert_steps(
+            batch, self.now_ms(), seq=self._token))
+        for step, (state, created) in zip(batch, recorded, strict=True):
+            if not created:
+                self._view.put(state)  # recorded before, by a pass whose view we lack
+                self._fresh.add(state.step_name)
+                self.again = True
+                continue
+            self._send(step)
+
+    def flush_or_error(self) -> dict[str, Any] | None:
+        """``flush``; the error that fails the run when a recorded step can never be
+        stored (``InvalidInputError``), else ``None``. Other errors interrupt the pass."""
+        try:
+            self.flush()
+        except PassInterrupted as interrupted:
+            raise interrupted.__cause__ or RuntimeError("pass interrupted") from None
+        except PikkuError as exc:
+            return serialize_error(exc)
+        return None
+
+    def _send(self, step: NewStep) -> None:
+        if step.child_run_id is not None or (step.function is None and step.due_ms is None):
+            return  # parked on a child run, or a gate: nothing to send
+        if step.function is None:
+            due_ms = step.due_ms
+            assert due_ms is not None
+            _guarded(lambda: self._dispatcher.arm_timer(step.run_id, step.step_name, due_ms))
+            return
+        function = step.function
+        _guarded(lambda: self._dispatcher.dispatch_step(function, step.run_id, step.step_name))
+
+    # --- the other writes ----------------------------------------------------------------
+
+    def suspend_run(self, run_id: str, gate: str) -> bool:
+        """Record the run suspended behind ``gate``; ``False`` if the gate turned out open.
+
+        A resume can land between this pass's read of the gate and this write. The write
+        cannot check another document, so the gate is read again after it: ``resume``
+        opens gates before it moves the run, so if it moved the run first, the gate is open
+        by now and the run is taken back to ``running`` here."""
+        self.flush()
+        store = self._engine.store
+        _guarded(lambda: store.transition_run(run_id, [RUN_RUNNING], RUN_SUSPENDED,
+                                              self.now_ms()))
+        self._view.run = dataclasses.replace(self._view.run, status=RUN_SUSPENDED)
+        state = _guarded(lambda: store.get_step(run_id, gate))
+        if state is not None:
+            self._view.put(state)
+            self._fresh.add(gate)
+        if state is None or state.status != STEP_SUCCEEDED:
+            return True
+        _guarded(lambda: store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING,
+                                              self.now_ms()))
+        self._view.run = dataclasses.replace(self._view.run, status=RUN_RUNNING)
+        return False
+
+    def should_redispatch(self, state: StepState) -> bool:
+        """A step read just now whose worker died (lease lapsed) or whose message was lost
+        (``pending`` too long): send it again, the claim decides. A state the view kept
+        from an earlier pass may be out of date, so only fresh ones are judged (the reaper
+        finds the rest)."""
+        if state.step_name not in self._fresh:
+            return False
+        now = self.now_ms()
+        if state.status == STEP_RUNNING and state.lease_expires_at is not None:
+            return _ms(state.lease_expires_at) < now
+        if state.status == STEP_PENDING:
+            return now - _ms(state.updated_at) > self._engine.settings.undispatched_after_ms
+        return False
+
+    def redispatch(self, state: StepState) -> None:
+        function = state.function
+        if function is not None:
+            _guarded(lambda: self._dispatcher.dispatch_step(function, state.run_id,
+                                                            state.step_name))
+
+    def settle_sleep(self, run_id: str, step_name: str) -> bool:
+        self.flush()
+        now = self.now_ms()
+        settled = _guarded(lambda: self._engine.store.settle_waiting_step(run_id, step_name,
+                                                                          now))
+        if settled:
+            self._view.put(dataclasses.replace(
+                self._view.steps[step_name], status=STEP_SUCCEEDED, result=None, error=None,
+                due_at=None, lease_expires_at=None,
+                updated_at=datetime.fromtimestamp(now / 1000, tz=UTC)))
+        return settled
+
+    def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
+                     child_run_id: str) -> None:
+        self.flush()
+        _guarded(lambda: self._engine.ensure_child(parent_run_id, step_name, workflow, data,
+                                                   child_run_id, self._dispatcher))
+
+    def step_definition(self, step: Any) -> StepDefinition:
+        if isinstance(step, StepDefinition):
+            return step
+        attached = getattr(step, "pikku_step", None)
+        if isinstance(attached, StepDefinition):
+            return attached
+        if isinstance(step, str) and step in self._engine.registry.steps:
+            return self._engine.registry.steps[step]
+        raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")
+
+
+T = TypeVar("T")
+
+
+def _guarded(operation: Callable[[], T]) -> T:
+    """Run a pass's write. The library's own errors (bad input, an unknown child workflow)
+    are the workflow's and fail the run; anything else is the broker's, MongoDB's or Redis's
+    and only interrupts the pass (see ``PassInterrupted``)."""
+    try:
+        return operation()
+    except PikkuError:
+        raise
+    except Exception as exc:
+        raise PassInterrupted() from exc
