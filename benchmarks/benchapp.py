@@ -1,4 +1,5 @@
-"""The Celery app the throughput benchmark runs on real workers (configured by env)."""
+"""The Celery app the throughput and fan-out benchmarks run on real workers (configured by
+environment: broker, result backend, queue, MongoDB, Redis key prefix, in place or not)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,61 @@ import os
 from typing import Any
 
 from celery import Celery
+from celery.signals import before_task_publish, task_prerun
 
 from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService
 
 app = Celery("benchapp", broker=os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/0"),
-             backend=os.environ.get("BENCH_BACKEND", "redis://127.0.0.1:6379/0"))
+             backend=os.environ.get("BENCH_BACKEND") or None)
 app.conf.update(task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
                 broker_heartbeat=0, worker_hijack_root_logger=False,
-                broker_connection_retry_on_startup=True)
+                broker_connection_retry_on_startup=True,
+                # No pidbox queues: a measurement leaves nothing in the broker but its queue.
+                worker_enable_remote_control=False)
 pikku = PikkuCelery(
     app,
     store=MongoWorkflowStore.from_url(os.environ.get("BENCH_MONGO", "mongodb://127.0.0.1/b")),
     leases=RedisLeaseService.from_url(os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0"),
                                       key_prefix=os.environ.get("BENCH_PREFIX", "bench")),
-    continue_in_place=os.environ.get("BENCH_IN_PLACE") == "1",
+    continue_in_place=os.environ.get("BENCH_IN_PLACE", "1") == "1",
 )
 
 
 @app.task(name="bench.plain_noop")
 def plain_noop(x: Any) -> Any:
     return x
+
+
+@app.task(name="bench.join")
+def join(results: list[Any]) -> int:
+    return len(results)
+
+
+COUNTS = os.environ.get("BENCH_COUNTS")  # a Redis hash: executions and sends by task name
+
+
+@task_prerun.connect
+def _count_execution(sender: Any = None, **kwargs: Any) -> None:
+    if COUNTS and sender is not None:
+        _counter().hincrby(COUNTS, sender.name, 1)
+
+
+@before_task_publish.connect
+def _count_sent(sender: Any = None, **kwargs: Any) -> None:
+    if COUNTS and sender:  # ``sender`` is the task name here; a delayed one counts too
+        _counter().hincrby(COUNTS, f"sent:{sender}", 1)
+
+
+def _counter() -> Any:
+    import redis
+
+    global _REDIS
+    if _REDIS is None:
+        _REDIS = redis.Redis.from_url(os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0"))
+    return _REDIS
+
+
+_REDIS: Any = None
 
 
 @pikku.step(name="bench.step_noop")
@@ -36,5 +72,10 @@ def step_noop(x: Any) -> Any:
 @pikku.workflow("bench.sequence")
 def sequence(wf: Any, n: int) -> int:
     for i in range(n):
-        wf.do("s", step_noop, i)
+        wf.do(f"s{i}", step_noop, i)
     return n
+
+
+@pikku.workflow("bench.fanout")
+def fanout(wf: Any, n: int) -> int:
+    return len(wf.gather(*(wf.call(f"s{i}", step_noop, i) for i in range(n))))

@@ -1,18 +1,30 @@
-"""Throughput on real ``celery -A`` workers: plain Celery no-op tasks against pikku steps on
-the same broker, in one run, reported as a ratio (machines are noisy; ratios less so).
+"""Throughput on real ``celery -A`` workers: pikku workflows against Celery's own ways of
+running the same work, on the same broker, pool and MongoDB, measured interleaved in one
+run and reported as medians and ratios (machines are noisy; ratios less so).
 
-    python -m benchmarks.throughput [--broker redis|amqp] [--tasks 600] [--steps 10]
+    python -m benchmarks.throughput [--broker redis|amqp] [--tasks 300] [--steps 10]
+                                    [--rounds 3] [--modes chain,pikku,...]
 
-Plain Celery: ``--tasks`` no-op tasks with a Redis result backend, all sent at once.
-pikku: ``--tasks / --steps`` workflows of ``--steps`` sequential no-op steps, all started at
-once, each step fenced (claim, lease, heartbeat, settle, history) on MongoDB (or the
-nx-27017 stand-in) and Redis; then the same with ``continue_in_place=True``.
+Modes (each measured with two fresh workers, threads pool 2 x 8, in a fresh process):
+
+``plain``           ``--tasks`` no-op tasks sent at once, results in Redis;
+``chain``           ``--tasks / --steps`` Celery chains of ``--steps`` no-op tasks, results
+                    in Celery's MongoDB result backend (the MongoDB the workflows use): the
+                    comparator for durable sequential work;
+``pikku``           ``--tasks / --steps`` workflows of ``--steps`` sequential no-op steps,
+                    every step claimed, fenced and recorded in MongoDB, leases in Redis,
+                    ``continue_in_place`` on (the default);
+``pikku-messages``  the same with ``continue_in_place=False`` (one orchestrator message per
+                    settle).
+
+Each measurement deletes what it left in Redis, its queue on RabbitMQ and its database.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,6 +36,7 @@ from typing import Any
 from example_project.stack import Stack
 
 BROKERS = {"redis": None, "amqp": "amqp://guest:guest@127.0.0.1:5672//"}
+MODES = ("plain", "chain", "pikku", "pikku-messages")
 
 
 def start_workers(env: dict[str, str], count: int, logdir: Path) -> list[subprocess.Popen[bytes]]:
@@ -35,38 +48,64 @@ def start_workers(env: dict[str, str], count: int, logdir: Path) -> list[subproc
              "threads", "-c", "8", "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
              "--without-gossip", "--without-mingle", "--without-heartbeat",
              "--loglevel", "WARNING"], stdout=log, stderr=subprocess.STDOUT, env=env))
-    time.sleep(3)
     return procs
+
+
+def wait_ready(pikku: Any, timeout_s: float = 60.0) -> None:
+    """Until the workers consume: a one-step workflow runs to its end (every mode has pikku
+    bound; not every mode has a result backend to ping through)."""
+    run_id = pikku.start("bench.sequence", 1)
+    pikku.wait(run_id, timeout_s)
+
+
+def mode_env(env: dict[str, Any], mode: str, mongo_base: str) -> dict[str, str]:
+    """The environment of one measurement: its own queue, key prefix and database."""
+    tag = uuid.uuid4().hex[:8]
+    database = f"bench_{tag}"
+    mongo = mongo_base.replace("/pikku_demo", f"/{database}")
+    backend = {"plain": env["BENCH_REDIS"], "chain": mongo}.get(mode, "")
+    return {**env, "BENCH_IN_PLACE": "0" if mode == "pikku-messages" else "1",
+            "BENCH_QUEUE": f"bench-{tag}", "BENCH_PREFIX": f"bench-{tag}",
+            "BENCH_MONGO": mongo, "BENCH_BACKEND": backend, "BENCH_DATABASE": database}
 
 
 def run_mode(env: dict[str, str], mode: str, tasks: int, steps: int) -> float:
     """Units (tasks or steps) per second for one mode, measured in a fresh process with
     fresh workers, so no mode inherits another's app, connections or queues."""
-    env = {**env, "BENCH_IN_PLACE": "1" if mode == "pikku-in-place" else "0",
-           "BENCH_QUEUE": f"bench-{uuid.uuid4().hex[:8]}",
-           "BENCH_PREFIX": f"bench-{uuid.uuid4().hex[:8]}"}
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.throughput", "--measure", mode, "--tasks",
          str(tasks), "--steps", str(steps)], env=env, capture_output=True, text=True,
-        timeout=900, check=True)
+        timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{mode} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def measure(mode: str, tasks: int, steps: int) -> float:
     logdir = Path(tempfile.mkdtemp(prefix="pikku-bench-"))
     env = dict(os.environ)
+    from celery import chain
+
     from benchmarks import benchapp
 
     procs = start_workers(env, 2, logdir)
     try:
+        wait_ready(benchapp.pikku)
         started = time.perf_counter()
         if mode == "plain":
             results = [benchapp.plain_noop.delay(i) for i in range(tasks)]
             for result in results:
                 result.get(timeout=300, interval=0.01)
             for result in results:
-                result.forget()  # leave nothing behind in a Redis others use
+                result.forget()
             units = tasks
+        elif mode == "chain":
+            noop = benchapp.plain_noop
+            results = [chain(noop.s(0), *(noop.s() for _ in range(steps - 1))).apply_async()
+                       for _ in range(tasks // steps)]
+            for result in results:
+                result.get(timeout=300, interval=0.01)
+            units = len(results) * steps
         else:
             run_ids = [benchapp.pikku.start("bench.sequence", steps)
                        for _ in range(tasks // steps)]
@@ -79,25 +118,62 @@ def measure(mode: str, tasks: int, steps: int) -> float:
             proc.terminate()
         for proc in procs:
             proc.wait(20)
-        _forget(env)
+        forget(env)
 
 
-def _forget(env: dict[str, str]) -> None:
-    """Delete this measurement's lease keys and queue from the shared Redis."""
+def forget(env: dict[str, str]) -> None:
+    """Delete what one measurement left: its Redis keys, its queue, its database."""
+    import pymongo
     import redis
+    from kombu import Connection
 
     client = redis.Redis.from_url(env["BENCH_REDIS"])
     doomed = list(client.scan_iter(match=f"{env['BENCH_PREFIX']}:*", count=1000))
     doomed += list(client.scan_iter(match=f"{env['BENCH_QUEUE']}*", count=1000))
+    doomed += list(client.scan_iter(match="celery-task-meta-*", count=1000))
     if doomed:
         client.delete(*doomed)
+    if env["BENCH_BROKER"].startswith("amqp"):
+        with Connection(env["BENCH_BROKER"]) as conn:
+            channel = conn.default_channel
+            channel.queue_delete(env["BENCH_QUEUE"])
+    mongo: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(env["BENCH_MONGO"])
+    mongo.drop_database(env["BENCH_DATABASE"])
+    mongo.close()
+
+
+def interleaved(env: dict[str, Any], mongo_base: str, modes: list[str], rounds: int,
+                tasks: int, steps: int) -> dict[str, list[float]]:
+    """Every mode once per round, the order rotating, so drift hits all modes alike."""
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    for r in range(rounds):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        for mode in order:
+            rates[mode].append(run_mode(mode_env(env, mode, mongo_base), mode, tasks, steps))
+    return rates
+
+
+def report(broker: str, tasks: int, steps: int, rates: dict[str, list[float]]) -> str:
+    medians = {mode: statistics.median(values) for mode, values in rates.items()}
+    base = medians.get("chain") or next(iter(medians.values()))
+    lines = [f"throughput on {broker}, 2 workers x 8 threads, {tasks} units per mode, "
+             f"{steps} per chain or workflow, {len(next(iter(rates.values())))} rounds "
+             "(median, range)"]
+    for mode, median in medians.items():
+        unit = "steps" if mode.startswith("pikku") else "tasks"
+        spread = f"{min(rates[mode]):.0f}-{max(rates[mode]):.0f}"
+        ratio = f"x{median / base:4.2f} of chain" if "chain" in medians else ""
+        lines.append(f"  {mode:<15} {median:7.1f} {unit}/s ({spread})  {ratio}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", choices=sorted(BROKERS), default="redis")
-    parser.add_argument("--tasks", type=int, default=600)
+    parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
@@ -105,17 +181,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     with Stack() as stack:
         env: dict[str, Any] = {**os.environ, "BENCH_REDIS": stack.redis_url,
-                               "BENCH_BACKEND": stack.redis_url,
-                               "BENCH_MONGO": stack.mongo_url.replace(
-                                   "/pikku_demo", f"/bench_{uuid.uuid4().hex[:6]}"),
                                "BENCH_BROKER": BROKERS[args.broker] or stack.redis_url}
-        rates = {mode: run_mode(env, mode, args.tasks, args.steps)
-                 for mode in ("plain", "pikku", "pikku-in-place")}
-    base = rates["plain"]
-    print(f"throughput on {args.broker}, 2 workers x 8 threads, {args.tasks} units per mode")
-    for mode, rate in rates.items():
-        unit = "tasks" if mode == "plain" else "steps"
-        print(f"  {mode:<15} {rate:8.1f} {unit}/s   ratio to plain Celery {rate / base:5.2f}")
+        rates = interleaved(env, stack.mongo_url, args.modes.split(","), args.rounds,
+                            args.tasks, args.steps)
+    print(report(args.broker, args.tasks, args.steps, rates))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ must not change what the next pass replays.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pikku_celery import keys
 from pikku_celery.definitions import StepDefinition, check_retries
@@ -76,9 +76,9 @@ class ReplayHost(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class StepCall:
-    """A step reached by this pass; ``wf.gather`` waits for several at once."""
+class StepCall(NamedTuple):
+    """A step reached by this pass; ``wf.gather`` waits for several at once. (A tuple: a
+    fan-out makes one per call per pass.)"""
 
     name: str
     outcome: str  # "done" | "failed" | "waiting"
@@ -96,6 +96,7 @@ class WorkflowContext:
         self._steps = steps  # by step name; the host records new steps into it
         self._host = host
         self._reached: dict[str, int] = {}
+        self._functions: dict[Any, str] = {}  # step object -> its step function's name
 
     # --- steps --------------------------------------------------------------------------
 
@@ -106,8 +107,9 @@ class WorkflowContext:
         name = self._physical(step_name)
         state = self._steps.get(name)
         if state is not None and state.status == STEP_SUCCEEDED:  # the replay's common case
-            self._check_same_function(state, self._host.step_definition(step).name)
-            return _copied(state.result)
+            self._check_same_function(state, self._function_of(step))
+            result = state.result
+            return _copied(result) if type(result) in _CONTAINERS else result
         return self.gather(self._call(name, step, data, retries=retries,
                                       retry_delay=retry_delay, on_error=on_error))[0]
 
@@ -119,18 +121,20 @@ class WorkflowContext:
 
     def _call(self, name: str, step: Any, data: Any, *, retries: int | None,
               retry_delay: Duration | None, on_error: Any) -> StepCall:
-        definition = self._host.step_definition(step)
         state = self._steps.get(name)
-        if state is None:
-            n_retries = definition.retries if retries is None else check_retries(
-                retries, f"step {name!r}")
-            delay = None if retry_delay is None else to_ms(retry_delay, what="retry_delay")
-            compensation = None if on_error is None else self._host.step_definition(on_error)
-            state = self._record(NewStep(
-                run_id=self.run_id, step_name=name, function=definition.name, data=data,
-                max_attempts=n_retries + 1,
-                retry_delay_ms=delay if delay is not None else -1,
-                on_error=None if compensation is None else compensation.name))
+        if state is not None:
+            self._check_same_function(state, self._function_of(step))
+            return self._outcome(state)
+        definition = self._host.step_definition(step)
+        n_retries = definition.retries if retries is None else check_retries(
+            retries, f"step {name!r}")
+        delay = None if retry_delay is None else to_ms(retry_delay, what="retry_delay")
+        compensation = None if on_error is None else self._host.step_definition(on_error)
+        state = self._record(NewStep(
+            run_id=self.run_id, step_name=name, function=definition.name, data=data,
+            max_attempts=n_retries + 1,
+            retry_delay_ms=delay if delay is not None else -1,
+            on_error=None if compensation is None else compensation.name))
         self._check_same_function(state, definition.name)
         return self._outcome(state)
 
@@ -214,6 +218,16 @@ class WorkflowContext:
     def _record(self, step: NewStep) -> StepState:
         return self._host.record_step(step)
 
+    def _function_of(self, step: Any) -> str:
+        """The name of ``step``'s step function, looked up once per step object a pass."""
+        try:
+            return self._functions[step]
+        except (KeyError, TypeError):
+            name = self._host.step_definition(step).name
+            with contextlib.suppress(TypeError):  # unhashable: looked up every time
+                self._functions[step] = name
+            return name
+
     def _check_same_function(self, state: StepState, function: str | None) -> None:
         if state.function != function:
             raise WorkflowReplayError(
@@ -244,6 +258,9 @@ class WorkflowContext:
                 max_attempts=definition.retries + 1, retry_delay_ms=-1))
         if self._outcome(comp).outcome == "waiting":
             raise Pause
+
+
+_CONTAINERS = (dict, list)
 
 
 def _copied(value: Any) -> Any:

@@ -23,7 +23,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
+from pikku_celery._fork import reset_in_forked_child
 from pikku_celery.durations import Duration, to_ms
 from pikku_celery.errors import LeaseLostError, LeaseTakenError
 from pikku_celery.leases.base import Lease, LeaseService
@@ -210,12 +212,99 @@ def hold_lease(
             _release_quietly(service, held.lease)
 
 
+class _Renewals:
+    """The one thread of a process that renews its pass leases.
+
+    A pass is usually over in milliseconds, long before its lease needs a renewal (at a
+    third of its TTL), so starting a renewal thread per pass would cost more than the pass's
+    own lease calls. Passes register here instead; the thread wakes only when a renewal is
+    due. ``remove`` waits out a renewal in flight, as joining a thread would."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, HeldPassLease] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        reset_in_forked_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._held = {}
+        self._wake = threading.Event()
+        self._thread = None
+
+    def add(self, held: HeldPassLease) -> None:
+        with self._lock:
+            self._held[id(held)] = held
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="pikku-pass-leases",
+                                                daemon=True)
+                self._thread.start()
+        self._wake.set()  # its renewal may be due before the thread's next wake-up
+
+    def remove(self, held: HeldPassLease) -> None:
+        self.remove_quietly(held)
+        with held.renewing:  # a renewal in flight ends before the caller goes on
+            pass
+
+    def remove_quietly(self, held: HeldPassLease) -> None:
+        with self._lock:
+            self._held.pop(id(held), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                held = list(self._held.values())
+            now = time.monotonic()
+            due = [h for h in held if h.next_renewal <= now]
+            for h in due:
+                h.renew_once()
+            with self._lock:
+                later = [h.next_renewal for h in self._held.values()]
+            wait_s = max(MIN_RENEW_INTERVAL_S, min(later) - time.monotonic()) if later else 1.0
+            self._wake.wait(wait_s)
+            self._wake.clear()
+
+
+_RENEWALS = _Renewals()
+
+
 class HeldPassLease(HeldLease):
     """A lease held across a loop of passes (``hold_granted``): handing it back either
     releases it or, when marks were left on it meanwhile, takes them and keeps it, so the
-    holder runs again instead of someone else's message bouncing off the held key."""
+    holder runs again instead of someone else's message bouncing off the held key. Renewed
+    by the process's one pass-lease thread (``_Renewals``), not a thread of its own."""
 
     released = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.renewing = threading.Lock()
+        self._interval_s = max(MIN_RENEW_INTERVAL_S, self._ttl_ms / 1000 / RENEWALS_PER_TTL)
+        self.next_renewal = time.monotonic() + self._interval_s
+
+    def _start(self) -> None:
+        self.next_renewal = time.monotonic() + self._interval_s
+        _RENEWALS.add(self)
+
+    def _stop(self) -> None:
+        _RENEWALS.remove(self)
+
+    def renew_once(self) -> None:
+        """One turn of the renewal loop ``HeldLease`` runs in a thread of its own."""
+        with self.renewing:
+            if self.lost.is_set():
+                _RENEWALS.remove_quietly(self)
+                return
+            if self._renew():
+                self.next_renewal = time.monotonic() + self._interval_s
+                return
+            remaining_s = self._deadline() - time.monotonic()
+            if remaining_s <= 0:
+                self._mark_lost()
+                _RENEWALS.remove_quietly(self)
+                return
+            self.next_renewal = time.monotonic() + min(self._interval_s, remaining_s)
 
     def hand_back(self) -> tuple[str, ...]:
         """Release the lease and return ``()``, or take the marks left on it and keep it
@@ -239,7 +328,6 @@ class HeldPassLease(HeldLease):
             return ()
         with self._state_lock:
             self._held_until = sent + self._ttl_ms / 1000
-        self._stopping = threading.Event()
         self._start()
         return taken
 

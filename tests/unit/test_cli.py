@@ -58,8 +58,10 @@ def one_line_error(result: Result, code: int = 1) -> str:
 
 
 def test_runs_lists_newest_first_one_page_at_a_time(pikku: PikkuCelery) -> None:
-    ids = [pikku.start("sum", {"a": i, "b": 1}, inline=True) for i in range(3)]
-    failed = pikku.start("fails", None, inline=True)
+    # Ids in creation order: runs started in one millisecond are listed by id.
+    ids = [pikku.start("sum", {"a": i, "b": 1}, inline=True, run_id=f"run-{i}")
+           for i in range(3)]
+    failed = pikku.start("fails", None, inline=True, run_id="run-3")
     first = run_cli(pikku, "runs", "--limit", "2")
     assert first.exit_code == 0, first.output
     rows = [line.split()[0] for line in first.output.splitlines()[1:3]]

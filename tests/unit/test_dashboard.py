@@ -143,8 +143,10 @@ def rows(answer: Answer) -> list[str]:
 
 
 def test_the_runs_page_lists_counts_filters_and_pages(site: Site) -> None:
-    ids = [site.pikku.start("sum", {"a": i, "b": 1}, inline=True) for i in range(3)]
-    failed = site.pikku.start("fails", None, inline=True)
+    # Ids in creation order: runs started in one millisecond are listed by id.
+    ids = [site.pikku.start("sum", {"a": i, "b": 1}, inline=True, run_id=f"run-{i}")
+           for i in range(3)]
+    failed = site.pikku.start("fails", None, inline=True, run_id="run-3")
     page = site.get(BASE + "?limit=2")
     assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
     assert rows(page) == [failed, ids[2]]

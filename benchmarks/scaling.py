@@ -1,0 +1,126 @@
+"""How the cost of a step grows with the length of its run: one run of N sequential no-op
+steps for N = 10, 100, 1,000 (and 10,000 with ``--huge``), time per step and MongoDB
+documents and bytes returned per step.
+
+One process plays worker and orchestrator (as ``benchmarks.step_cost`` does): a queue stands
+in for the broker and delivers every message to the engine call its Celery task would make,
+so the figures are the engine's, MongoDB's and Redis's, without a broker's or a pool's. With
+``continue_in_place`` (the default) each step's worker replays the run after the step.
+
+The sizes are measured interleaved (``--rounds`` rounds, each running every size once) and
+reported as medians; the ratio of a size's time per step to the smallest's is the figure
+that says whether a pass costs O(1) or O(N). Replay itself is O(N) per pass (the workflow
+runs from the top), so a run of N steps does N²/2 cheap dictionary lookups in all; what must
+not grow is what each pass reads.
+
+    python -m benchmarks.scaling [--sizes 10,100,1000] [--huge] [--rounds 3] [--messages]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+from celery import Celery
+
+from example_project.stack import Stack
+from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService
+from tests.support.counting import CountingRedis, counting_mongo
+
+
+class Broker:
+    """Delivers what the engine publishes, in order (see ``benchmarks.step_cost``)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[str, str, str | None]] = deque()
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+        self.queue.append(("step", run_id, step_name))
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
+        self.queue.append(("run", run_id, step_name))
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
+        raise AssertionError("no timers in this benchmark")
+
+
+def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool
+            ) -> dict[str, float]:
+    client, mongo = counting_mongo(mongo_url)
+    redis_client = CountingRedis.from_url(redis_url)
+    prefix = f"pikku-scale-{uuid.uuid4().hex[:8]}"
+    store = MongoWorkflowStore(client[f"pikku_scale_{uuid.uuid4().hex[:8]}"])
+    pikku = PikkuCelery(Celery("scale", broker="memory://"), store=store,
+                        leases=RedisLeaseService(redis_client, key_prefix=prefix),
+                        continue_in_place=in_place, worker_reaper=False)
+    broker = Broker()
+    pikku.engine.dispatcher = broker
+
+    @pikku.step(name="scale.noop")
+    def noop(data: Any) -> Any:
+        return data
+
+    @pikku.workflow("scale.sequential")
+    def sequential(wf: Any, n: int) -> int:
+        for i in range(n):
+            wf.do(f"s{i}", noop, i)
+        return n
+
+    try:
+        definition = pikku.registry.steps["scale.noop"]
+        run_id = pikku.start("scale.sequential", steps)
+        mongo.clear()
+        started = time.perf_counter()
+        while broker.queue:
+            kind, target, step_name = broker.queue.popleft()
+            if kind == "step":
+                assert step_name is not None
+                pikku.engine.execute_step(definition, target, step_name)
+            else:
+                pikku.engine.advance(target, step_name=step_name)
+        elapsed = time.perf_counter() - started
+        assert pikku.get_run(run_id).status == "completed"
+        return {"ms_per_step": elapsed * 1000 / steps,
+                "documents": sum(mongo.documents.values()) / steps,
+                "kb": sum(mongo.reply_bytes.values()) / steps / 1024}
+    finally:
+        doomed = list(redis_client.scan_iter(match=f"{prefix}:*"))
+        if doomed:
+            redis_client.delete(*doomed)
+        client.drop_database(store.db.name)
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10,100,1000")
+    parser.add_argument("--huge", action="store_true", help="also N = 10,000 (minutes)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--messages", action="store_true",
+                        help="continue_in_place=False: a message per settle")
+    args = parser.parse_args(argv)
+    sizes = [int(n) for n in args.sizes.split(",")] + ([10_000] if args.huge else [])
+    found: dict[int, list[dict[str, float]]] = {n: [] for n in sizes}
+    with Stack() as stack:
+        for r in range(args.rounds):
+            for n in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
+                found[n].append(one_run(n, stack.redis_url, stack.mongo_url,
+                                        in_place=not args.messages))
+    mode = "messages" if args.messages else "continue_in_place"
+    print(f"scaling: one run of N sequential steps ({mode}), {args.rounds} rounds, medians")
+    base = statistics.median(f["ms_per_step"] for f in found[sizes[0]])
+    for n in sizes:
+        ms = statistics.median(f["ms_per_step"] for f in found[n])
+        docs = statistics.median(f["documents"] for f in found[n])
+        kb = statistics.median(f["kb"] for f in found[n])
+        print(f"  N={n:<6} {ms:6.2f} ms/step (x{ms / base:4.2f} of N={sizes[0]}), "
+              f"{docs:5.2f} documents/step, {kb:6.2f} KB/step")
+
+
+if __name__ == "__main__":
+    main()
