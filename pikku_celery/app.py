@@ -79,9 +79,11 @@ class PikkuCelery:
             its message sent again (the first one was lost with a dead worker's prefetch).
         stalled_after: a running run that no pass touched for this long (30 s), and on
             which nothing is in flight, is woken again (its wake-up message was lost).
-        continue_in_place: after a step succeeds, replay the run in the same worker (under
-            the run lease) instead of sending an orchestrator message; falls back to the
-            message when another pass holds the run (default ``False``).
+        continue_in_place: after a step settles, replay the run in the same worker (under
+            the run lease) instead of sending an orchestrator message; when another pass
+            holds the run, leave it a mark instead (it passes again before it lets go).
+            Default ``True``: fewer messages and round trips; ``False`` sends a
+            ``pikku.orchestrate`` message per settled step.
         worker_reaper: run the reaper in every worker of the app (default ``True``).
         queue: a queue of pikku's own (default: the ``pikku_queue`` setting, else none:
             pikku's tasks are routed like any task). With one, pikku's messages go there

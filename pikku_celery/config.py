@@ -25,7 +25,7 @@ setting                                   default
 ``pikku_max_countdown``                   300 s
 ``pikku_undispatched_after``              30 s
 ``pikku_stalled_after``                   30 s
-``pikku_continue_in_place``               ``False``
+``pikku_continue_in_place``               ``True``
 ``pikku_worker_reaper``                   ``True``
 ``pikku_queue``                           none (read by ``pikku_celery.routing``)
 ========================================  ================================================
@@ -138,7 +138,7 @@ class Settings:
             undispatched_after_ms=self.duration_ms("undispatched_after",
                                                    DEFAULT_UNDISPATCHED_AFTER_S),
             stalled_after_ms=self.duration_ms("stalled_after", DEFAULT_STALLED_AFTER_S),
-            continue_in_place=self.flag("continue_in_place", False),
+            continue_in_place=self.flag("continue_in_place", True),
             worker_reaper=self.flag("worker_reaper", True),
         )
 

@@ -82,7 +82,7 @@ class Settings:
     undispatched_after_ms: int = 30_000
     stalled_after_ms: int = 30_000
     sweep_limit: int = 100
-    continue_in_place: bool = False
+    continue_in_place: bool = True
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ def test_defaults_and_the_key_prefix_default_to_the_app_name() -> None:
     assert (settings.step_lease_ms, settings.run_lease_ms, settings.reaper_interval_s,
             settings.max_countdown_s, settings.undispatched_after_ms,
             settings.stalled_after_ms, settings.continue_in_place,
-            settings.worker_reaper) == (60_000, 30_000, 30.0, 300.0, 30_000, 30_000, False, True)
+            settings.worker_reaper) == (60_000, 30_000, 30.0, 300.0, 30_000, 30_000, True, True)
     assert pikku.engine.leases.key_prefix == "billing"  # type: ignore[attr-defined]
     store = pikku.engine.store
     assert isinstance(store, MongoWorkflowStore)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,6 +109,8 @@ def test_44_the_reaper_resends_a_pending_step_nobody_picked_up(pikku: PikkuCeler
 
 def test_43_the_reaper_wakes_a_run_whose_wake_up_was_lost(pikku: PikkuCelery,
                                                           clock: FakeClock) -> None:
+    # A settle that sends a wake-up message (continue_in_place off), and the message lost.
+    pikku.engine.settings = dataclasses.replace(pikku.engine.settings, continue_in_place=False)
     run_id, definition = _one_step_workflow(pikku, lambda ctx, data: "done")
     pikku.engine.execute_step(definition, run_id, "s")  # its wake-up message is lost
     recorder = pikku.engine.dispatcher
