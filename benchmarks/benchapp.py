@@ -9,8 +9,6 @@ from typing import Any
 from celery import Celery
 from celery.signals import before_task_publish, task_prerun
 
-from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService
-
 app = Celery("benchapp", broker=os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/0"),
              backend=os.environ.get("BENCH_BACKEND") or None)
 app.conf.update(task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
@@ -18,13 +16,6 @@ app.conf.update(task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
                 broker_connection_retry_on_startup=True,
                 # No pidbox queues: a measurement leaves nothing in the broker but its queue.
                 worker_enable_remote_control=False)
-pikku = PikkuCelery(
-    app,
-    store=MongoWorkflowStore.from_url(os.environ.get("BENCH_MONGO", "mongodb://127.0.0.1/b")),
-    leases=RedisLeaseService.from_url(os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0"),
-                                      key_prefix=os.environ.get("BENCH_PREFIX", "bench")),
-    continue_in_place=os.environ.get("BENCH_IN_PLACE", "1") == "1",
-)
 
 
 @app.task(name="bench.plain_noop")
@@ -64,18 +55,29 @@ def _counter() -> Any:
 _REDIS: Any = None
 
 
-@pikku.step(name="bench.step_noop")
-def step_noop(x: Any) -> Any:
-    return x
+if os.environ.get("BENCH_BARE") != "1":  # the memory benchmark's bare worker: no pikku
+    from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService
 
+    pikku = PikkuCelery(
+        app,
+        store=MongoWorkflowStore.from_url(os.environ.get("BENCH_MONGO",
+                                                         "mongodb://127.0.0.1/b")),
+        leases=RedisLeaseService.from_url(
+            os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0"),
+            key_prefix=os.environ.get("BENCH_PREFIX", "bench")),
+        continue_in_place=os.environ.get("BENCH_IN_PLACE", "1") == "1",
+    )
 
-@pikku.workflow("bench.sequence")
-def sequence(wf: Any, n: int) -> int:
-    for i in range(n):
-        wf.do(f"s{i}", step_noop, i)
-    return n
+    @pikku.step(name="bench.step_noop")
+    def step_noop(x: Any) -> Any:
+        return x
 
+    @pikku.workflow("bench.sequence")
+    def sequence(wf: Any, n: int) -> int:
+        for i in range(n):
+            wf.do(f"s{i}", step_noop, i)
+        return n
 
-@pikku.workflow("bench.fanout")
-def fanout(wf: Any, n: int) -> int:
-    return len(wf.gather(*(wf.call(f"s{i}", step_noop, i) for i in range(n))))
+    @pikku.workflow("bench.fanout")
+    def fanout(wf: Any, n: int) -> int:
+        return len(wf.gather(*(wf.call(f"s{i}", step_noop, i) for i in range(n))))
