@@ -91,8 +91,8 @@ class Report:
             f"faults {sum(self.faults.values())}: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())),
             f"faults that failed to apply {len(self.faults_not_applied)}"
-            + (": " + "; ".join(self.faults_not_applied[:12]) if self.faults_not_applied
-               else ""),
+            + "".join(f"{'; ' if i else ': '}{why}" + (f" (x{n})" if n > 1 else "")
+                      for i, (why, n) in enumerate(Counter(self.faults_not_applied).items())),
             f"late writes refused {self.late_writes_refused} "
             f"(landing before the newer attempt settled: {self.stale_before_settle})",
             f"attempts after the first, by reason: {reasons or 'none'}",
