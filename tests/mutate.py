@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -58,8 +59,11 @@ use_git_change_detection = false
 # heartbeat mutant that stops renewals otherwise waits out every event bound of its tests.
 timeout_multiplier = 3.0
 timeout_constant = 2.0
-debug = {debug}
+# Verbose: without it the clean run (mutmut's output capture around pytest) fails for some
+# module sets with no word of why. The output goes to a log file, not the console.
+debug = true
 """
+LOG = ROOT / ".pikku-run" / "mutate.log"  # .pikku-run/ is git-ignored
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", choices=[[], *CORE], metavar="MODULE",
                         help=f"any of {', '.join(CORE)} (default: all)")
     parser.add_argument("--max-children", type=int, default=2)
-    parser.add_argument("--debug", action="store_true",
-                        help="show pytest's output (why the clean run failed, say)")
     args = parser.parse_args(argv)
     modules = args.modules or list(CORE)
     # Stopped (a timeout, Ctrl-C): still remove the scratch copy on the way out.
@@ -80,18 +82,21 @@ def main(argv: list[str] | None = None) -> int:
         only = [glob for m in modules for glob in CORE[m]]
         with open(scratch / "pyproject.toml", "a") as config:
             config.write(CONFIG.format(only=_toml(only), tests=_toml(TESTS),
-                                       deselect=DESELECT, debug=str(args.debug).lower()))
-        print(f"mutate: {', '.join(modules)} against {' '.join(TESTS)} in {scratch}",
-              flush=True)
+                                       deselect=DESELECT))
+        LOG.parent.mkdir(exist_ok=True)
+        print(f"mutate: {', '.join(modules)} against {' '.join(TESTS)} in {scratch}; "
+              f"mutmut's output in {LOG}", flush=True)
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        mutmut = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children",
-                                   str(args.max_children)], cwd=scratch, env=env,
-                                  start_new_session=True)
-        try:
-            returncode = mutmut.wait()
-        finally:
-            if mutmut.poll() is None:  # we were stopped: stop mutmut and its workers too
-                os.killpg(mutmut.pid, signal.SIGTERM)
+        with open(LOG, "wb") as log:
+            mutmut = subprocess.Popen([sys.executable, "-m", "mutmut", "run",
+                                       "--max-children", str(args.max_children)],
+                                      cwd=scratch, env=env, start_new_session=True,
+                                      stdout=log, stderr=subprocess.STDOUT)
+            try:
+                returncode = _wait_reporting(mutmut)
+            finally:
+                if mutmut.poll() is None:  # we were stopped: stop mutmut and its workers
+                    os.killpg(mutmut.pid, signal.SIGTERM)
         took = time.monotonic() - started
         survivors = _survivors(scratch, env)
         print(f"\nmutate: {', '.join(modules)}: {len(survivors)} survived, "
@@ -103,6 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         return returncode
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _wait_reporting(mutmut: subprocess.Popen[bytes]) -> int:
+    """Wait for mutmut, printing its progress line once a minute."""
+    while True:
+        try:
+            return mutmut.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            tail = LOG.read_bytes()[-20_000:].decode(errors="replace").replace("\r", "\n")
+            progress = re.findall(r"\d+/\d+ .*", tail)
+            if progress:
+                print(f"mutate: {progress[-1].strip()}", flush=True)
 
 
 def _copy_tree(scratch: Path) -> None:
