@@ -145,3 +145,33 @@ def test_the_lapsed_sweep_never_lists_a_live_lease(store: WorkflowStore) -> None
     assert [s.step_name for s in store.find_lapsed_steps(T0 + LEASE + 1, 10)] == ["short"]
     assert sorted(s.step_name for s in store.find_lapsed_steps(T0 + 3 * LEASE, 10)) == [
         "live", "short"]
+
+
+# --- survivors of ./dev mutate in the stores -------------------------------------------------
+
+
+def test_ending_a_run_leaves_a_step_failed_for_good_with_its_own_error(
+        store: WorkflowStore) -> None:
+    """``cancel_steps`` fences unsettled steps only: a step already failed for good keeps
+    the error that failed it (and its entry), never the run-ended error written over it."""
+    run_id = new_run(store)
+    add_step(store, run_id, retries=0)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    store.set_error(run_id, "charge", 1, {"message": "declined"}, T0 + 1)
+    assert store.cancel_steps(run_id, {"type": "WorkflowRunEnded"}, T0 + 2) == 0
+    step = store.get_step(run_id, "charge")
+    assert step is not None and step.error == {"message": "declined"}
+    assert raw_history(store, run_id)[0]["error"] == {"message": "declined"}
+
+
+def test_a_step_parked_on_a_child_refuses_lease_renewals(store: WorkflowStore) -> None:
+    """A renewal may only extend a lease that exists: giving a parked step a lease would
+    let the reaper call it lapsed and re-send a step that waits on a child run."""
+    run_id = new_run(store)
+    add_step(store, run_id)
+    store.claim_step(run_id, "charge", FN, T0, LEASE)
+    assert store.release_lease(run_id, "charge", 1)  # parked: it now waits on a child
+    assert store.renew_leases([(run_id, "charge", 1)], T0 + 1, LEASE) == {(run_id, "charge")}
+    step = store.get_step(run_id, "charge")
+    assert step is not None and step.lease_expires_at is None
+    assert store.find_lapsed_steps(T0 + 10 * LEASE, 10) == []
