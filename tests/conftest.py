@@ -15,6 +15,7 @@ import redis
 from pikku_celery.heartbeat import Heartbeat
 from tests.support import mongomock_compat
 from tests.support.nx import NxServer
+from tests.support.redis_cluster import RedisClusterServer
 
 mongomock_compat.install()  # $unionWith, which the store's reads use (MongoDB 4.4+)
 
@@ -74,6 +75,14 @@ def _celery_join_flag_restored() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def nx_server() -> Iterator[NxServer]:
     server = NxServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServer]:
+    """A real three-node Redis Cluster on loopback ports, for this session only."""
+    server = RedisClusterServer().start()
     yield server
     server.stop()
 

@@ -26,9 +26,14 @@ grant, so even that handle cannot act on the new grant. (Step writes are fenced 
 store's attempt number, not by this token.) Counters written before the TTL existed get it
 at their next use.
 
-The ``{<key>}`` hash tag puts both keys of one lease in one cluster slot, so ACQUIRE may
-touch both. (``refresh_many`` passes many leases to one script; on Redis Cluster those must
-share a slot, so it is meant for a single Redis server.)
+Redis Cluster: the ``{<key>}`` hash tag puts the four keys of one lease (hash, counter,
+marks, watch) in one cluster slot, so every script that touches several of them runs on one
+node; a key prefix may not contain braces, which would move the tag. Every script but
+REFRESH_MANY is about one lease. ``refresh_many`` groups its leases by slot and makes one
+script call per slot (on a single server, one call for all). Each lease is judged by the
+clock of the node that owns its slot: keep the nodes' clocks in sync (NTP), as a failover
+hands a slot to another node's clock. Connect with ``from_url("redis+cluster://h:p,h:p")``
+or pass a ``redis.cluster.RedisCluster``.
 
 Atomicity: ACQUIRE, REFRESH_MANY, RELEASE, GET, ACQUIRE_OR_MARK, MARK and
 RELEASE_OR_TAKE_MARKS are each one script, so each is atomic
@@ -39,10 +44,16 @@ neither steal a live lease nor extend one past its TTL.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
 
 from pikku_celery.keys import LEASE_HASH_FMT, LEASE_MARKS_FMT, LEASE_TOKEN_FMT, LEASE_WATCH_FMT
 from pikku_celery.leases.base import Lease, LeaseBusy
@@ -253,10 +264,13 @@ return {held[1], held[2], pttl, now_ms}
 class RedisLeaseService:
     """Fenced leases in Redis; every operation is one Lua script and one round trip."""
 
-    def __init__(self, client: redis.Redis, *, key_prefix: str | None = None) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster, *,
+                 key_prefix: str | None = None) -> None:
         if key_prefix is not None:
             _check_prefix(key_prefix)
-        self._client = client
+        self._client: Any = client
+        # On a cluster a script's keys must share a slot: refresh_many splits by slot.
+        self._cluster = isinstance(client, RedisCluster | _LazyCluster)
         # Unset, the prefix becomes the bound Celery app's main name (``adopt_prefix``):
         # two apps sharing one Redis must not share a reaper lease, nor run leases for run
         # ids both happen to choose. ``pikku`` until then.
@@ -274,7 +288,13 @@ class RedisLeaseService:
     def from_url(cls, url: str, key_prefix: str | None = None) -> RedisLeaseService:
         """A service on a new client for ``url``; nothing connects until the first call.
         Without ``key_prefix``, the prefix is the main name of the Celery app it is bound
-        to (``PikkuCelery``), else ``pikku``."""
+        to (``PikkuCelery``), else ``pikku``.
+
+        ``redis+cluster://[user:password@]host:port[,host:port...]`` (``rediss+cluster``
+        for TLS) names a Redis Cluster by some of its nodes; the client finds the rest.
+        Any other URL is a single server, as ``redis.Redis.from_url`` reads it."""
+        if url.startswith(("redis+cluster://", "rediss+cluster://")):
+            return cls(_LazyCluster.from_url(url), key_prefix=key_prefix)  # type: ignore[arg-type]
         return cls(redis.Redis.from_url(url), key_prefix=key_prefix)
 
     @property
@@ -331,10 +351,27 @@ class RedisLeaseService:
         """
         if not leases:
             return []
+        for _, ttl_ms in leases:
+            check_ttl_ms(ttl_ms)
+        if not self._cluster:
+            return self._refresh_group(leases)
+        # A cluster runs a script only when all its keys share a slot (a lease's two keys
+        # always do): one call per slot, each lease judged by its own node's clock.
+        by_slot: dict[int, list[int]] = {}
+        for i, (lease, _) in enumerate(leases):
+            slot = key_slot(self.lease_hash_key(lease.key).encode())
+            by_slot.setdefault(slot, []).append(i)
+        out: list[Lease | None] = [None] * len(leases)
+        for indexes in by_slot.values():
+            renewed = self._refresh_group([leases[i] for i in indexes])
+            for i, result in zip(indexes, renewed, strict=True):
+                out[i] = result
+        return out
+
+    def _refresh_group(self, leases: Sequence[tuple[Lease, int]]) -> list[Lease | None]:
         keys: list[str] = []
         args: list[str | int] = []
         for lease, ttl_ms in leases:
-            check_ttl_ms(ttl_ms)
             keys.extend((self.lease_hash_key(lease.key), self.token_counter_key(lease.key)))
             args.extend((lease.holder, str(lease.token), ttl_ms, counter_ttl_ms(ttl_ms)))
         now_ms, *flags = (int(part) for part in self._refresh_many(keys=keys, args=args))
@@ -405,7 +442,14 @@ class RedisLeaseService:
         return tuple(sorted(_text(m) for m in reply[1]))
 
     def describe(self) -> str:
-        """``Redis at redis://<host>:<port>/<db>``, for log lines: never the password."""
+        """``Redis at redis://<host>:<port>/<db>``, for log lines: never the password
+        (``Redis Cluster at redis+cluster://<host>:<port>,...`` for a cluster)."""
+        if isinstance(self._client, _LazyCluster):
+            return f"Redis Cluster at {self._client.describe()}"
+        if isinstance(self._client, RedisCluster):
+            nodes = ",".join(f"{node.host}:{node.port}"
+                             for node in self._client.nodes_manager.startup_nodes.values())
+            return f"Redis Cluster at redis+cluster://{nodes}"
         kwargs = self._client.connection_pool.connection_kwargs
         if kwargs.get("path"):
             return f"Redis at unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
@@ -416,7 +460,7 @@ class RedisLeaseService:
         """Ask the server to answer; ``ConnectionError`` naming it when it does not."""
         try:
             self._client.ping()
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:  # no cluster node answers
             raise ConnectionError(f"{self.describe()} is unreachable: {exc}") from exc
 
     def now_ms(self) -> int:
@@ -445,3 +489,84 @@ def _check_prefix(key_prefix: object) -> None:
         raise ValueError(
             f"invalid key_prefix: {key_prefix!r} (must be a non-empty str without braces)"
         )
+
+
+class _LazyCluster:
+    """A ``RedisCluster`` made at its first use. ``RedisCluster`` connects to its nodes as
+    it is constructed, and a pikku engine opens no connection until it is used (an app
+    module imported by a web process, or by ``celery -A proj pikku show``, must load with
+    Redis down). Attribute reads build the client (once, under a lock) and delegate."""
+
+    def __init__(self, nodes: list[tuple[str, int]], scheme: str,
+                 kwargs: dict[str, Any]) -> None:
+        self._nodes = nodes
+        self._scheme = scheme
+        self._kwargs = kwargs
+        self._built: RedisCluster | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> _LazyCluster:
+        """Parse ``redis+cluster://[user:password@]host[:port][,host[:port]...][/0]``."""
+        parts = urlsplit(url)
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        nodes = [_host_port(item, url) for item in hosts.split(",") if item]
+        if not nodes:
+            raise ValueError(f"invalid Redis Cluster URL {_redacted(url)!r}: no host")
+        if parts.path not in ("", "/", "/0") or parts.query:
+            raise ValueError(
+                f"invalid Redis Cluster URL {_redacted(url)!r}: a cluster has only database 0 "
+                "and this URL takes no options (pass a redis.cluster.RedisCluster for more)")
+        kwargs: dict[str, Any] = {}
+        if userinfo:
+            user, has_password, password = userinfo.partition(":")
+            if user:
+                kwargs["username"] = unquote(user)
+            if has_password:
+                kwargs["password"] = unquote(password)
+        if parts.scheme == "rediss+cluster":
+            kwargs["ssl"] = True
+        return cls(nodes, parts.scheme, kwargs)
+
+    def describe(self) -> str:
+        return f"{self._scheme}://" + ",".join(f"{host}:{port}" for host, port in self._nodes)
+
+    def register_script(self, source: str) -> Script:
+        # A script is its text and SHA-1 until called: registering builds nothing.
+        return Script(self, source)  # type: ignore[arg-type]
+
+    def get_encoder(self) -> _Utf8:
+        # What ``Script`` asks for to hash its text, without connecting.
+        return _Utf8()
+
+    def client(self) -> RedisCluster:
+        with self._lock:
+            if self._built is None:
+                self._built = RedisCluster(
+                    startup_nodes=[ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                                   for host, port in self._nodes],
+                    **self._kwargs)
+            return self._built
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client(), name)
+
+
+class _Utf8:
+    def encode(self, value: str) -> bytes:
+        return value.encode("utf-8")
+
+
+def _host_port(item: str, url: str) -> tuple[str, int]:
+    host, colon, port = item.rpartition(":")
+    if not colon or host.endswith(":") or (host.startswith("[") != host.endswith("]")):
+        host, port = item, "6379"  # no port given (a bare IPv6 address needs brackets)
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ValueError(f"invalid Redis Cluster URL {_redacted(url)!r}: bad node {item!r}")
+    return host, int(port)
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if "@" in rest else url

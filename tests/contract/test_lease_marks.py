@@ -35,6 +35,8 @@ lease_service = suite.lease_service
 let_time_pass = suite.let_time_pass
 redis_prefix = suite.redis_prefix
 redis_service = suite.redis_service
+cluster_client = suite.cluster_client
+cluster_service = suite.cluster_service
 
 
 def granted(got: Lease | LeaseBusy) -> Lease:

@@ -1,10 +1,12 @@
 """The lease contract (upstream scenarios 29-38), run on every lease service.
 
-``lease_service`` is parametrized over the in-memory and the Redis service; ``let_time_pass``
-makes leases lapse: the memory service's clock jumps (deterministic), Redis really waits
-(short TTLs). Tests at the bottom check what only Redis has: the server clock, the physical
-key layout and key prefixes. Redis must be reachable: an unreachable server fails the
-Redis-backed tests, it never skips them.
+``lease_service`` is parametrized over the in-memory service, the Redis service on one
+server and the Redis service on a real three-node Redis Cluster (started by the session's
+``redis_cluster`` fixture); ``let_time_pass`` makes leases lapse: the memory service's clock
+jumps (deterministic), Redis really waits (short TTLs). Tests at the bottom check what only
+Redis has: the server clock, the physical key layout and key prefixes, cluster slots and
+URLs. Redis must be reachable: an unreachable server fails the Redis-backed tests, it never
+skips them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any
 import pytest
 import redis
 import time_machine
+from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from pikku_celery import keys
 from pikku_celery.errors import LeaseLostError, LeaseTakenError
 from pikku_celery.leases import (
     HeldLease,
@@ -30,6 +34,7 @@ from pikku_celery.leases import (
     RedisLeaseService,
     hold_lease,
 )
+from tests.support.redis_cluster import RedisClusterServer
 from tests.support.threads import race
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -123,11 +128,29 @@ def clock() -> ShiftableClock:
     return ShiftableClock()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture
+def cluster_client(redis_cluster: RedisClusterServer) -> Iterator[RedisCluster]:
+    client = redis_cluster.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def cluster_service(cluster_client: RedisCluster) -> Iterator[RedisLeaseService]:
+    """A service on the test cluster under a prefix of its own, deleted afterwards (on
+    every node: the client scans them all)."""
+    prefix = f"pikku-test-{uuid.uuid4().hex}"
+    yield RedisLeaseService(cluster_client, key_prefix=prefix)
+    for key in list(cluster_client.scan_iter(match=f"{prefix}*", count=1000)):
+        cluster_client.delete(key)
+
+
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 def lease_service(request: pytest.FixtureRequest, clock: ShiftableClock) -> LeaseService:
     if request.param == "memory":
         return InMemoryLeaseService(clock_ms=clock)
-    service: RedisLeaseService = request.getfixturevalue("redis_service")
+    name = "cluster_service" if request.param == "redis-cluster" else "redis_service"
+    service: RedisLeaseService = request.getfixturevalue(name)
     return service
 
 
@@ -340,12 +363,20 @@ def test_refresh_many_refreshes_live_leases_and_refuses_stale_ones(
 ) -> None:
     leases, successors = make_leases(lease_service, n)
     log = None
+    on_cluster = request.node.callspec.params.get("lease_service") == "redis-cluster"
     if isinstance(lease_service, RedisLeaseService):
-        lease_service.refresh_many([(leases[0], LONG_TTL_MS)])  # load the script first
-        log = CommandLog(request.getfixturevalue("redis_client"), monkeypatch)
+        # load the script first (on a cluster, on every node the keys live on)
+        lease_service.refresh_many([(lease, LONG_TTL_MS) for lease in leases])
+        client = request.getfixturevalue("cluster_client" if on_cluster else "redis_client")
+        log = CommandLog(client, monkeypatch)
     results = lease_service.refresh_many([(lease, 2 * LONG_TTL_MS) for lease in leases])
-    if log is not None:
+    if log is not None and not on_cluster:
         assert log.commands == ["EVALSHA"]  # one round trip, however many leases
+    if log is not None and on_cluster:
+        # a script's keys must share a slot: one call per slot, never a cross-slot call
+        assert isinstance(lease_service, RedisLeaseService)
+        slots = {key_slot(lease_service.lease_hash_key(lease.key).encode()) for lease in leases}
+        assert log.commands == ["EVALSHA"] * len(slots)
     assert len(results) == n
     for i, (lease, result) in enumerate(zip(leases, results, strict=True)):
         current = expect(lease_service.get(lease.key))
@@ -627,3 +658,69 @@ def test_from_url_builds_a_working_service(redis_prefix: str) -> None:
     service = RedisLeaseService.from_url(REDIS_URL, key_prefix=redis_prefix)
     assert service.key_prefix == redis_prefix
     assert expect(service.acquire("job", "a", LONG_TTL_MS)).token == 1
+
+
+# --- Redis Cluster only: slots, URLs, lazy connection ------------------------------------
+
+
+@pytest.mark.parametrize("run_id", ["r1", "a:b", "x{y", "x}y", "{}", "}{", "run{with}tag"])
+def test_every_key_of_one_lease_shares_a_slot(run_id: str) -> None:
+    """Each script gets the keys of one lease only (hash, counter, marks, watch): they must
+    be in one slot whatever the run id, or a cluster refuses the script."""
+    service = RedisLeaseService(redis.Redis(), key_prefix="app")  # nothing connects
+    for key in (keys.run_lease_key(run_id), keys.step_lease_key(run_id, "step{1}"),
+                keys.REAPER_LEASE_KEY):
+        physical = [service.lease_hash_key(key), service.token_counter_key(key),
+                    service.marks_key(key), service.watch_key(key)]
+        assert len({key_slot(name.encode()) for name in physical}) == 1, physical
+
+
+def test_refresh_many_on_a_cluster_spans_nodes(cluster_service: RedisLeaseService,
+                                               cluster_client: RedisCluster) -> None:
+    """Leases on every node of the cluster, refreshed by one call."""
+    leases = [expect(cluster_service.acquire(f"job-{i}", "w", LONG_TTL_MS)) for i in range(30)]
+    nodes = {cluster_client.get_node_from_key(cluster_service.lease_hash_key(lease.key)).name
+             for lease in leases}
+    assert len(nodes) == 3
+    renewed = cluster_service.refresh_many([(lease, 2 * LONG_TTL_MS) for lease in leases])
+    assert [expect(r).key for r in renewed] == [lease.key for lease in leases]
+    for lease in leases:
+        assert cluster_client.pttl(cluster_service.lease_hash_key(lease.key)) > LONG_TTL_MS
+
+
+def test_cluster_from_url_builds_a_working_service(redis_cluster: RedisClusterServer,
+                                                   cluster_client: RedisCluster) -> None:
+    prefix = f"pikku-test-{uuid.uuid4().hex}"
+    service = RedisLeaseService.from_url(redis_cluster.url, key_prefix=prefix)
+    try:
+        assert service.describe() == f"Redis Cluster at {redis_cluster.url}"
+        service.ping()
+        lease = expect(service.acquire("job", "a", LONG_TTL_MS))
+        assert cluster_client.hget(service.lease_hash_key("job"), "holder") == b"a"
+        assert service.refresh_many([(lease, LONG_TTL_MS)])[0] is not None
+        busy = service.acquire_or_mark("job", "b", LONG_TTL_MS, "m")
+        assert not isinstance(busy, Lease)
+        assert service.release_or_take_marks(lease, LONG_TTL_MS) == ("m",)
+        assert abs(service.now_ms() - server_ms(redis.Redis(port=redis_cluster.ports[0]))) < 1000
+    finally:
+        for key in list(cluster_client.scan_iter(match=f"{prefix}*")):
+            cluster_client.delete(key)
+
+
+def test_cluster_url_connects_at_the_first_call_and_names_no_password() -> None:
+    """An engine opens no connection until used: a cluster URL with no server behind it
+    builds a service; its first call fails naming the nodes, never the password."""
+    url = "redis+cluster://user:s3cret@127.0.0.1:1,127.0.0.1:2"
+    service = RedisLeaseService.from_url(url, key_prefix="app")
+    assert service.describe() == "Redis Cluster at redis+cluster://127.0.0.1:1,127.0.0.1:2"
+    with pytest.raises(ConnectionError, match=r"127\.0\.0\.1:1") as raised:
+        service.ping()
+    assert "s3cret" not in str(raised.value)
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://", "redis+cluster://h:1/2",
+                                 "redis+cluster://h:1?decode_responses=true",
+                                 "redis+cluster://h:port"])
+def test_bad_cluster_url_is_a_value_error(url: str) -> None:
+    with pytest.raises(ValueError, match="Redis Cluster URL"):
+        RedisLeaseService.from_url(url)
