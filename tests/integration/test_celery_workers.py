@@ -35,6 +35,7 @@ from tests.conftest import REDIS_URL
 from tests.integration import workerapp as wa
 from tests.support.nx import NxServer
 from tests.support.raw import entries
+from tests.support.redis_cluster import RedisClusterServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -672,3 +673,52 @@ def test_each_app_in_one_process_runs_its_own_engine(
                 db.client.drop_database(db.name)
             db.client.close()
             app.close()
+
+
+# --- leases on a Redis Cluster -----------------------------------------------------------
+
+
+def test_leases_on_a_redis_cluster(make_cluster: Callable[..., Cluster],
+                                   redis_cluster: RedisClusterServer,
+                                   redis_client: redis.Redis, key_prefix: str) -> None:
+    """Real prefork workers whose run and step leases live on a three-node Redis Cluster
+    (``redis+cluster://``; the broker stays the single Redis): the pipeline completes,
+    including its parallel steps (renewed together by one heartbeat, one script call per
+    slot) and a retried step, and a worker SIGKILLed mid-step is recovered by its lease
+    lapsing on the cluster's clock, as attempt 2."""
+    c = make_cluster("redis", **{wa.ENV_LEASES: redis_cluster.url})
+    cluster_client = redis_cluster.client()
+    try:
+        worker = c.start("rc", "prefork")
+        c.wait_ready(worker)
+        run_id = c.pikku.start("pipeline", {"a": 2, "b": 3, "fail": 1})
+        run = c.wait(run_id, 30)
+        assert run.status == "completed", (run, c.diagnostics())
+        assert run.output == {"total": 5, "left": 6, "right": 7, "flaky": {"ok_on_attempt": 2}}
+        assert attempts(c.history(run_id, "flaky")) == [(1, "failed"), (2, "succeeded")]
+
+        # The leases were taken on the cluster, on more than one node; none on the broker's
+        # Redis (only the test's ledger is there).
+        on_cluster = list(cluster_client.scan_iter(match=f"{key_prefix}:lease-token:*"))
+        assert any(b"workflow-run:" in key for key in on_cluster), on_cluster
+        assert any(b"workflow-step:" in key for key in on_cluster), on_cluster
+        assert len({cluster_client.get_node_from_key(key).name for key in on_cluster}) >= 2
+        assert list(redis_client.scan_iter(match=f"{key_prefix}:lease*")) == []
+
+        # A SIGKILLed holder: its step lease lapses on the cluster, the other worker
+        # (started before the run) takes the step over as attempt 2.
+        spare = c.start("rc-spare", "prefork")
+        c.wait_ready(spare)
+        run_id = c.pikku.start("one_slow", {"seconds": 2.0, "ledger": c.ledger_key})
+        first = wait_for(lambda: c.starts(), 20, "the slow step to start", c.diagnostics)[0]
+        c.holder_of(first["pid"]).kill()
+        run = c.wait(run_id, 40)
+        assert run.status == "completed", (run, c.diagnostics())
+        assert run.output["slow"]["attempt"] == 2
+        history = c.history(run_id, "slow")
+        assert attempts(history) == [(1, "failed"), (2, "succeeded")]
+        assert error_type(history[0]) == LEASE_EXPIRED
+    finally:
+        for key in list(cluster_client.scan_iter(match=f"{key_prefix}:*")):
+            cluster_client.delete(key)
+        cluster_client.close()

@@ -33,6 +33,7 @@ from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService, Ste
 
 ENV_BROKER = "PIKKU_IT_BROKER_URL"
 ENV_REDIS = "PIKKU_IT_REDIS_URL"
+ENV_LEASES = "PIKKU_IT_LEASES_URL"  # leases elsewhere (a Redis Cluster); else ENV_REDIS
 ENV_MONGO = "PIKKU_IT_MONGO_URL"
 ENV_PREFIX = "PIKKU_IT_KEY_PREFIX"
 ENV_QUEUE = "PIKKU_IT_QUEUE"
@@ -61,7 +62,8 @@ def build(env: Mapping[str, str]) -> Celery:
     pikku = PikkuCelery(
         app,
         store=MongoWorkflowStore.from_url(env[ENV_MONGO], serverSelectionTimeoutMS=5000),
-        leases=RedisLeaseService.from_url(env[ENV_REDIS], key_prefix=env[ENV_PREFIX]),
+        leases=RedisLeaseService.from_url(env.get(ENV_LEASES) or env[ENV_REDIS],
+                                          key_prefix=env[ENV_PREFIX]),
         step_lease=float(env.get(ENV_STEP_LEASE, "1.5")),
         # A worker killed mid-pass holds the run for this long: keep it short.
         run_lease=float(env.get(ENV_RUN_LEASE, "3")),
