@@ -19,6 +19,8 @@ setting                                   default
 ``pikku_redis_url``                       required unless ``leases=`` is given
 ``pikku_key_prefix``                      the Celery app's main name
 ``pikku_server_selection_timeout``        5 s (``MongoWorkflowStore.from_url``)
+``pikku_write_concern``                   ``"majority"`` unless the URL sets ``w``
+``pikku_read_concern``                    ``"majority"`` unless the URL sets it
 ``pikku_step_lease``                      60 s
 ``pikku_run_lease``                       30 s
 ``pikku_reaper_interval``                 half the step lease
@@ -152,10 +154,18 @@ class Settings:
         from pikku_celery.store.mongo import MongoWorkflowStore
 
         timeout = conf_value(self._app, "server_selection_timeout")
-        return MongoWorkflowStore.from_url(
-            url, server_selection_timeout=(
-                None if timeout is None else to_seconds(
-                    _duration(timeout), what=PREFIX + "server_selection_timeout")))
+        concerns = {name: conf_value(self._app, name)
+                    for name in ("write_concern", "read_concern")}
+        try:
+            return MongoWorkflowStore.from_url(
+                url, server_selection_timeout=(
+                    None if timeout is None else to_seconds(
+                        _duration(timeout), what=PREFIX + "server_selection_timeout")),
+                **{name: value for name, value in concerns.items() if value not in (None, "")})
+        except ValueError as exc:
+            if str(exc).startswith(("invalid write_concern", "invalid read_concern")):
+                raise ValueError(f"invalid {PREFIX}{str(exc).removeprefix('invalid ')}") from exc
+            raise
 
     def leases(self) -> LeaseService:
         """The explicit lease service, else a ``RedisLeaseService`` on ``pikku_redis_url``

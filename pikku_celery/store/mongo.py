@@ -44,6 +44,10 @@ same atomic write: the claim opens the attempt's entry (and a reclaim closes the
 the attempt it fences out), the settle closes it. A step in steady state costs two
 commands: the claim (one optimistic ``find_one_and_update``) and the settle.
 
+Concerns: ``from_url`` writes with ``w="majority"`` and reads with ``readConcern
+"majority"`` unless told otherwise, and pymongo's retryable writes stay on: see
+``pikku_celery.store._concerns`` for why and for what a failover does to a claim or settle.
+
 Indexes: every query's filter and sort is served by an index whose fields are the query's
 equality fields, then its sort, then its range (``tests/unit/test_hardening_infra.py``
 checks every query the store issues against them). Each index costs on every write that
@@ -100,7 +104,8 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
-from pikku_celery.store import _docs, _retention
+from pikku_celery.store import _concerns, _docs, _retention
+from pikku_celery.store._concerns import ReadConcernLike, WriteConcernLike
 from pikku_celery.store._decide import (
     Action,
     decide_claim,
@@ -132,14 +137,21 @@ class MongoWorkflowStore:
 
     @classmethod
     def from_url(cls, url: str, *, server_selection_timeout: Duration | None = None,
+                 write_concern: WriteConcernLike | None = None,
+                 read_concern: ReadConcernLike | None = None,
                  **client_options: Any) -> MongoWorkflowStore:
         """Connect to ``url``; the database is the URL's path, ``pikku`` when it is empty.
 
         ``server_selection_timeout`` (any duration; default 5 s, or the URL's
         ``serverSelectionTimeoutMS``) is how long a call waits for a usable server before it
         fails with ``MongoUnreachableError``; pymongo's own default, 30 s, would hold a
-        ``start`` or a worker's sweep that long. Other keyword arguments go to
-        ``MongoClient``."""
+        ``start`` or a worker's sweep that long.
+
+        ``write_concern`` (a ``WriteConcern``, a mapping of its options, or ``w``) and
+        ``read_concern`` (a ``ReadConcern`` or its level) apply to every collection of the
+        store; each defaults to ``majority`` unless the URL or ``client_options`` set it
+        (``w=``, ``readConcernLevel=``). Why majority: ``pikku_celery.store._concerns``.
+        Other keyword arguments go to ``MongoClient``."""
         # connect=False: no connection and no monitor thread until first use, so a store
         # built in a Celery app module is safe across the prefork pool's fork.
         options: dict[str, Any] = {"connect": False, **client_options}
@@ -151,8 +163,15 @@ class MongoWorkflowStore:
                                    else server_selection_timeout,
                                    what="server_selection_timeout")
             options["serverSelectionTimeoutMS"] = max(1, round(timeout_s * 1000))
+        if write_concern is None and "w" not in given:
+            write_concern = _concerns.DEFAULT_WRITE_CONCERN
+        if read_concern is None and "readconcernlevel" not in given:
+            read_concern = _concerns.DEFAULT_READ_CONCERN
+        writes = None if write_concern is None else _concerns.write_concern(write_concern)
+        reads = None if read_concern is None else _concerns.read_concern(read_concern)
         client: MongoClient[Doc] = MongoClient(url, **options)
-        return cls(client.get_default_database(default=keys.DEFAULT_DATABASE))
+        return cls(client.get_default_database(default=keys.DEFAULT_DATABASE,
+                                               write_concern=writes, read_concern=reads))
 
     def describe(self) -> str:
         """``MongoDB at mongodb://<hosts>/<database>``, for log lines: never credentials."""

@@ -1,0 +1,207 @@
+"""The MongoDB store's write and read concerns (issue 12): majority by default, settable
+through ``MongoWorkflowStore.from_url``, the URL, client options and the ``pikku_*`` Celery
+settings, and what reaches the server: every collection the store writes carries them, and
+the commands sent (seen by a pymongo command listener on the nx-27017 wire stand-in) name
+them. Nothing here needs a replica set: the plumbing is the same on one."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+import pytest
+from celery import Celery
+from pymongo import monitoring
+from pymongo.read_concern import ReadConcern
+from pymongo.write_concern import WriteConcern
+
+from pikku_celery import MongoWorkflowStore, PikkuCelery, keys
+from pikku_celery.store.base import NewRun
+from tests.conftest import REDIS_URL
+from tests.support.nx import NxServer
+
+NOWHERE = "mongodb://127.0.0.1:1/pikku_concerns"  # never connected: connect=False
+
+
+Pair = tuple[tuple[tuple[str, Any], ...], str | None]
+
+
+def pair(write: WriteConcern, read: ReadConcern) -> set[Pair]:
+    """A (write, read) concern pair in a comparable, hashable form."""
+    return {(tuple(sorted(write.document.items())), read.level)}
+
+
+def concerns(store: MongoWorkflowStore) -> set[Pair]:
+    """The distinct (write, read) concerns of the database and every collection the store
+    uses: one pair when they all agree."""
+    collections = [store.db, *(store.db[name] for name in (
+        keys.RUNS, keys.STEPS, keys.HISTORY, keys.VERSIONS)), *(getattr(store, attribute)
+        for attribute in ("_runs", "_steps", "_history", "_versions"))]
+    found: set[Pair] = set()
+    for collection in collections:
+        found |= pair(collection.write_concern, collection.read_concern)
+    return found
+
+
+def test_majority_writes_and_reads_by_default() -> None:
+    store = MongoWorkflowStore.from_url(NOWHERE)
+    assert concerns(store) == pair(WriteConcern(w="majority"), ReadConcern("majority"))
+    assert store.db.client.options.retry_writes  # pymongo's default, kept
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("majority", WriteConcern(w="majority")),
+    (2, WriteConcern(w=2)),
+    ("3", WriteConcern(w=3)),  # environment-fed settings are strings
+    ({"w": "majority", "wtimeout": 5000, "j": True},
+     WriteConcern(w="majority", wtimeout=5000, j=True)),
+    ({"w": "2"}, WriteConcern(w=2)),
+    (WriteConcern(w=1, j=True), WriteConcern(w=1, j=True)),
+])
+def test_a_given_write_concern_is_on_every_collection(given: Any,
+                                                      expected: WriteConcern) -> None:
+    store = MongoWorkflowStore.from_url(NOWHERE, write_concern=given, read_concern="local")
+    assert concerns(store) == pair(expected, ReadConcern("local"))
+
+
+@pytest.mark.parametrize("level", ["local", "majority", "linearizable"])
+def test_a_given_read_concern_is_on_every_collection(level: str) -> None:
+    for given in (level, ReadConcern(level)):
+        store = MongoWorkflowStore.from_url(NOWHERE, read_concern=given)
+        assert concerns(store) == pair(WriteConcern(w="majority"), ReadConcern(level))
+
+
+def test_concerns_in_the_url_or_client_options_are_kept() -> None:
+    """A URL (or client options) that sets them is the user's choice: no default overrides
+    it, and an explicit argument still wins over both."""
+    url = NOWHERE + "?w=1&readConcernLevel=local"
+    assert concerns(MongoWorkflowStore.from_url(url)) == pair(WriteConcern(w=1),
+                                                              ReadConcern("local"))
+    options = MongoWorkflowStore.from_url(NOWHERE, w=2, readConcernLevel="local")
+    assert concerns(options) == pair(WriteConcern(w=2), ReadConcern("local"))
+    explicit = MongoWorkflowStore.from_url(url, write_concern="majority",
+                                           read_concern="majority")
+    assert concerns(explicit) == pair(WriteConcern(w="majority"), ReadConcern("majority"))
+
+
+@pytest.mark.parametrize(("option", "value", "match"), [
+    ("write_concern", 0, "unacknowledged"),
+    ("write_concern", "0", "unacknowledged"),
+    ("write_concern", {"w": 0}, "unacknowledged"),
+    ("write_concern", WriteConcern(w=0), "unacknowledged"),
+    ("write_concern", {"w": "majority", "wtimeoutMS": 5}, "unknown option"),
+    ("write_concern", {"w": -1}, "write_concern"),
+    ("write_concern", {"w": 0, "j": True}, "write_concern"),
+    ("write_concern", 1.5, "write_concern"),
+    ("write_concern", True, "write_concern"),
+    ("read_concern", "available", "read_concern"),
+    ("read_concern", "strong", "read_concern"),
+    ("read_concern", 1, "read_concern"),
+])
+def test_a_concern_the_store_cannot_use_is_a_value_error(option: str, value: Any,
+                                                         match: str) -> None:
+    """An unacknowledged write returns no result: the store could not tell a claim it won
+    from one it lost, so it is refused before any client is made."""
+    with pytest.raises(ValueError, match=match):
+        MongoWorkflowStore.from_url(NOWHERE, **{option: value})
+
+
+# --- what reaches the server -------------------------------------------------------------
+
+
+class Commands(monitoring.CommandListener):
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.sent.append(dict(event.command))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@pytest.fixture
+def database(nx_server: NxServer) -> Iterator[tuple[str, str]]:
+    name = f"pikku_concerns_{uuid.uuid4().hex[:10]}"
+    yield nx_server.url_for(name), name
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(nx_server.url)
+    client.drop_database(name)
+    client.close()
+
+
+def _commands(url: str, **options: Any) -> tuple[Commands, MongoWorkflowStore]:
+    listener = Commands()
+    store = MongoWorkflowStore.from_url(url, event_listeners=[listener], **options)
+    run = NewRun(run_id=f"r-{uuid.uuid4().hex[:8]}", workflow="wf", input={}, version=None)
+    store.create_run(run, 1_000)
+    store.get_run(run.run_id)
+    return listener, store
+
+
+def _sent(listener: Commands, name: str) -> list[dict[str, Any]]:
+    return [command for command in listener.sent if name in command]
+
+
+def test_writes_and_reads_carry_the_concerns_to_the_server(
+        database: tuple[str, str]) -> None:
+    url, _ = database
+    listener, store = _commands(url)
+    try:
+        inserts = _sent(listener, "insert")
+        finds = _sent(listener, "find")
+        assert inserts and finds
+        assert all(c.get("writeConcern") == {"w": "majority"} for c in inserts), inserts
+        assert all(c.get("readConcern") == {"level": "majority"} for c in finds), finds
+    finally:
+        store.db.client.close()
+
+
+def test_chosen_concerns_reach_the_server(database: tuple[str, str]) -> None:
+    url, _ = database
+    listener, store = _commands(url, write_concern={"w": 1, "j": True}, read_concern="local")
+    try:
+        inserts, finds = _sent(listener, "insert"), _sent(listener, "find")
+        assert inserts and finds
+        assert all(c.get("writeConcern") == {"w": 1, "j": True} for c in inserts), inserts
+        assert all(c.get("readConcern") == {"level": "local"} for c in finds), finds
+    finally:
+        store.db.client.close()
+
+
+# --- the pikku_* Celery settings ---------------------------------------------------------
+
+
+def _app(**conf: Any) -> Celery:
+    app = Celery(f"concerns-{uuid.uuid4().hex[:8]}", broker="memory://")
+    app.conf.update(pikku_mongo_url=NOWHERE, pikku_redis_url=REDIS_URL, **conf)
+    return app
+
+
+def test_the_celery_settings_set_the_concerns() -> None:
+    pikku = PikkuCelery(_app(pikku_write_concern={"w": "majority", "wtimeout": 10_000},
+                             pikku_read_concern="local"))
+    store = pikku.engine.store
+    assert isinstance(store, MongoWorkflowStore)
+    assert concerns(store) == pair(WriteConcern(w="majority", wtimeout=10_000),
+                                   ReadConcern("local"))
+
+
+def test_unset_or_empty_settings_keep_the_defaults() -> None:
+    for conf in ({}, {"pikku_write_concern": "", "pikku_read_concern": ""}):
+        store = PikkuCelery(_app(**conf)).engine.store
+        assert isinstance(store, MongoWorkflowStore)
+        assert concerns(store) == pair(WriteConcern(w="majority"), ReadConcern("majority"))
+
+
+@pytest.mark.parametrize(("setting", "value"), [
+    ("pikku_write_concern", "0"), ("pikku_read_concern", "available"),
+])
+def test_a_bad_concern_setting_is_a_value_error_naming_it(setting: str, value: str) -> None:
+    pikku = PikkuCelery(_app(**{setting: value}))
+    with pytest.raises(ValueError, match=setting):
+        pikku.engine  # noqa: B018
