@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -275,13 +276,18 @@ class _PassHost:
         batch, self._pending = self._pending, []
         recorded = _guarded(lambda: self._engine.store.insert_steps(
             batch, self.now_ms(), seq=self._token))
+        sending: list[NewStep] = []
         for step, (state, created) in zip(batch, recorded, strict=True):
-            if not created:
-                self._view.put(state)  # recorded before, by a pass whose view we lack
-                self._fresh.add(state.step_name)
-                self.again = True
+            if created:
+                sending.append(step)
                 continue
-            self._send(step)
+            self._view.put(state)  # recorded before, by a pass whose view we lack
+            self._fresh.add(state.step_name)
+            self.again = True
+        together = getattr(self._dispatcher, "batch", None)  # a fan-out: one producer
+        with together() if together is not None and len(sending) > 1 else nullcontext():
+            for step in sending:
+                self._send(step)
 
     def flush_or_error(self) -> dict[str, Any] | None:
         """``flush``; the error that fails the run when a recorded step can never be
@@ -329,6 +335,27 @@ class _PassHost:
                                               self.now_ms()))
         self._view.run = dataclasses.replace(self._view.run, status=RUN_RUNNING)
         return False
+
+    def expire_gate(self, run_id: str, gate: str, result: Any) -> bool:
+        """An approval's expiry passed: settle it with ``result`` (guarded on the step
+        still waiting and due, so a decision recorded first wins), then take the run back
+        from ``suspended``. ``False``: it no longer waits (the caller suspends, re-reading
+        the gate there)."""
+        self.flush()
+        store = self._engine.store
+        now = self.now_ms()
+        if not _guarded(lambda: store.settle_waiting_step(run_id, gate, now, result=result)):
+            return False
+        self._view.put(dataclasses.replace(
+            self._view.steps[gate], status=STEP_SUCCEEDED, result=result, error=None,
+            due_at=None, lease_expires_at=None,
+            updated_at=datetime.fromtimestamp(now / 1000, tz=UTC)))
+        # The view's status may be stale (it is read on ALL marks only): the guarded
+        # write decides, and moves only a suspended run.
+        _guarded(lambda: store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now))
+        if self._view.run.status == RUN_SUSPENDED:
+            self._view.run = dataclasses.replace(self._view.run, status=RUN_RUNNING)
+        return True
 
     def should_redispatch(self, state: StepState) -> bool:
         """A step read just now whose worker died (lease lapsed) or whose message was lost

