@@ -307,6 +307,14 @@ class PikkuCelery:
         suspended."""
         return self.engine.resume(run_id)
 
+    def approve(self, run_id: str, name: str, decision: Any, *, by: str | None = None
+                ) -> StepState:
+        """Record ``decision`` for the run's ``wf.approval(name, ...)`` gate and wake the
+        run; the decision becomes the gate's result. Raises ``WorkflowApprovalError``,
+        recording nothing, when the run does not wait on that gate, ``by`` is not one of
+        its ``approvers``, or the decision does not match its ``schema``."""
+        return self.engine.approve(run_id, name, decision, by=by)
+
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel the run durably; in-flight steps are fenced and told through their
         context. Returns ``False`` if the run had already ended."""

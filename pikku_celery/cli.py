@@ -238,6 +238,30 @@ def resume(ctx: click.Context, run_id: str) -> None:
     click.echo(f"resumed run {run_id}")
 
 
+@pikku.command("approve")
+@click.argument("run_id")
+@click.argument("name")
+@click.option("--decision", required=True, metavar="JSON",
+              help='The decision, as JSON: \'{"approved": true}\', true, \'"yes"\'...')
+@click.option("--by", default=None, metavar="WHO",
+              help="Who decides (checked against the approval's approvers).")
+@click.option("--json", "as_json", is_flag=True, help="Print the settled step as JSON.")
+@click.pass_context
+@operator_command
+def approve(ctx: click.Context, run_id: str, name: str, decision: str, by: str | None,
+            as_json: bool) -> None:
+    """Record a decision for the run's wf.approval(NAME) and wake the run."""
+    try:
+        value = json.loads(decision)
+    except ValueError as exc:
+        raise CommandFailed(f"--decision is not JSON: {exc}") from None
+    step = resolve(ctx).approve(run_id, name, value, by=by)
+    if as_json:
+        _echo_json(step)
+        return
+    click.echo(f"approved {name!r} of run {run_id}: {json.dumps(value, sort_keys=True)}")
+
+
 @pikku.command("purge")
 @click.option("--older-than", required=True, metavar="DURATION",
               help="Runs that ended longer ago than this: 30d, 12h, 90m...")

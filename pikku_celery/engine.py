@@ -20,6 +20,7 @@ from pikku_celery.errors import (
     InvalidInputError,
     LeaseLostError,
     LeaseTakenError,
+    WorkflowApprovalError,
     WorkflowCancelledError,
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
@@ -40,7 +41,7 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
-from pikku_celery.replay import SUSPEND_PREFIX
+from pikku_celery.replay import APPROVAL_PREFIX, SUSPEND_PREFIX
 from pikku_celery.store.base import NewRun, WorkflowStore
 from pikku_celery.validate import as_stored, check_name
 from pikku_celery.views import ALL
@@ -256,6 +257,70 @@ class Engine:
             return False
         self.dispatcher.wake_run(run_id)
         return True
+
+    def approve(self, run_id: str, name: str, decision: Any, *, by: str | None = None
+                ) -> StepState:
+        """Record ``decision`` for the approval gate ``name`` the run waits on
+        (``wf.approval``), then move the run to ``running`` and wake it; returns the
+        settled gate. Raises ``WorkflowApprovalError`` (and records nothing: the run stays
+        suspended) when the run does not wait on that gate, ``by`` is not an approver, or
+        the decision does not match the gate's schema.
+
+        The decision is one guarded write on the gate (still waiting, expiry not passed),
+        so of a decision, a second decision and the expiry exactly one settles the gate.
+        As in ``resume``, the gate is settled before the run moves: a pass that was
+        suspending the run meanwhile re-reads the gate after its own write and takes the
+        run back (``_PassHost.suspend_run``)."""
+        check_name("approval name", name)
+        run = self.get_run(run_id)
+        if run.status not in _LIVE:
+            raise WorkflowApprovalError(run_id, name, f"the run has ended ({run.status})")
+        gate = self._waiting_gate(run_id, name)
+        data = gate.data if isinstance(gate.data, dict) else {}
+        approvers = data.get("approvers")
+        if approvers is not None and by not in approvers:
+            raise WorkflowApprovalError(
+                run_id, name, f"{by!r} is not one of its approvers" if by is not None
+                else "it has approvers, and no approver (by=) was given")
+        schema = data.get("schema")
+        if schema is not None:
+            import jsonschema
+
+            validator = jsonschema.validators.validator_for(schema)(schema)
+            error = jsonschema.exceptions.best_match(validator.iter_errors(decision))
+            if error is not None:
+                where = "/".join(str(p) for p in error.absolute_path) or "the decision"
+                raise WorkflowApprovalError(
+                    run_id, name, f"the decision does not match its schema: {where}: "
+                                  f"{error.message}")
+        now = self.now_ms()
+        if not self.store.settle_waiting_step(run_id, gate.step_name, now, gate=True,
+                                              result=decision):
+            raise WorkflowApprovalError(
+                run_id, name, "it was decided or expired meanwhile")
+        log.info("pikku: approval %r of run %s decided%s", name, run_id,
+                 f" by {by}" if by is not None else "")
+        self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, self.now_ms())
+        self.dispatcher.wake_run(run_id, step_name=gate.step_name)
+        settled = self.store.get_step(run_id, gate.step_name)
+        assert settled is not None
+        return settled
+
+    def _waiting_gate(self, run_id: str, name: str) -> StepState:
+        """The approval gate ``name`` that waits now (in a loop, the latest reach)."""
+        waiting = [s for s in self.store.list_steps(run_id)
+                   if s.step_name.startswith(APPROVAL_PREFIX) and s.function is None
+                   and isinstance(s.data, dict) and s.data.get("approval") == name]
+        open_gates = [s for s in waiting if s.status == STEP_SCHEDULED
+                      and (s.due_at is None or s.due_at.timestamp() * 1000 > self.now_ms())]
+        if open_gates:
+            return open_gates[-1]
+        if any(s.status == STEP_SCHEDULED for s in waiting):
+            raise WorkflowApprovalError(run_id, name, "its expiry has passed")
+        if waiting:
+            raise WorkflowApprovalError(run_id, name, "it was already decided")
+        raise WorkflowApprovalError(run_id, name, "the run does not wait on this approval "
+                                                  "(it has not reached it)")
 
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel durably: the run first, then every unsettled step is fenced (in-flight

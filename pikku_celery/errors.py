@@ -121,6 +121,20 @@ class WorkflowCancelledError(PikkuError):
         self._message = f"run {run_id} was cancelled" + (f": {reason}" if reason else "")
 
 
+class WorkflowApprovalError(PikkuError):
+    """An approval decision was refused: the run does not wait on that approval (never
+    reached, already decided, expired or ended), the decision does not match the gate's
+    schema, or ``by`` is not one of its approvers. Nothing was recorded: a run waiting on the
+    gate stays suspended, so a corrected decision can still be given."""
+
+    def __init__(self, run_id: str, name: str, reason: str):
+        self.run_id = run_id
+        self.name = name
+        self.reason = reason
+        super().__init__(run_id, name, reason)
+        self._message = f"approval {name!r} of run {run_id} refused: {reason}"
+
+
 class WorkflowReplayError(PikkuError):
     """A replay met a recorded step that the workflow code no longer reaches the same way."""
 

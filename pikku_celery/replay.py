@@ -16,13 +16,14 @@ must not change what the next pass replays.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
 from pikku_celery import keys
 from pikku_celery.definitions import StepDefinition, check_retries
 from pikku_celery.durations import Duration, to_ms
 from pikku_celery.errors import (
+    InvalidInputError,
     WorkflowCancelledError,
     WorkflowReplayError,
     WorkflowRunFailedError,
@@ -38,6 +39,8 @@ from pikku_celery.store.base import NewStep
 
 CHILD_PREFIX = "workflow:"
 SUSPEND_PREFIX = "__suspend:"
+APPROVAL_PREFIX = "__approval:"
+EXPIRED = {"expired": True}  # an approval's result when its expiry elapsed first
 
 
 class Pause(BaseException):
@@ -70,6 +73,11 @@ class ReplayHost(Protocol):
     def step_definition(self, step: Any) -> StepDefinition: ...
 
     def suspend_run(self, run_id: str, gate: str) -> bool: ...
+
+    def expire_gate(self, run_id: str, gate: str, result: Any) -> bool:
+        """Settle an approval gate whose expiry passed with ``result`` (guarded: a decision
+        that landed first wins) and take a suspended run back to ``running``."""
+        ...
 
     def should_redispatch(self, state: StepState) -> bool:
         """The step's worker died or its message was lost: send it again."""
@@ -202,6 +210,42 @@ class WorkflowContext:
             return  # resumed while this pass was suspending the run: the gate is open
         raise Pause
 
+    def approval(self, name: str, *, schema: dict[str, Any] | bool | None = None,
+                 expiry: Duration | None = None, approvers: Iterable[str] | None = None
+                 ) -> Any:
+        """Suspend the run here until ``pikku.approve(run_id, name, decision, by=...)``
+        records a decision, and return the decision. ``schema`` (a JSON Schema) and
+        ``approvers`` (who may decide) are checked by ``approve``, which refuses what does
+        not match and leaves the run suspended. Once ``expiry`` has elapsed with no
+        decision, the result is ``{"expired": True}``. The gate is stored with the run, so
+        ``approve`` can check a decision without the workflow's code."""
+        step = self._physical(APPROVAL_PREFIX + name)
+        state = self._steps.get(step)
+        if state is None:
+            allowed = None if approvers is None else _approvers(name, approvers)
+            if schema is not None:
+                _check_schema(name, schema)
+            due = None
+            if expiry is not None:
+                due = self._host.now_ms() + to_ms(expiry, what=f"approval {name!r} expiry")
+            state = self._record(NewStep(
+                run_id=self.run_id, step_name=step, function=None,
+                data={"approval": name, "schema": schema, "approvers": allowed,
+                      "expires_at_ms": due},
+                status=STEP_SCHEDULED, due_ms=due))
+        self._check_same_function(state, None)
+        if state.status == STEP_SUCCEEDED:
+            return _copied(state.result)
+        if (state.status == STEP_SCHEDULED and state.due_at is not None
+                and state.due_at.timestamp() * 1000 <= self._host.now_ms()
+                and self._host.expire_gate(self.run_id, step, dict(EXPIRED))):
+            return dict(EXPIRED)
+        if state.status == STEP_FAILED:  # fenced by a cancel: the run is ending
+            raise Pause
+        if not self._host.suspend_run(self.run_id, step):
+            return _copied(self._steps[step].result)  # decided while this pass suspended
+        raise Pause
+
     def cancel(self, reason: str | None = None) -> None:
         """End the run as ``cancelled`` from inside the workflow."""
         raise WorkflowCancelledError(self.run_id, reason)
@@ -258,6 +302,27 @@ class WorkflowContext:
                 max_attempts=definition.retries + 1, retry_delay_ms=-1))
         if self._outcome(comp).outcome == "waiting":
             raise Pause
+
+
+def _approvers(name: str, approvers: Iterable[str]) -> list[str]:
+    if isinstance(approvers, str):
+        approvers = [approvers]
+    allowed = list(approvers)
+    if not allowed or not all(isinstance(a, str) and a for a in allowed):
+        raise InvalidInputError(f"approval {name!r}: approvers must be non-empty strings, "
+                                f"got {allowed!r}")
+    return allowed
+
+
+def _check_schema(name: str, schema: Any) -> None:
+    """A bad schema fails the run where the workflow declares it, not at every decision."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise InvalidInputError(f"approval {name!r}: schema is not a valid JSON Schema: "
+                                f"{exc.message}") from None
 
 
 _CONTAINERS = (dict, list)

@@ -4,7 +4,7 @@ The Django and Flask adapters translate requests and responses; everything a req
 through is decided here, once, in this order:
 
 1. the caller is authorized for the route's action (``read``, ``start``, ``cancel``,
-   ``resume``) by the adapter's ``authorize(request, action, run_id)``: 401 for an
+   ``resume``, ``approve``) by the adapter's ``authorize(request, action, run_id)``: 401 for an
    anonymous caller, 403 for one without the right;
 2. a POST body must be ``application/json`` (415 otherwise: a cross-site form can only send
    ``text/plain``, form or multipart bodies), at most ``max_body_bytes`` (413), and nested
@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 from pikku_celery.app import PikkuCelery
 from pikku_celery.errors import (
     InvalidInputError,
+    WorkflowApprovalError,
     WorkflowNotFoundError,
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
@@ -49,7 +50,7 @@ Response = tuple[int, Any]
 Authorize = Callable[[Any, str, "str | None"], bool]
 
 READ, START, CANCEL, RESUME, APPROVE = "read", "start", "cancel", "resume", "approve"
-ACTIONS = (READ, START, CANCEL, RESUME, APPROVE)  # approve: reserved for approvals
+ACTIONS = (READ, START, CANCEL, RESUME, APPROVE)
 ALLOW_LOCAL = "allow-local"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_LIMIT = 50
@@ -255,7 +256,9 @@ def handle(call: Callable[[], Response]) -> Response:
         return exc.response()
     except (WorkflowRunNotFoundError, WorkflowNotFoundError) as exc:
         return 404, {"error": type(exc).__name__, "message": str(exc)}
-    except WorkflowRunConflictError as exc:
+    except (WorkflowRunConflictError, WorkflowApprovalError) as exc:
+        # An approval refused: the run does not wait on it, or the decision or its
+        # approver does not fit the gate; nothing was recorded.
         return 409, {"error": type(exc).__name__, "message": str(exc)}
     except (InvalidInputError, ValueError) as exc:
         return 400, {"error": type(exc).__name__, "message": str(exc)}
@@ -269,9 +272,13 @@ def handle(call: Callable[[], Response]) -> Response:
 class RunsApi:
     """The handlers; each returns ``(status, payload)``."""
 
-    def __init__(self, pikku: PikkuCelery, options: ApiOptions = ApiOptions()) -> None:
+    def __init__(self, pikku: PikkuCelery, options: ApiOptions = ApiOptions(), *,
+                 caller: str | None = None) -> None:
         self.pikku = pikku
         self.options = options
+        # Who the adapter authenticated (Django: the user's username), or ``None``. An
+        # approval is recorded as given by them, never by whoever the body names.
+        self.caller = caller
 
     def _present(self, record: Any) -> Any:
         return present(record, show_tracebacks=self.options.show_tracebacks)
@@ -313,6 +320,22 @@ class RunsApi:
     def resume(self, run_id: str, body: Any) -> Response:
         _fields(body, allowed=(), what="nothing")
         return 200, {"resumed": self.pikku.resume(run_id)}
+
+    def approve(self, run_id: str, name: str, body: Any) -> Response:
+        what = "a 'decision' and an optional 'by'"
+        fields = _fields(body, allowed=("decision", "by"), what=what)
+        if "decision" not in fields:
+            raise InvalidInputError(f"the body must be a JSON object with {what}")
+        by = fields.get("by")
+        if by is not None and not isinstance(by, str):
+            raise InvalidInputError(f"'by' must be a string, got {by!r}")
+        if self.caller is not None:
+            if by is not None and by != self.caller:
+                raise ApiError(403, "Forbidden", f"you are {self.caller!r}: you cannot "
+                                                 f"approve as {by!r}")
+            by = self.caller
+        step = self.pikku.approve(run_id, name, fields["decision"], by=by)
+        return 200, {"approved": True, "step": self._present(step)}
 
 
 def _fields(body: Any, *, allowed: tuple[str, ...], what: str) -> Mapping[str, Any]:
@@ -357,6 +380,8 @@ ROUTES = (
           lambda api, p, q, b: api.cancel(p["run_id"], b)),
     Route("resume", "POST", "api/runs/<run_id>/resume", RESUME,
           lambda api, p, q, b: api.resume(p["run_id"], b)),
+    Route("approve", "POST", "api/runs/<run_id>/approvals/<name>", APPROVE,
+          lambda api, p, q, b: api.approve(p["run_id"], p["name"], b)),
     Route("start", "POST", "api/workflows/<workflow>/runs", START,
           lambda api, p, q, b: api.start(p["workflow"], b)),
 )

@@ -217,8 +217,10 @@ class WorkflowStore(Protocol):
     ) -> bool:
         """Settle a step nobody claims: a due sleep (``scheduled`` with ``due_ms <= now``), a
         step parked on ``child_run_id``, or with ``gate`` a ``scheduled`` step that is never
-        due by itself (a suspension gate). One guarded write; ``False`` if it no longer waits
-        (already settled, not yet due, another child)."""
+        due by itself (a suspension gate) or not due yet (an approval before its expiry:
+        the expiry, settling it as due, and a decision, settling it as a gate, exclude each
+        other on the one clock). One guarded write; ``False`` if it no longer waits (already
+        settled, not yet due, expired, another child)."""
         ...
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:

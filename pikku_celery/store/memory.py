@@ -395,7 +395,9 @@ def _is_waiting(doc: Doc, now_ms: int, child_run_id: str | None, gate: bool) -> 
         return doc[S.STATUS] == STEP_RUNNING and doc.get(S.CHILD_RUN) == child_run_id
     if doc[S.STATUS] != STEP_SCHEDULED or doc.get(S.FUNCTION) is not None:
         return False
-    return doc.get(S.DUE) is None if gate else is_due(doc, now_ms)
+    if gate:  # never due by itself, or an approval not yet expired
+        return doc.get(S.DUE) is None or not is_due(doc, now_ms)
+    return is_due(doc, now_ms)
 
 
 def _before(doc: Doc, cursor: tuple[int, str | None]) -> bool:

@@ -450,8 +450,11 @@ class MongoWorkflowStore:
             fields.update(_docs.closing_fields(1, status, now_ms, error))
         else:
             # A sleep or a gate: its one attempt starts and ends with this write.
-            guard.update({S.STATUS: STEP_SCHEDULED, S.FUNCTION: None,
-                          S.DUE: None if gate else {"$ne": None, "$lte": now_ms}})
+            guard.update({S.STATUS: STEP_SCHEDULED, S.FUNCTION: None})
+            if gate:  # never due by itself, or an approval not yet expired
+                guard["$or"] = [{S.DUE: None}, {S.DUE: {"$gt": now_ms}}]
+            else:
+                guard[S.DUE] = {"$ne": None, "$lte": now_ms}
             fields[_docs.entry_path(1)] = {**_docs.open_entry(now_ms, None, None),
                                            H.STATUS: status, H.ERROR: error, H.ENDED: now_ms}
         found = self._steps.update_one(guard, {"$set": fields})

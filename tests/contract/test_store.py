@@ -520,6 +520,27 @@ def test_a_due_sleep_settles_once(store: WorkflowStore) -> None:
     assert state is not None and state.status == "succeeded"
 
 
+def test_an_approval_gate_settles_once_by_decision_before_its_expiry_or_by_expiry_after(
+        store: WorkflowStore) -> None:
+    """A decision settles the gate as a gate (not due yet), the expiry as a due step: at
+    any instant of the one clock only one of the two writes can match, so a decision and
+    the expiry never both land."""
+    run_id = new_run(store)
+    for name in ("decided", "expired", "open"):
+        add_step(store, run_id, name, function=None, status="scheduled",
+                 due_ms=None if name == "open" else T0 + 100)
+    assert not store.settle_waiting_step(run_id, "decided", T0 + 99, result={"x": 1})
+    assert store.settle_waiting_step(run_id, "decided", T0 + 99, gate=True, result={"x": 1})
+    assert not store.settle_waiting_step(run_id, "decided", T0 + 100, result={"expired": True})
+    assert not store.settle_waiting_step(run_id, "expired", T0 + 100, gate=True, result=2)
+    assert store.settle_waiting_step(run_id, "expired", T0 + 100, result={"expired": True})
+    assert not store.settle_waiting_step(run_id, "expired", T0 + 100, gate=True, result=2)
+    assert store.settle_waiting_step(run_id, "open", T0 + 10**9, gate=True, result=3)
+    results = {s.step_name: (s.status, s.result) for s in store.list_steps(run_id)}
+    assert results == {"decided": ("succeeded", {"x": 1}),
+                       "expired": ("succeeded", {"expired": True}), "open": ("succeeded", 3)}
+
+
 # --- bad input: a clear error and no write -------------------------------------------------
 
 

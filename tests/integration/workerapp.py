@@ -175,6 +175,15 @@ def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
         return {"first": first, "parked": waiting}
 
 
+    @pikku.workflow("approved_sum")
+    def approved_sum(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
+        decision = wf.approval("manager", approvers=["ann"], expiry=data.get("expiry"),
+                               schema={"type": "object", "required": ["approved"]})
+        if decision.get("expired"):
+            return {"expired": True}
+        return {"decision": decision, "sum": wf.do("sum", add, {"a": 1, "b": 2})}
+
+
 _built: dict[str, Celery] = {}
 
 

@@ -182,7 +182,28 @@ def test_watch_that_cannot_watch_exits_3(pikku: PikkuCelery) -> None:
     assert "no PikkuCelery" in one_line_error(unbound, code=3)
 
 
-# --- cancel, resume -----------------------------------------------------------------------
+# --- cancel, resume, approve ---------------------------------------------------------------
+
+
+def test_approve(pikku: PikkuCelery) -> None:
+    run_id = pikku.start("gated", None, inline=True)
+    bad = one_line_error(run_cli(pikku, "approve", run_id, "manager", "--decision", "yes"))
+    assert "--decision is not JSON" in bad
+    refused = one_line_error(run_cli(pikku, "approve", run_id, "manager", "--decision",
+                                     '"yes"', "--by", "admin"))
+    assert "WorkflowApprovalError" in refused and "does not match its schema" in refused
+    unauthorized = one_line_error(run_cli(pikku, "approve", run_id, "manager", "--decision",
+                                          "true", "--by", "eve"))
+    assert "'eve' is not one of its approvers" in unauthorized
+    assert pikku.get_run(run_id).status == "suspended"
+    done = run_cli(pikku, "approve", run_id, "manager", "--decision", "true", "--by", "admin")
+    assert done.exit_code == 0, done.output
+    assert done.output == f"approved 'manager' of run {run_id}: true\n"
+    assert pikku.get_run(run_id).status == "running"
+    again = one_line_error(run_cli(pikku, "approve", run_id, "manager", "--decision", "true",
+                                   "--by", "admin", "--json"))
+    assert "already decided" in again
+
 
 
 def test_cancel_and_resume(pikku: PikkuCelery) -> None:
@@ -275,7 +296,7 @@ def mongomock_store() -> Iterator[MongoWorkflowStore]:
 def test_check_passes_and_lists_what_is_registered(pikku: PikkuCelery) -> None:
     checked = run_cli(pikku, "check")
     assert checked.exit_code == 0, checked.output
-    assert "workflows (3): fails, sum, waits" in checked.output
+    assert "workflows (4): fails, gated, sum, waits" in checked.output
     assert "steps (3): contrib.add, contrib.boom, contrib.undo" in checked.output
 
 

@@ -15,7 +15,7 @@ CONTRACT = {  # ../shared/design/contract.md section 1
 INTEGRATION = {"shared_step", "shared_workflow"}  # contract section 5
 EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "WorkflowReplayError",
           "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku",
-          "hold_lease", "PikkuConfigurationError"}
+          "hold_lease", "PikkuConfigurationError", "WorkflowApprovalError"}
 
 
 def test_the_exported_names_are_exactly_the_public_api() -> None:
@@ -33,7 +33,7 @@ def test_every_error_derives_from_pikku_error() -> None:
 def test_the_read_api_of_pikku_celery() -> None:
     for method in ("step", "workflow", "graph", "start", "get_run", "get_steps", "get_history",
                    "wait", "cancel", "resume", "list_runs", "reap", "beat_schedule_entry",
-                   "add_step", "add_workflow", "make_engine"):
+                   "add_step", "add_workflow", "make_engine", "approve"):
         assert callable(getattr(pikku_celery.PikkuCelery, method)), method
 
 

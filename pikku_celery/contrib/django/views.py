@@ -73,7 +73,10 @@ def make_view(route: _api.Route) -> Callable[..., JsonResponse]:
             denied = refusal(request, route.action, params.get("run_id"))
             if denied is not None:
                 return denied.response()
-            api = _api.RunsApi(project_pikku(), options())
+            user: Any = getattr(request, "user", None)
+            caller = (user.get_username() if getattr(user, "is_authenticated", False)
+                      else None)  # an approval is recorded as given by the signed-in user
+            api = _api.RunsApi(project_pikku(), options(), caller=caller)
             return route.serve(api, params, request.GET,
                                lambda: _read_body(request, api.options.max_body_bytes))
         status, payload = _api.handle(serve)

@@ -1,0 +1,213 @@
+"""Approval gates (``wf.approval`` / ``pikku.approve``) through inline runs: the decision is
+the step's result, a refused decision leaves the run suspended, expiry wakes the run with
+``{"expired": True}`` (timer or reaper), and a decision racing a suspending pass or the
+expiry settles the gate exactly once. Upstream: §5.6 (approval), scenario 57."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from pikku_celery import (
+    InMemoryLeaseService,
+    InMemoryWorkflowStore,
+    PikkuCelery,
+    WorkflowApprovalError,
+)
+from pikku_celery.inline import InlineDispatcher, run_inline
+from pikku_celery.testing import VirtualClock
+from tests.unit.test_engine import Recorder
+
+SCHEMA = {"type": "object", "required": ["approved"],
+          "properties": {"approved": {"type": "boolean"}, "note": {"type": "string"}}}
+
+
+@pytest.fixture
+def pikku() -> Iterator[PikkuCelery]:
+    app = Celery(f"test-{id(object())}", broker="memory://")
+    pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                        worker_reaper=False)
+
+    @pikku.step()
+    def record(data: Any) -> Any:
+        return data
+
+    @pikku.workflow()
+    def onboarding(wf: Any, data: Any) -> Any:
+        wf.do("prepare", record, 1)
+        decision = wf.approval("manager", schema=SCHEMA, approvers=["ann", "bob"],
+                               expiry=data.get("expiry") if data else None)
+        if decision.get("expired"):
+            return "expired"
+        return wf.do("after", record, "yes" if decision["approved"] else "no")
+
+    yield pikku
+
+
+def gate(pikku: PikkuCelery, run_id: str) -> Any:
+    return {s.step_name: s for s in pikku.get_steps(run_id)}["__approval:manager"]
+
+
+def test_a_valid_decision_is_the_step_result_and_continues_the_run(pikku: PikkuCelery) -> None:
+    run_id = pikku.start("onboarding", None, inline=True)
+    assert pikku.get_run(run_id).status == "suspended"
+    assert pikku.engine.advance(run_id) == "paused"  # a pass on a suspended run waits
+    pikku.engine.dispatcher = Recorder()
+    settled = pikku.approve(run_id, "manager", {"approved": True, "note": "ok"}, by="ann")
+    assert settled.status == "succeeded" and settled.result == {"approved": True, "note": "ok"}
+    assert pikku.get_run(run_id).status == "running"
+    assert run_inline(pikku.engine, run_id).output == "yes"
+    assert gate(pikku, run_id).result == {"approved": True, "note": "ok"}
+
+
+@pytest.mark.parametrize(("decision", "by", "reason"), [
+    ({"approved": "sure"}, "ann", r"does not match its schema: approved: 'sure' is not of "
+                                  r"type 'boolean'"),
+    ({"note": "x"}, "ann", "'approved' is a required property"),
+    ({"approved": True}, "eve", "'eve' is not one of its approvers"),
+    ({"approved": True}, None, "no approver"),
+])
+def test_an_invalid_or_unauthorized_decision_is_refused_and_the_run_stays_suspended(
+        pikku: PikkuCelery, decision: Any, by: str | None, reason: str) -> None:
+    run_id = pikku.start("onboarding", None, inline=True)
+    with pytest.raises(WorkflowApprovalError, match=reason):
+        pikku.approve(run_id, "manager", decision, by=by)
+    assert pikku.get_run(run_id).status == "suspended"
+    assert gate(pikku, run_id).status == "scheduled"  # nothing recorded
+    pikku.engine.dispatcher = Recorder()
+    pikku.approve(run_id, "manager", {"approved": False}, by="bob")  # a correct one lands
+    assert run_inline(pikku.engine, run_id).output == "no"
+
+
+def test_a_second_decision_an_unknown_gate_and_an_ended_run_are_refused(
+        pikku: PikkuCelery) -> None:
+    run_id = pikku.start("onboarding", None, inline=True)
+    with pytest.raises(WorkflowApprovalError, match="does not wait on this approval"):
+        pikku.approve(run_id, "finance", {"approved": True}, by="ann")
+    pikku.engine.dispatcher = Recorder()
+    pikku.approve(run_id, "manager", {"approved": True}, by="ann")
+    with pytest.raises(WorkflowApprovalError, match="already decided"):
+        pikku.approve(run_id, "manager", {"approved": False}, by="bob")
+    assert run_inline(pikku.engine, run_id).output == "yes"
+    with pytest.raises(WorkflowApprovalError, match="the run has ended"):
+        pikku.approve(run_id, "manager", {"approved": False}, by="bob")
+    assert gate(pikku, run_id).result == {"approved": True}
+
+
+def test_expiry_elapsing_records_expired_and_wakes_the_run(pikku: PikkuCelery) -> None:
+    clock = VirtualClock()
+    pikku.engine.clock = clock
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    run_id = pikku.start("onboarding", {"expiry": "1h"})
+    started_ms = clock.now_ms()
+    assert run_inline(pikku.engine, run_id).status == "suspended"  # its timer not yet due
+    step_name = "__approval:manager"
+    expires_at_ms = gate(pikku, run_id).data["expires_at_ms"]
+    assert started_ms + 3_600_000 <= expires_at_ms <= clock.now_ms() + 3_600_000
+    assert round(gate(pikku, run_id).due_at.timestamp() * 1000) == expires_at_ms
+    clock.advance("1h")
+    with pytest.raises(WorkflowApprovalError, match="expiry has passed"):
+        pikku.approve(run_id, "manager", {"approved": True}, by="ann")
+    assert pikku.engine.fire_timer(run_id, step_name) == "fired"
+    assert recorder.woken_for == [None, step_name]  # start, then the timer
+    assert run_inline(pikku.engine, run_id).output == "expired"
+    assert gate(pikku, run_id).result == {"expired": True}
+
+
+def test_the_reaper_wakes_a_run_whose_expiry_timer_was_lost(pikku: PikkuCelery) -> None:
+    clock = VirtualClock()
+    pikku.engine.clock = clock
+    pikku.engine.leases._clock_ms = clock.now_ms  # the reaper reads the lease clock
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    run_id = pikku.start("onboarding", {"expiry": "10m"})
+    assert run_inline(pikku.engine, run_id).status == "suspended"
+    recorder.wakes.clear()
+    clock.advance("11m")  # the timer message never came
+    assert pikku.reap()["due"] == 1
+    assert recorder.wakes == [(run_id, 0.0)]
+    assert run_inline(pikku.engine, run_id).output == "expired"
+
+
+def test_a_decision_before_the_expiry_wins_and_the_expiry_changes_nothing(
+        pikku: PikkuCelery) -> None:
+    clock = VirtualClock()
+    pikku.engine.clock = clock
+    pikku.engine.dispatcher = Recorder()
+    run_id = pikku.start("onboarding", {"expiry": "1h"})
+    assert run_inline(pikku.engine, run_id).status == "suspended"
+    pikku.approve(run_id, "manager", {"approved": True}, by="ann")
+    clock.advance("2h")
+    assert not pikku.engine.store.settle_waiting_step(  # the expiry's write is refused
+        run_id, "__approval:manager", clock.now_ms(), result={"expired": True})
+    assert run_inline(pikku.engine, run_id).output == "yes"
+
+
+def test_a_decision_racing_a_suspending_pass_leaves_the_run_running(
+        pikku: PikkuCelery) -> None:
+    """The decision lands between the pass's read of the gate and its suspend write: the
+    pass re-reads the gate after its write and takes the run back (as for resume)."""
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    run_id = pikku.start("onboarding", None)
+    assert run_inline(pikku.engine, run_id).status == "suspended"
+    store = pikku.engine.store
+    real = store.transition_run
+    # Next pass: the view still shows the gate waiting; the decision lands just before
+    # the pass's suspend write.
+    store.transition_run(run_id, ["suspended"], "running", pikku.engine.now_ms())
+
+    def racing(run: str, frm: Any, to: str, now: int, **kw: Any) -> bool:
+        if to == "suspended":
+            store.transition_run = real  # type: ignore[method-assign]
+            pikku.approve(run_id, "manager", {"approved": True}, by="ann")
+        return real(run, frm, to, now, **kw)
+
+    store.transition_run = racing  # type: ignore[method-assign]
+    inline = InlineDispatcher(pikku.engine)
+    pikku.engine.advance(run_id, inline, step_name="prepare")  # the view keeps the gate
+    assert pikku.get_run(run_id).status == "running"
+    while inline.do_next():
+        pass
+    assert pikku.get_run(run_id).output == "yes"
+
+
+def test_a_bad_schema_or_approvers_fails_the_run_where_it_is_declared(
+        pikku: PikkuCelery) -> None:
+    @pikku.workflow()
+    def bad_schema(wf: Any, data: Any) -> Any:
+        return wf.approval("x", schema={"type": 12})
+
+    @pikku.workflow()
+    def bad_approvers(wf: Any, data: Any) -> Any:
+        return wf.approval("x", approvers=[])
+
+    run = pikku.get_run(pikku.start(bad_schema, None, inline=True))
+    assert run.status == "failed" and "not a valid JSON Schema" in run.error["message"]
+    run = pikku.get_run(pikku.start(bad_approvers, None, inline=True))
+    assert run.status == "failed" and "approvers must be non-empty" in run.error["message"]
+
+
+def test_an_approval_in_a_loop_waits_every_time(pikku: PikkuCelery) -> None:
+    @pikku.workflow()
+    def rounds(wf: Any, data: Any) -> list[Any]:
+        return [wf.approval("review") for _ in range(2)]
+
+    run_id = pikku.start(rounds, None, inline=True)
+    pikku.engine.dispatcher = Recorder()
+    pikku.approve(run_id, "review", "first")
+    assert run_inline(pikku.engine, run_id).status == "suspended"
+    pikku.approve(run_id, "review", "second")
+    assert run_inline(pikku.engine, run_id).output == ["first", "second"]
+
+
+def test_cancelling_a_run_waiting_on_an_approval_ends_it(pikku: PikkuCelery) -> None:
+    run_id = pikku.start("onboarding", None, inline=True)
+    assert pikku.cancel(run_id, "no longer needed")
+    with pytest.raises(WorkflowApprovalError, match="ended"):
+        pikku.approve(run_id, "manager", {"approved": True}, by="ann")
+    assert gate(pikku, run_id).status == "failed"
