@@ -35,8 +35,10 @@ from pikku_celery.records import (
     RUN_COMPLETED,
     RUN_RUNNING,
     RUN_SUSPENDED,
+    STEP_FAILED,
     STEP_RUNNING,
     STEP_SCHEDULED,
+    STEP_SUCCEEDED,
     StepAttempt,
     StepState,
     WorkflowRun,
@@ -90,12 +92,21 @@ class Settings:
 class StepOutcome:
     """What one delivery of a step message did."""
 
-    kind: str  # "succeeded" | "failed" | "not_claimed"
+    kind: str  # "succeeded" | "failed" | "not_claimed" | "settled"
     result: Any = None
     error: BaseException | None = None
     attempt: int = 0  # the attempt that ran (0 when not claimed)
     max_attempts: int = 0
     retry_at: datetime | None = None  # failed with attempts left: when the next may start
+
+
+class RecordedStepError(Exception):
+    """A step's failure as its store recorded it (``error``: type, message, traceback),
+    for a delivery that reports an outcome it did not produce (see ``_settled_outcome``)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.error = error
+        super().__init__(error)
 
 
 class Engine:
@@ -371,7 +382,7 @@ class Engine:
         if isinstance(claim, NotClaimed):
             if claim.wake_run:  # it failed the step for good: its lease had lapsed
                 dispatcher.wake_run(run_id, step_name=step_name)
-            return StepOutcome("not_claimed")
+            return self._settled_outcome(run_id, step_name, task_id)
         attempt = _AttemptReport(self, definition.name, claim, task_id)
         try:
             result = self._call_body(definition, claim)
@@ -392,6 +403,26 @@ class Engine:
         self._continue(settled, dispatcher)
         return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
                            max_attempts=claim.state.max_attempts)
+
+    def _settled_outcome(self, run_id: str, step_name: str, task_id: str | None
+                         ) -> StepOutcome:
+        """A delivery that claimed nothing. When the step has settled for good and this
+        delivery is not the one whose attempt settled it (a re-dispatch by replay or the
+        reaper carries a new task id), its task reports the recorded outcome (``settled``:
+        ``result`` or the stored ``error`` dict, and the attempt that recorded it), so
+        ``AsyncResult`` of every task id of the step sees how it ended. Anything else (a
+        live worker holds the step, it waits for a retry, or this is the settling
+        delivery itself, whose task already reported) is ``not_claimed``: nothing runs and
+        nothing is reported. One read, on this rare path only."""
+        state = self.store.get_step(run_id, step_name)
+        if (state is None or task_id is None or state.task_id == task_id
+                or not (state.status == STEP_SUCCEEDED
+                        or (state.status == STEP_FAILED and state.due_at is None))):
+            return StepOutcome("not_claimed")
+        return StepOutcome("settled", result=state.result, attempt=state.attempt,
+                           max_attempts=state.max_attempts,
+                           error=None if state.status == STEP_SUCCEEDED
+                           else RecordedStepError(state.error or {}))
 
     def _continue(self, settled: StepState, dispatcher: Dispatcher) -> None:
         """Tell the run a step settled: in place (replay here, under the run lease) when

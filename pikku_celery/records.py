@@ -65,6 +65,7 @@ class StepState:
     child_run_id: str | None = None
     retry_delay_ms: int = 0
     on_error: str | None = None
+    task_id: str | None = None  # the Celery task id of the delivery that claimed ``attempt``
 
     @property
     def attempts_left(self) -> int:

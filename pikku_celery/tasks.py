@@ -169,6 +169,16 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
         if outcome.kind == "not_claimed":
             raise Ignore()
         record_attempt(task.request, outcome.attempt)
+        if outcome.kind == "settled":
+            # A duplicate of a step that settled for good under another task id: this
+            # task id reports the recorded outcome too (nothing ran), fenced by the
+            # attempt that recorded it, so it can never replace a later attempt's.
+            log.info("pikku: step %r of run %s had already settled (attempt %d); task %s "
+                     "reports its recorded outcome", step_name, run_id, outcome.attempt,
+                     task.request.id)
+            if outcome.error is not None:
+                raise recorded_failure(getattr(outcome.error, "error", {}))
+            return outcome.result
         if outcome.error is not None:
             if outcome.retry_at is not None:
                 raise retry_of(run_id, step_name, outcome)
@@ -184,6 +194,32 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
 
 
 MAX_TASK_ID_CHARS = 200
+
+
+def recorded_failure(error: dict[str, Any]) -> BaseException:
+    """An exception like the one the settling attempt raised, from its stored form (type
+    name and message): the builtin or pikku class of that name, else a class of that name
+    made the way Celery rebuilds an exception it cannot import. Celery stores it as the
+    same FAILURE: same type name, same message."""
+    import builtins
+
+    from celery.utils.serialization import create_exception_cls
+
+    from pikku_celery import errors
+
+    name = str(error.get("type") or "Exception")
+    message = str(error.get("message", ""))
+    known = getattr(builtins, name, None) or getattr(errors, name, None)
+    if isinstance(known, type) and issubclass(known, Exception) and not issubclass(
+            known, errors.PikkuError):
+        try:
+            return known(message)
+        except Exception:  # a builtin with another signature (UnicodeDecodeError...)
+            pass
+    cls = create_exception_cls(name if name.isidentifier() else "Exception",
+                               "pikku_celery.recorded")
+    exc: BaseException = cls(message)
+    return exc
 
 
 def recordable_task_id(task_id: object) -> str | None:

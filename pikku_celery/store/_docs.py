@@ -122,6 +122,7 @@ def step_from_doc(doc: Doc) -> StepState:
         child_run_id=doc.get(S.CHILD_RUN),
         retry_delay_ms=doc.get(S.RETRY_DELAY) or 0,
         on_error=doc.get(S.ON_ERROR),
+        task_id=doc.get(S.TASK_ID),
     )
 
 

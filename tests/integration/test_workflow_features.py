@@ -4,16 +4,28 @@ processes (the helpers of ``test_celery_workers.py``): approval gates decided th
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+from celery import Celery, signals
+from celery.contrib.testing.worker import start_worker
 
-from pikku_celery import WorkflowApprovalError
+from pikku_celery import (
+    InMemoryLeaseService,
+    InMemoryWorkflowStore,
+    PikkuCelery,
+    WorkflowApprovalError,
+)
+from tests.conftest import REDIS_URL
 from tests.integration.test_celery_workers import (  # noqa: F401 (a fixture)
     Cluster,
     make_cluster,
     wait_for,
 )
+from tests.support.nx import NxServer
 
 
 def test_an_approval_suspends_the_run_until_a_valid_decision(
@@ -45,3 +57,81 @@ def test_an_approval_expiry_wakes_the_run_with_expired(
     assert run.status == "completed" and run.output == {"expired": True}, c.diagnostics()
     with pytest.raises(WorkflowApprovalError, match="ended"):
         c.pikku.approve(run_id, "manager", {"approved": True}, by="ann")
+
+
+# --- Celery results of settled steps -------------------------------------------------------
+
+
+def test_a_duplicate_of_a_settled_step_reports_its_recorded_outcome_under_its_task_id(
+        nx_server: NxServer, key_prefix: str) -> None:
+    """A re-dispatch (new task id) of a step that already settled runs nothing and stores the
+    recorded outcome under its own task id: the same SUCCESS value, the same FAILURE type
+    and message. A duplicate of a step a live worker holds stores nothing at all."""
+    database = f"pikku_results_{uuid.uuid4().hex[:10]}"
+    app = Celery(f"dup-{uuid.uuid4().hex[:6]}", broker=REDIS_URL,
+                 backend=f"pikku+mongodb://127.0.0.1:{nx_server.port}/{database}")
+    app.conf.mongodb_backend_settings = {"options": {"directConnection": True}}
+    app.conf.task_default_queue = f"{key_prefix}-dup"
+    pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                        worker_reaper=False)
+    runs: list[str] = []
+    release = threading.Event()
+
+    @pikku.step(name="dup.double")
+    def double(n: int) -> int:
+        runs.append("double")
+        return n * 2
+
+    @pikku.step(name="dup.refuse", retries=0)
+    def refuse(n: int) -> int:
+        runs.append("refuse")
+        raise ValueError(f"no {n}")
+
+    @pikku.step(name="dup.hold")
+    def hold(n: int) -> int:
+        runs.append("hold")
+        release.wait(30)
+        return n
+
+    @pikku.workflow("dup.flow")
+    def flow(wf: Any, n: int) -> Any:
+        return wf.do("double", double, n), wf.do("refuse", refuse, n)
+
+    @pikku.workflow("dup.held")
+    def held(wf: Any, n: int) -> Any:
+        return wf.do("hold", hold, n)
+
+    with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False,
+                      shutdown_timeout=10):
+        run_id = pikku.start(flow, 21)
+        assert pikku.wait(run_id, 30).status == "failed"
+        assert runs == ["double", "refuse"]
+        again = app.send_task("dup.double", args=[run_id, "double"])
+        assert again.get(timeout=10, interval=0.05) == 42
+        failed = app.send_task("dup.refuse", args=[run_id, "refuse"])
+        with pytest.raises(ValueError, match="no 21"):
+            failed.get(timeout=10, interval=0.05)
+        assert failed.state == "FAILURE"
+        assert runs == ["double", "refuse"]  # nothing ran again
+
+        held_run = pikku.start(held, 5)
+        wait_for(lambda: runs[-1:] == ["hold"], 30, "the held step to start", lambda: "")
+        seen: list[str] = []
+        done = threading.Event()
+
+        def postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
+            if task_id == duplicate.id:
+                seen.append(task_id)
+                done.set()
+
+        signals.task_postrun.connect(postrun, weak=False)
+        try:
+            duplicate = app.send_task("dup.hold", args=[held_run, "hold"])
+            assert done.wait(30)
+        finally:
+            signals.task_postrun.disconnect(postrun)
+        assert duplicate.state == "PENDING"  # nothing stored for it: it ran nothing
+        release.set()
+        assert pikku.wait(held_run, 30).output == 5
+        assert runs.count("hold") == 1
+    app.close()
