@@ -382,6 +382,8 @@ class Engine:
         if isinstance(claim, NotClaimed):
             if claim.wake_run:  # it failed the step for good: its lease had lapsed
                 dispatcher.wake_run(run_id, step_name=step_name)
+            elif self.settings.continue_in_place:
+                self._recheck(run_id, step_name, dispatcher)
             return self._settled_outcome(run_id, step_name, task_id)
         attempt = _AttemptReport(self, definition.name, claim, task_id)
         try:
@@ -403,6 +405,20 @@ class Engine:
         self._continue(settled, dispatcher)
         return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
                            max_attempts=claim.state.max_attempts)
+
+    def _recheck(self, run_id: str, step_name: str, dispatcher: Dispatcher) -> None:
+        """A step message that claims nothing may be the redelivery of one whose worker
+        died in the pass that follows its step (in place, that pass runs inside the step's
+        task, before its message is acknowledged): make sure the run heard of the step,
+        with a pass here or a mark for the pass holding the run. Without it, such a run
+        would wait for the stalled-run sweep."""
+        try:
+            self.advance(run_id, dispatcher, step_name=step_name)
+        except (LeaseTakenError, LeaseLostError):
+            pass  # marked, or another pass has the run: it will see the step
+        except Exception:
+            log.exception("pikku: the pass after a duplicate of step %r of run %s failed",
+                          step_name, run_id)
 
     def _settled_outcome(self, run_id: str, step_name: str, task_id: str | None
                          ) -> StepOutcome:

@@ -339,3 +339,19 @@ def test_a_fan_out_is_sent_on_one_producer() -> None:
     cluster.run_step(0, run_id, "first")
     cluster.advance(0, run_id, "first")
     assert sent == [("first", False), ("f0", True), ("f1", True), ("f2", True)]
+
+
+def test_the_redelivery_of_a_step_whose_worker_died_in_its_pass_makes_the_run_pass() -> None:
+    """In place, the pass after a step runs inside the step's task: a worker killed there
+    has settled the step but not told the run, and its message comes back. That delivery
+    claims nothing, but passes (or marks the run), so the run does not wait for the
+    stalled-run sweep."""
+    cluster = Cluster(1, in_place=True)
+    pikku = cluster.processes[0]
+    run_id = pikku.start("v.chain", 2)
+    cluster.advance(0, run_id)
+    store, now = cluster.store, pikku.engine.now_ms()
+    assert store.claim_step(run_id, "s0", "v.add", now, 60_000).state is not None
+    store.set_result(run_id, "s0", 1, 1, now)  # ... and the worker died before its pass
+    assert cluster.run_step(0, run_id, "s0").kind in ("not_claimed", "settled")
+    assert "s1" in {s.step_name for s in pikku.get_steps(run_id)}
