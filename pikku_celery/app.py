@@ -243,12 +243,14 @@ class PikkuCelery:
         self.registry.add_workflow(definition)
 
     def graph(self, name: str, *, nodes: Mapping[str, Any], edges: Sequence[tuple[str, str]],
-              branch: Mapping[str, Callable[[Any], Iterable[str]]] | None = None
-              ) -> WorkflowDefinition:
+              branch: Mapping[str, Callable[[Any], Iterable[str]]] | None = None,
+              on_error: Mapping[str, str] | None = None) -> WorkflowDefinition:
         """Register a graph workflow: ``nodes`` maps node names to steps, ``edges`` are
         ``(from, to)`` pairs (a DAG), ``branch`` optionally maps a node to a function of its
-        result returning the successors to run. Start it like any workflow, by name."""
-        spec = build_graph(name, nodes, edges, branch)
+        result returning the successors to run, ``on_error`` maps a node to the handler node
+        run (with ``{"error", "input"}``) instead of failing the run when it fails for good.
+        Start it like any workflow, by name."""
+        spec = build_graph(name, nodes, edges, branch, on_error)
         for node, step in spec.nodes.items():
             if not isinstance(getattr(step, "pikku_step", None), StepDefinition):
                 raise InvalidInputError(f"graph {name!r}: node {node!r} is not a pikku step")
