@@ -29,6 +29,8 @@ class Graph:
     order: tuple[str, ...]  # topological
     branch: Mapping[str, Callable[[Any], Iterable[str]]]
     on_error: Mapping[str, str] = field(default_factory=dict)  # node -> its error handler
+    for_each: Mapping[str, str] = field(default_factory=dict)  # node -> predecessor listed
+    sequential: frozenset[str] = frozenset()  # for_each nodes run one item at a time
 
     @property
     def handled_by(self) -> dict[str, str]:
@@ -41,12 +43,15 @@ class Graph:
         steps = {n: getattr(getattr(s, "pikku_step", None), "name", repr(s))
                  for n, s in sorted(self.nodes.items())}
         return (f"graph {self.name}: nodes {steps}; edges {edges}; branch {sorted(self.branch)}"
-                + (f"; on_error {sorted(self.on_error.items())}" if self.on_error else ""))
+                + (f"; on_error {sorted(self.on_error.items())}" if self.on_error else "")
+                + (f"; for_each {sorted(self.for_each.items())} sequential "
+                   f"{sorted(self.sequential)}" if self.for_each else ""))
 
 
 def build_graph(name: str, nodes: Mapping[str, Any], edges: Sequence[tuple[str, str]],
                 branch: Mapping[str, Callable[[Any], Iterable[str]]] | None = None,
-                on_error: Mapping[str, str] | None = None) -> Graph:
+                on_error: Mapping[str, str] | None = None,
+                for_each: Mapping[str, Any] | None = None) -> Graph:
     """Validate and freeze a graph; a bad graph is refused here, before any run starts."""
     if not nodes:
         raise InvalidInputError(f"graph {name!r} has no nodes")
@@ -63,10 +68,40 @@ def build_graph(name: str, nodes: Mapping[str, Any], edges: Sequence[tuple[str, 
         if node not in nodes:
             raise InvalidInputError(f"graph {name!r}: branch on unknown node {node!r}")
     _check_on_error(name, dict(on_error or {}), nodes, predecessors)
+    over, sequential = _check_for_each(name, dict(for_each or {}), predecessors)
     return Graph(name, dict(nodes), {k: tuple(v) for k, v in successors.items()},
                  {k: tuple(v) for k, v in predecessors.items()},
                  _topological(name, successors, predecessors), dict(branch or {}),
-                 dict(on_error or {}))
+                 dict(on_error or {}), over, sequential)
+
+
+def _check_for_each(name: str, for_each: dict[str, Any], predecessors: dict[str, list[str]]
+                    ) -> tuple[dict[str, str], frozenset[str]]:
+    """``{node: pred}`` or ``{node: {"over": pred, "sequential": True}}``: ``pred`` must be
+    one of the node's predecessors (its list is what the node runs over)."""
+    over: dict[str, str] = {}
+    sequential: set[str] = set()
+    for node, spec in for_each.items():
+        if node not in predecessors:
+            raise InvalidInputError(f"graph {name!r}: for_each on unknown node {node!r}")
+        if isinstance(spec, Mapping):
+            unknown = set(spec) - {"over", "sequential"}
+            if unknown or "over" not in spec or not isinstance(spec.get("sequential", False),
+                                                               bool):
+                raise InvalidInputError(
+                    f"graph {name!r}: for_each of {node!r} must be a predecessor's name or "
+                    f"{{'over': <predecessor>, 'sequential': <bool>}}, got {spec!r}")
+            pred, is_sequential = spec["over"], bool(spec.get("sequential", False))
+        else:
+            pred, is_sequential = spec, False
+        if not isinstance(pred, str) or pred not in predecessors[node]:
+            raise InvalidInputError(
+                f"graph {name!r}: for_each of {node!r} names {pred!r}, which is not one of "
+                f"its predecessors {sorted(predecessors[node])}")
+        over[node] = pred
+        if is_sequential:
+            sequential.add(node)
+    return over, frozenset(sequential)
 
 
 def _check_on_error(name: str, on_error: dict[str, str], nodes: Mapping[str, Any],
@@ -120,7 +155,7 @@ def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
     skipped: set[str] = set()  # settled without a result: not chosen, or failed and handled
     handled: dict[str, StepCall] = {}  # failed for good, with an error route
     inputs: dict[str, Any] = {}
-    calls: dict[str, StepCall] = {}
+    calls: dict[str, list[StepCall]] = {}
     handled_by = graph.handled_by
     progress = True
     while progress:
@@ -130,6 +165,7 @@ def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
                 continue
             preds = graph.predecessors[node]
             source = handled_by.get(node)
+            over = graph.for_each.get(node)
             if source is not None:  # an error handler: starts only on its node's failure
                 if source in handled:
                     inputs[node] = {"error": handled[source].error, "input": inputs[source]}
@@ -139,8 +175,9 @@ def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
                     continue
                 else:
                     continue
-            elif preds and not any(node in _chosen(graph, p, results) for p in preds
-                                   if p in results):
+            elif (preds and not any(node in _chosen(graph, p, results) for p in preds
+                                    if p in results)) or (over is not None
+                                                          and over not in results):
                 skipped.add(node)
                 progress = True
                 continue
@@ -148,15 +185,40 @@ def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
                 inputs[node] = {"input": data,
                                 "from": {p: results[p] for p in preds if p in results}}
             progress = True
-            calls[node] = wf.call(node, graph.nodes[node], inputs[node])
-            if calls[node].outcome == "done":
-                results[node] = calls[node].result
-            elif calls[node].outcome == "failed" and node in graph.on_error:
-                handled[node] = calls[node]
+            if over is None:
+                calls[node] = [wf.call(node, graph.nodes[node], inputs[node])]
+            else:
+                calls[node] = _fan_out(graph, wf, node, results[over], inputs[node])
+            node_calls = calls[node]
+            failed = next((c for c in node_calls if c.outcome == "failed"), None)
+            if failed is not None and node in graph.on_error:
+                handled[node] = failed
                 skipped.add(node)  # its successors do not run; its handler does
+            elif all(c.outcome == "done" for c in node_calls) and (
+                    over is None or len(node_calls) == len(results[over])):
+                results[node] = ([c.result for c in node_calls] if over is not None
+                                 else node_calls[0].result)
     # pauses while nodes are in flight; raises the failure of a node with no error route
-    wf.gather(*(c for n, c in calls.items() if n not in handled))
+    wf.gather(*(c for n, cs in calls.items() if n not in handled for c in cs))
     return {n: results[n] for n in graph.order if not graph.successors[n] and n in results}
+
+
+def _fan_out(graph: Graph, wf: WorkflowContext, node: str, items: Any,
+             base: dict[str, Any]) -> list[StepCall]:
+    """Steps ``node[0]``, ``node[1]``, ... one per item; all at once, or, sequentially, the
+    next only once the one before it is done (so a pass stops at the first not done)."""
+    if not isinstance(items, list):
+        raise InvalidInputError(
+            f"graph {graph.name!r}: for_each node {node!r} needs a list from "
+            f"{graph.for_each[node]!r}, got {type(items).__name__}")
+    made: list[StepCall] = []
+    for index, item in enumerate(items):
+        call = wf.call(f"{node}[{index}]", graph.nodes[node],
+                       {**base, "item": item, "index": index})
+        made.append(call)
+        if node in graph.sequential and call.outcome != "done":
+            break
+    return made
 
 
 def _settled(graph: Graph, node: str, results: dict[str, Any], skipped: set[str]) -> bool:

@@ -1,4 +1,5 @@
-"""Graph workflow features of issue 12: error routes (``on_error``)."""
+"""Graph workflow features of issue 12: error routes (``on_error``), per-item fan-out
+(``for_each``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pikku_celery import (
     InvalidInputError,
     PikkuCelery,
 )
+from tests.unit.test_engine import Recorder
 
 
 @pytest.fixture
@@ -116,3 +118,95 @@ def test_bad_error_routes_are_refused_when_declared(
     with pytest.raises(InvalidInputError, match=fragment):
         pikku.graph("bad", nodes={"a": step, "b": step, "c": step}, edges=edges,
                     on_error=on_error)
+
+
+def _fan_out_graph(pikku: PikkuCelery, *, sequential: bool = False,
+                   items: Any = (3, 1, 2)) -> None:
+    @pikku.step(name="gf.list")
+    def list_items(data: Any) -> Any:
+        return list(items) if isinstance(items, tuple) else items
+
+    @pikku.step(name="gf.square")
+    def square(data: dict[str, Any]) -> Any:
+        return {"index": data["index"], "square": data["item"] ** 2}
+
+    @pikku.step(name="gf.total")
+    def total(data: dict[str, Any]) -> Any:
+        return [r["square"] for r in data["from"]["square"]]
+
+    pikku.graph("squares", nodes={"list": list_items, "square": square, "total": total},
+                edges=[("list", "square"), ("square", "total")],
+                for_each={"square": {"over": "list", "sequential": True} if sequential
+                          else "list"})
+
+
+def test_a_for_each_node_runs_once_per_item_and_successors_get_results_in_order(
+        pikku: PikkuCelery) -> None:
+    _fan_out_graph(pikku)
+    run_id = pikku.start("squares", None, inline=True)
+    run = pikku.get_run(run_id)
+    assert run.status == "completed", run.error
+    assert run.output == {"total": [9, 1, 4]}
+    names = {s.step_name for s in pikku.get_steps(run_id)}
+    assert {"square[0]", "square[1]", "square[2]"} <= names and "square" not in names
+
+
+def test_a_parallel_fan_out_dispatches_every_item_in_one_pass(pikku: PikkuCelery) -> None:
+    _fan_out_graph(pikku)
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    run_id = pikku.start("squares", None)
+    pikku.engine.advance(run_id)
+    pikku.engine.execute_step(pikku.registry.steps["gf.list"], run_id, "list")
+    pikku.engine.advance(run_id)
+    assert [s[2] for s in recorder.steps] == ["list", "square[0]", "square[1]", "square[2]"]
+
+
+def test_a_sequential_fan_out_starts_an_item_only_after_the_one_before(
+        pikku: PikkuCelery) -> None:
+    _fan_out_graph(pikku, sequential=True)
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    run_id = pikku.start("squares", None)
+    pikku.engine.advance(run_id)
+
+    def run(step: str, name: str) -> None:
+        pikku.engine.execute_step(pikku.registry.steps[step], run_id, name)
+        pikku.engine.advance(run_id)
+
+    run("gf.list", "list")
+    assert [s[2] for s in recorder.steps] == ["list", "square[0]"]
+    run("gf.square", "square[0]")
+    assert [s[2] for s in recorder.steps] == ["list", "square[0]", "square[1]"]
+    run("gf.square", "square[1]")
+    run("gf.square", "square[2]")
+    assert recorder.steps[-1][2] == "total"
+    run("gf.total", "total")
+    assert pikku.get_run(run_id).output == {"total": [9, 1, 4]}
+
+
+def test_an_empty_list_runs_no_item_and_passes_an_empty_list(pikku: PikkuCelery) -> None:
+    _fan_out_graph(pikku, items=[])
+    run = pikku.get_run(pikku.start("squares", None, inline=True))
+    assert run.status == "completed" and run.output == {"total": []}
+
+
+def test_a_for_each_over_a_non_list_fails_the_run_clearly(pikku: PikkuCelery) -> None:
+    _fan_out_graph(pikku, items={"not": "a list"})
+    run = pikku.get_run(pikku.start("squares", None, inline=True))
+    assert run.status == "failed" and run.error is not None
+    assert "needs a list from 'list'" in run.error["message"]
+
+
+@pytest.mark.parametrize(("for_each", "fragment"), [
+    ({"zz": "a"}, "for_each on unknown node 'zz'"),
+    ({"b": "c"}, "not one of its predecessors"),
+    ({"b": {"over": "a", "sequential": "yes"}}, "must be a predecessor's name"),
+    ({"b": {"from": "a"}}, "must be a predecessor's name"),
+])
+def test_bad_for_each_declarations_are_refused(pikku: PikkuCelery, for_each: Any,
+                                               fragment: str) -> None:
+    step = pikku.step(name="gf.y")(lambda data: None)
+    with pytest.raises(InvalidInputError, match=fragment):
+        pikku.graph("bad", nodes={"a": step, "b": step, "c": step},
+                    edges=[("a", "b")], for_each=for_each)
