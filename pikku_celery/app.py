@@ -245,15 +245,17 @@ class PikkuCelery:
     def graph(self, name: str, *, nodes: Mapping[str, Any], edges: Sequence[tuple[str, str]],
               branch: Mapping[str, Callable[[Any], Iterable[str]]] | None = None,
               on_error: Mapping[str, str] | None = None,
-              for_each: Mapping[str, Any] | None = None) -> WorkflowDefinition:
+              for_each: Mapping[str, Any] | None = None,
+              max_visits: Mapping[str, int] | None = None) -> WorkflowDefinition:
         """Register a graph workflow: ``nodes`` maps node names to steps, ``edges`` are
-        ``(from, to)`` pairs (a DAG), ``branch`` optionally maps a node to a function of its
+        ``(from, to)`` pairs, ``branch`` optionally maps a node to a function of its
         result returning the successors to run, ``on_error`` maps a node to the handler node
         run (with ``{"error", "input"}``) instead of failing the run when it fails for good,
         ``for_each`` maps a node to the predecessor whose list it runs once per item over
-        (``{"over": pred, "sequential": True}`` for one at a time).
-        Start it like any workflow, by name."""
-        spec = build_graph(name, nodes, edges, branch, on_error, for_each)
+        (``{"over": pred, "sequential": True}`` for one at a time). An edge back to an
+        earlier node is a loop: each visit is its own step (``node#2``, ...), at most
+        ``max_visits`` (default 10) per node. Start it like any workflow, by name."""
+        spec = build_graph(name, nodes, edges, branch, on_error, for_each, max_visits)
         for node, step in spec.nodes.items():
             if not isinstance(getattr(step, "pikku_step", None), StepDefinition):
                 raise InvalidInputError(f"graph {name!r}: node {node!r} is not a pikku step")

@@ -1,4 +1,4 @@
-"""Graph workflows: a declared DAG of steps, planned by replay under the run lease.
+"""Graph workflows: a declared graph of steps, planned by replay under the run lease.
 
 Every pass starts each node whose predecessors have all settled (a join fires once, when the
 last of them is done), records results, and pauses while any node is in flight. A node's
@@ -6,7 +6,9 @@ data is ``{"input": <run input>, "from": {<predecessor>: <its result>}}``. An op
 ``branch`` function per node picks which of its successors run, from its result; a node no
 predecessor picked is skipped, and so is everything only it would have started. The run's
 output maps each sink node that ran to its result. A node whose worker died is dispatched
-again once its lease lapses, exactly as any step (replay and the reaper do it).
+again once its lease lapses, exactly as any step (replay and the reaper do it). Error
+routes, per-item fan-out and loops (back-edges, each visit its own step ``node#N``) are
+described in the README's graph section.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pikku_celery.errors import InvalidInputError
+from pikku_celery.errors import InvalidInputError, WorkflowRunFailedError
 from pikku_celery.replay import StepCall, WorkflowContext
 from pikku_celery.validate import check_name
+
+DEFAULT_MAX_VISITS = 10  # how many times one node may run in a loop before the run fails
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class Graph:
     on_error: Mapping[str, str] = field(default_factory=dict)  # node -> its error handler
     for_each: Mapping[str, str] = field(default_factory=dict)  # node -> predecessor listed
     sequential: frozenset[str] = frozenset()  # for_each nodes run one item at a time
+    back_edges: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # loops
+    max_visits: Mapping[str, int] = field(default_factory=dict)  # else DEFAULT_MAX_VISITS
 
     @property
     def handled_by(self) -> dict[str, str]:
@@ -45,18 +51,27 @@ class Graph:
         return (f"graph {self.name}: nodes {steps}; edges {edges}; branch {sorted(self.branch)}"
                 + (f"; on_error {sorted(self.on_error.items())}" if self.on_error else "")
                 + (f"; for_each {sorted(self.for_each.items())} sequential "
-                   f"{sorted(self.sequential)}" if self.for_each else ""))
+                   f"{sorted(self.sequential)}" if self.for_each else "")
+                + (f"; back_edges {sorted(self.back_edges.items())} max_visits "
+                   f"{sorted(self.max_visits.items())}" if self.back_edges else ""))
+
+    def limit(self, node: str) -> int:
+        return self.max_visits.get(node, DEFAULT_MAX_VISITS)
 
 
 def build_graph(name: str, nodes: Mapping[str, Any], edges: Sequence[tuple[str, str]],
                 branch: Mapping[str, Callable[[Any], Iterable[str]]] | None = None,
                 on_error: Mapping[str, str] | None = None,
-                for_each: Mapping[str, Any] | None = None) -> Graph:
+                for_each: Mapping[str, Any] | None = None,
+                max_visits: Mapping[str, int] | None = None) -> Graph:
     """Validate and freeze a graph; a bad graph is refused here, before any run starts."""
     if not nodes:
         raise InvalidInputError(f"graph {name!r} has no nodes")
     for node in nodes:
         check_name(f"graph {name!r} node name", node)
+        if "#" in node or "[" in node:
+            raise InvalidInputError(f"graph {name!r}: node name {node!r} may not contain "
+                                    "'#' or '[' (they name a node's loop visits and items)")
     successors: dict[str, list[str]] = {n: [] for n in nodes}
     predecessors: dict[str, list[str]] = {n: [] for n in nodes}
     for edge in edges:
@@ -68,11 +83,84 @@ def build_graph(name: str, nodes: Mapping[str, Any], edges: Sequence[tuple[str, 
         if node not in nodes:
             raise InvalidInputError(f"graph {name!r}: branch on unknown node {node!r}")
     _check_on_error(name, dict(on_error or {}), nodes, predecessors)
+    _check_loops(name, successors, set(branch or {}))
+    back = _back_edges(successors)
+    for a, b in back:
+        successors[a].remove(b)
+        predecessors[b].remove(a)
+    back_edges: dict[str, tuple[str, ...]] = {}
+    for a, b in back:
+        back_edges[a] = (*back_edges.get(a, ()), b)
+    visits = dict(max_visits or {})
+    for node, limit in visits.items():
+        if node not in nodes or not isinstance(limit, int) or isinstance(limit, bool) \
+                or limit < 1:
+            raise InvalidInputError(f"graph {name!r}: max_visits {node!r}: {limit!r} must map "
+                                    "a node to a positive integer")
     over, sequential = _check_for_each(name, dict(for_each or {}), predecessors)
     return Graph(name, dict(nodes), {k: tuple(v) for k, v in successors.items()},
                  {k: tuple(v) for k, v in predecessors.items()},
                  _topological(name, successors, predecessors), dict(branch or {}),
-                 dict(on_error or {}), over, sequential)
+                 dict(on_error or {}), over, sequential, back_edges, visits)
+
+
+def _back_edges(successors: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """Edges to a node still on the depth-first path (from the roots, in declaration
+    order): removing them leaves a DAG; each fires a new visit of an earlier node."""
+    state: dict[str, int] = {}  # 1 on the path, 2 finished
+    back: list[tuple[str, str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        for succ in successors[node]:
+            if state.get(succ) == 1:
+                back.append((node, succ))
+            elif succ not in state:
+                visit(succ)
+        state[node] = 2
+
+    has_pred = {b for succ in successors.values() for b in succ}
+    for node in [n for n in successors if n not in has_pred] + list(successors):
+        if node not in state:
+            visit(node)
+    return back
+
+
+def _check_loops(name: str, successors: dict[str, list[str]], branching: set[str]) -> None:
+    """Every cycle (strongly connected part) needs a node with a ``branch`` function, the
+    only way a run can leave it; otherwise it is refused here rather than at max_visits."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in successors[node]:
+            if succ not in index:
+                connect(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            part: list[str] = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                part.append(top)
+                if top == node:
+                    break
+            looped = len(part) > 1 or node in successors[node]
+            if looped and not branching & set(part):
+                raise InvalidInputError(
+                    f"graph {name!r} has a cycle through {sorted(part)} with no exit: none "
+                    "of its nodes has a branch function that can leave it")
+
+    for node in successors:
+        if node not in index:
+            connect(node)
 
 
 def _check_for_each(name: str, for_each: dict[str, Any], predecessors: dict[str, list[str]]
@@ -155,40 +243,28 @@ def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
     skipped: set[str] = set()  # settled without a result: not chosen, or failed and handled
     handled: dict[str, StepCall] = {}  # failed for good, with an error route
     inputs: dict[str, Any] = {}
-    calls: dict[str, list[StepCall]] = {}
-    handled_by = graph.handled_by
+    calls: dict[str, list[StepCall]] = {}  # the current visit's
+    earlier: list[StepCall] = []  # calls of visits a back-edge has replaced
+    visit: dict[str, int] = {}  # a node's current visit (1 unless a loop came back to it)
+    fired: dict[str, dict[str, Any]] = {}  # node -> the back-edge result that fired it
+
     progress = True
     while progress:
         progress = False
         for node in graph.order:
             if node in calls or node in skipped or not _settled(graph, node, results, skipped):
                 continue
-            preds = graph.predecessors[node]
-            source = handled_by.get(node)
-            over = graph.for_each.get(node)
-            if source is not None:  # an error handler: starts only on its node's failure
-                if source in handled:
-                    inputs[node] = {"error": handled[source].error, "input": inputs[source]}
-                elif source in results or source in skipped:
-                    skipped.add(node)
-                    progress = True
-                    continue
-                else:
-                    continue
-            elif (preds and not any(node in _chosen(graph, p, results) for p in preds
-                                    if p in results)) or (over is not None
-                                                          and over not in results):
-                skipped.add(node)
-                progress = True
+            start = _node_data(graph, node, data, results, skipped, handled, inputs, fired)
+            if start is _WAIT:
                 continue
-            else:
-                inputs[node] = {"input": data,
-                                "from": {p: results[p] for p in preds if p in results}}
             progress = True
-            if over is None:
-                calls[node] = [wf.call(node, graph.nodes[node], inputs[node])]
-            else:
-                calls[node] = _fan_out(graph, wf, node, results[over], inputs[node])
+            if start is _SKIP:
+                skipped.add(node)
+                continue
+            inputs[node] = start
+            over = graph.for_each.get(node)
+            calls[node] = _start(graph, wf, node, visit.get(node, 1), start,
+                                 None if over is None else results[over])
             node_calls = calls[node]
             failed = next((c for c in node_calls if c.outcome == "failed"), None)
             if failed is not None and node in graph.on_error:
@@ -198,12 +274,80 @@ def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
                     over is None or len(node_calls) == len(results[over])):
                 results[node] = ([c.result for c in node_calls] if over is not None
                                  else node_calls[0].result)
+                back = [t for t in graph.back_edges.get(node, ())
+                        if t in _chosen(graph, node, results)]
+                for target in back:
+                    _loop_back(graph, target, {node: results[node]}, calls, earlier,
+                               visit, (results, inputs, handled, fired), skipped)
     # pauses while nodes are in flight; raises the failure of a node with no error route
-    wf.gather(*(c for n, cs in calls.items() if n not in handled for c in cs))
+    wf.gather(*earlier, *(c for n, cs in calls.items() if n not in handled for c in cs))
     return {n: results[n] for n in graph.order if not graph.successors[n] and n in results}
 
 
-def _fan_out(graph: Graph, wf: WorkflowContext, node: str, items: Any,
+def _loop_back(graph: Graph, target: str, source: dict[str, Any],
+               calls: dict[str, list[StepCall]], earlier: list[StepCall],
+               visit: dict[str, int], tables: tuple[dict[str, Any], ...],
+               skipped: set[str]) -> None:
+    """A back-edge: the target and what follows it start over as their next visits (the
+    replaced visits' calls are still waited for)."""
+    handled = tables[2]
+    for n in _reachable(graph, target):
+        if n in calls:
+            if n not in handled:
+                earlier.extend(calls[n])
+            del calls[n]
+            visit[n] = visit.get(n, 1) + 1
+        for table in tables:
+            table.pop(n, None)
+        skipped.discard(n)
+    tables[3][target] = source  # fired: what the back-edge brings
+
+_WAIT = object()
+_SKIP = object()
+
+
+def _node_data(graph: Graph, node: str, data: Any, results: dict[str, Any],
+               skipped: set[str], handled: dict[str, StepCall], inputs: dict[str, Any],
+               fired: dict[str, dict[str, Any]]) -> Any:
+    """What a settled node starts with this pass: its data, or _SKIP, or _WAIT."""
+    preds = graph.predecessors[node]
+    source = graph.handled_by.get(node)
+    over = graph.for_each.get(node)
+    if source is not None:  # an error handler: starts only on its node's failure
+        if source in handled:
+            return {"error": handled[source].error, "input": inputs[source]}
+        return _SKIP if source in results or source in skipped else _WAIT
+    if node not in fired and (
+            (preds and not any(node in _chosen(graph, p, results) for p in preds
+                               if p in results)) or (over is not None and over not in results)):
+        return _SKIP
+    return {"input": data, "from": {**{p: results[p] for p in preds if p in results},
+                                    **fired.get(node, {})}}
+
+
+def _start(graph: Graph, wf: WorkflowContext, node: str, count: int, data: Any,
+           items: Any) -> list[StepCall]:
+    """Start (or find) the node's current visit: ``node#count`` past the first, one step
+    per item for a for_each node; past ``max_visits`` the run fails instead."""
+    if count > graph.limit(node):
+        raise WorkflowRunFailedError(
+            f"graph {graph.name!r}: node {node!r} would run a {count}th time, over "
+            f"its max_visits of {graph.limit(node)} (a loop that does not end?)")
+    step_name = node if count == 1 else f"{node}#{count}"
+    if node not in graph.for_each:
+        return [wf.call(step_name, graph.nodes[node], data)]
+    return _fan_out(graph, wf, node, step_name, items, data)
+
+
+def _reachable(graph: Graph, start: str) -> list[str]:
+    """``start`` and every node after it on forward edges."""
+    seen = [start]
+    for node in seen:
+        seen.extend(s for s in graph.successors[node] if s not in seen)
+    return seen
+
+
+def _fan_out(graph: Graph, wf: WorkflowContext, node: str, step_name: str, items: Any,
              base: dict[str, Any]) -> list[StepCall]:
     """Steps ``node[0]``, ``node[1]``, ... one per item; all at once, or, sequentially, the
     next only once the one before it is done (so a pass stops at the first not done)."""
@@ -213,7 +357,7 @@ def _fan_out(graph: Graph, wf: WorkflowContext, node: str, items: Any,
             f"{graph.for_each[node]!r}, got {type(items).__name__}")
     made: list[StepCall] = []
     for index, item in enumerate(items):
-        call = wf.call(f"{node}[{index}]", graph.nodes[node],
+        call = wf.call(f"{step_name}[{index}]", graph.nodes[node],
                        {**base, "item": item, "index": index})
         made.append(call)
         if node in graph.sequential and call.outcome != "done":
@@ -230,7 +374,7 @@ def _chosen(graph: Graph, node: str, results: dict[str, Any]) -> set[str]:
     if chooser is None:
         return set(graph.successors[node])
     chosen = set(chooser(results[node]))
-    unknown = chosen - set(graph.successors[node])
+    unknown = chosen - set(graph.successors[node]) - set(graph.back_edges.get(node, ()))
     if unknown:
         raise InvalidInputError(f"graph {graph.name!r}: branch of {node!r} chose "
                                 f"{sorted(unknown)}, which are not its successors")

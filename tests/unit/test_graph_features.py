@@ -1,5 +1,5 @@
 """Graph workflow features of issue 12: error routes (``on_error``), per-item fan-out
-(``for_each``)."""
+(``for_each``), loops (back-edges, ``max_visits``)."""
 
 from __future__ import annotations
 
@@ -210,3 +210,83 @@ def test_bad_for_each_declarations_are_refused(pikku: PikkuCelery, for_each: Any
     with pytest.raises(InvalidInputError, match=fragment):
         pikku.graph("bad", nodes={"a": step, "b": step, "c": step},
                     edges=[("a", "b")], for_each=for_each)
+
+
+def _loop_graph(pikku: PikkuCelery, ran: list[str], *, rounds: int,
+                max_visits: Any = None) -> None:
+    @pikku.step(name="gf.seed")
+    def seed(data: Any) -> int:
+        ran.append("seed")
+        return 0
+
+    @pikku.step(name="gf.inc")
+    def inc(data: dict[str, Any]) -> int:
+        ran.append("inc")
+        came = data["from"]
+        return int(came["check"] if "check" in came else came["seed"]) + 1
+
+    @pikku.step(name="gf.check")
+    def check(data: dict[str, Any]) -> int:
+        ran.append("check")
+        return int(data["from"]["inc"])
+
+    @pikku.step(name="gf.done")
+    def done(data: dict[str, Any]) -> Any:
+        ran.append("done")
+        return {"count": data["from"]["check"]}
+
+    pikku.graph("loop", nodes={"seed": seed, "inc": inc, "check": check, "done": done},
+                edges=[("seed", "inc"), ("inc", "check"), ("check", "inc"),
+                       ("check", "done")],
+                branch={"check": lambda n: ["done"] if n >= rounds else ["inc"]},
+                max_visits=max_visits)
+
+
+def test_a_back_edge_runs_new_visits_each_its_own_step_until_the_branch_leaves(
+        pikku: PikkuCelery) -> None:
+    ran: list[str] = []
+    _loop_graph(pikku, ran, rounds=3)
+    run_id = pikku.start("loop", None, inline=True)
+    run = pikku.get_run(run_id)
+    assert run.status == "completed", run.error
+    assert run.output == {"done": {"count": 3}}
+    assert ran == ["seed", "inc", "check", "inc", "check", "inc", "check", "done"]
+    names = {s.step_name for s in pikku.get_steps(run_id)}
+    assert names == {"seed", "inc", "check", "inc#2", "check#2", "inc#3", "check#3", "done"}
+
+
+def test_a_loop_past_max_visits_fails_the_run_clearly(pikku: PikkuCelery) -> None:
+    ran: list[str] = []
+    _loop_graph(pikku, ran, rounds=100, max_visits={"inc": 4})
+    run_id = pikku.start("loop", None, inline=True)
+    run = pikku.get_run(run_id)
+    assert run.status == "failed" and run.error is not None
+    assert "'inc' would run a 5th time, over its max_visits of 4" in run.error["message"]
+    assert ran.count("inc") == 4 and "done" not in ran
+
+
+def test_the_default_max_visits_is_ten(pikku: PikkuCelery) -> None:
+    ran: list[str] = []
+    _loop_graph(pikku, ran, rounds=100)
+    run = pikku.get_run(pikku.start("loop", None, inline=True))
+    assert run.status == "failed" and ran.count("inc") == 10
+
+
+@pytest.mark.parametrize(("edges", "branch", "max_visits", "fragment"), [
+    ([("a", "b"), ("b", "c"), ("c", "b")], {"a": lambda r: ["b"]}, None, "with no exit"),
+    ([("a", "a")], None, None, "with no exit"),
+    ([("a", "b"), ("b", "a")], {"a": lambda r: []}, {"a": 0}, "positive integer"),
+    ([("a", "b"), ("b", "a")], {"a": lambda r: []}, {"zz": 3}, "positive integer"),
+])
+def test_bad_loops_are_refused_when_declared(pikku: PikkuCelery, edges: Any, branch: Any,
+                                             max_visits: Any, fragment: str) -> None:
+    step = pikku.step(name="gf.z")(lambda data: None)
+    with pytest.raises(InvalidInputError, match=fragment):
+        pikku.graph("bad", nodes={"a": step, "b": step, "c": step}, edges=edges,
+                    branch=branch, max_visits=max_visits)
+
+
+def test_instance_markers_are_refused_in_node_names(pikku: PikkuCelery) -> None:
+    step = pikku.step(name="gf.w")(lambda data: None)
+    with pytest.raises(InvalidInputError, match="may not contain"):
+        pikku.graph("bad", nodes={"a#2": step}, edges=[])
