@@ -290,3 +290,27 @@ def test_instance_markers_are_refused_in_node_names(pikku: PikkuCelery) -> None:
     step = pikku.step(name="gf.w")(lambda data: None)
     with pytest.raises(InvalidInputError, match="may not contain"):
         pikku.graph("bad", nodes={"a#2": step}, edges=[])
+
+
+def test_loop_visits_are_planned_the_same_way_across_passes(pikku: PikkuCelery) -> None:
+    ran: list[str] = []
+    _loop_graph(pikku, ran, rounds=2)
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    run_id = pikku.start("loop", None)
+    pikku.engine.advance(run_id)
+
+    def run(step: str, name: str) -> None:
+        pikku.engine.execute_step(pikku.registry.steps[step], run_id, name)
+        pikku.engine.advance(run_id)
+
+    run("gf.seed", "seed")
+    run("gf.inc", "inc")
+    run("gf.check", "check")
+    assert [s[2] for s in recorder.steps] == ["seed", "inc", "check", "inc#2"]
+    run("gf.inc", "inc#2")
+    run("gf.check", "check#2")
+    assert [s[2] for s in recorder.steps][-1] == "done"
+    run("gf.done", "done")
+    run_state = pikku.get_run(run_id)
+    assert run_state.status == "completed" and run_state.output == {"done": {"count": 2}}
