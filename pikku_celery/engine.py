@@ -382,9 +382,7 @@ class Engine:
         if isinstance(claim, NotClaimed):
             if claim.wake_run:  # it failed the step for good: its lease had lapsed
                 dispatcher.wake_run(run_id, step_name=step_name)
-            elif self.settings.continue_in_place:
-                self._recheck(run_id, step_name, dispatcher)
-            return self._settled_outcome(run_id, step_name, task_id)
+            return self._settled_outcome(run_id, step_name, task_id, dispatcher)
         attempt = _AttemptReport(self, definition.name, claim, task_id)
         try:
             result = self._call_body(definition, claim)
@@ -407,11 +405,12 @@ class Engine:
                            max_attempts=claim.state.max_attempts)
 
     def _recheck(self, run_id: str, step_name: str, dispatcher: Dispatcher) -> None:
-        """A step message that claims nothing may be the redelivery of one whose worker
-        died in the pass that follows its step (in place, that pass runs inside the step's
-        task, before its message is acknowledged): make sure the run heard of the step,
-        with a pass here or a mark for the pass holding the run. Without it, such a run
-        would wait for the stalled-run sweep."""
+        """The redelivery of the delivery that settled a step may follow a worker that
+        died in the pass after the step (in place, that pass runs inside the step's task,
+        before its message is acknowledged): make sure the run heard of the step, with a
+        pass here or a mark for the pass holding the run. Without it, such a run would wait
+        for the stalled-run sweep. Other deliveries that claim nothing stay cheap (a storm
+        of redeliveries must not become a storm of passes)."""
         try:
             self.advance(run_id, dispatcher, step_name=step_name)
         except (LeaseTakenError, LeaseLostError):
@@ -420,8 +419,8 @@ class Engine:
             log.exception("pikku: the pass after a duplicate of step %r of run %s failed",
                           step_name, run_id)
 
-    def _settled_outcome(self, run_id: str, step_name: str, task_id: str | None
-                         ) -> StepOutcome:
+    def _settled_outcome(self, run_id: str, step_name: str, task_id: str | None,
+                         dispatcher: Dispatcher) -> StepOutcome:
         """A delivery that claimed nothing. When the step has settled for good and this
         delivery is not the one whose attempt settled it (a re-dispatch by replay or the
         reaper carries a new task id), its task reports the recorded outcome (``settled``:
@@ -431,9 +430,12 @@ class Engine:
         delivery itself, whose task already reported) is ``not_claimed``: nothing runs and
         nothing is reported. One read, on this rare path only."""
         state = self.store.get_step(run_id, step_name)
-        if (state is None or task_id is None or state.task_id == task_id
-                or not (state.status == STEP_SUCCEEDED
-                        or (state.status == STEP_FAILED and state.due_at is None))):
+        settled = state is not None and (state.status == STEP_SUCCEEDED or (
+            state.status == STEP_FAILED and state.due_at is None))
+        if (settled and state is not None and task_id is not None
+                and state.task_id == task_id and self.settings.continue_in_place):
+            self._recheck(run_id, step_name, dispatcher)  # the settling delivery, again
+        if state is None or task_id is None or state.task_id == task_id or not settled:
             return StepOutcome("not_claimed")
         return StepOutcome("settled", result=state.result, attempt=state.attempt,
                            max_attempts=state.max_attempts,

@@ -345,13 +345,20 @@ def test_the_redelivery_of_a_step_whose_worker_died_in_its_pass_makes_the_run_pa
     """In place, the pass after a step runs inside the step's task: a worker killed there
     has settled the step but not told the run, and its message comes back. That delivery
     claims nothing, but passes (or marks the run), so the run does not wait for the
-    stalled-run sweep."""
+    stalled-run sweep; any other delivery that claims nothing does not."""
     cluster = Cluster(1, in_place=True)
     pikku = cluster.processes[0]
     run_id = pikku.start("v.chain", 2)
     cluster.advance(0, run_id)
     store, now = cluster.store, pikku.engine.now_ms()
-    assert store.claim_step(run_id, "s0", "v.add", now, 60_000).state is not None
+    claimed = store.claim_step(run_id, "s0", "v.add", now, 60_000, task_id="task-1")
+    assert claimed.state is not None
     store.set_result(run_id, "s0", 1, 1, now)  # ... and the worker died before its pass
-    assert cluster.run_step(0, run_id, "s0").kind in ("not_claimed", "settled")
+    add = pikku.registry.steps["v.add"]
+    # A re-dispatch under another task id stays cheap: no pass.
+    assert pikku.engine.execute_step(add, run_id, "s0", task_id="task-2").kind == "settled"
+    assert "s1" not in {s.step_name for s in pikku.get_steps(run_id)}
+    # The settling delivery's own message, redelivered: the run hears of its step.
+    assert pikku.engine.execute_step(add, run_id, "s0", task_id="task-1").kind == (
+        "not_claimed")
     assert "s1" in {s.step_name for s in pikku.get_steps(run_id)}
