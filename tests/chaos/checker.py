@@ -180,8 +180,8 @@ def _exercised(report: Report) -> None:
         report.violations.append("the run never exercised the fence: no late write refused")
     if report.faults["pause_worker"] + report.faults["stale_write"] == 0:
         report.violations.append("the run never exercised the fence: no pause applied")
-    if report.stale_before_settle == 0:
-        report.violations.append("no stale write landed while the newer attempt still ran")
+    # A stale write landing before the newer attempt settles is counted, not required: the
+    # stale-write fault pauses a body the ledger shows running, which may end just then.
 
 
 # --- runs ------------------------------------------------------------------------------------

