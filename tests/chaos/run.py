@@ -16,6 +16,7 @@ import random
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,27 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if report.violations else 0
 
 
+def _as_a_client(call: Any, patience_s: float = 60.0) -> Any:
+    """The harness's own reads and starts, as an application would make them: a MongoDB
+    restart (one of the faults) makes a call fail for a few seconds; retry it. Starts are
+    given their run id, so a retried start is idempotent."""
+    from pymongo.errors import ConnectionFailure
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return call()
+        except ConnectionFailure:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _start(chaos: Any, spec: dict[str, Any]) -> str:
+    run_id = str(uuid.uuid4())
+    return str(_as_a_client(lambda: chaos.pikku.start("chaos.order", spec, run_id=run_id)))
+
+
 def run(profile: Profile, seed: int, broker: str, *, keep: bool = False) -> Report:
     workdir = Path(tempfile.mkdtemp(prefix="pikku-chaos-"))
     cluster = Cluster(workdir, broker)
@@ -111,10 +133,11 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
         # on in-flight work; never more than ``live_runs`` at once, so no backlog builds.
         due = profile.runs * (time.monotonic() - begun) / (profile.faults
                                                            * profile.fault_interval_s)
-        live = [r for r in specs if not chaos.pikku.get_run(r).is_terminal]
+        live = [r for r in specs
+                if not _as_a_client(lambda r=r: chaos.pikku.get_run(r)).is_terminal]
         while pending and len(specs) < due + 1 and len(live) < profile.live_runs:
             spec = pending.pop(0)
-            run_id = chaos.pikku.start("chaos.order", spec)
+            run_id = _start(chaos, spec)
             specs[run_id] = spec
             live.append(run_id)
         time.sleep(rng.expovariate(1 / profile.fault_interval_s))
@@ -129,7 +152,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
         if event is not None:
             print(f"chaos: t+{event.t - begun:5.1f}s {event.kind} {event.detail}", flush=True)
     for spec in pending:
-        specs[chaos.pikku.start("chaos.order", spec)] = spec
+        specs[_start(chaos, spec)] = spec
     _drain(chaos, list(specs), deadline, lambda: _supervise(cluster, crashes))
     _settle_down(injector)
     ledger = read_ledger(cluster.workdir / "ledger")
