@@ -74,6 +74,21 @@ def counter_ttl_ms(ttl_ms: int) -> int:
     return max(COUNTER_TTL_FLOOR_MS, COUNTER_TTL_LEASES * ttl_ms)
 
 
+# Shared by the granting scripts (KEYS[1] hash, KEYS[2] counter, ARGV[1] holder, ARGV[2] ttl,
+# ARGV[3] counter ttl; ``current`` is the live holder or false): keep the live holder's token,
+# else take the next one, then push both expiries back.
+_GRANT = """
+local token
+if current then
+  token = tonumber(redis.call('HGET', KEYS[1], 'token'))
+else
+  token = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', string.format('%d', token))
+end
+redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+"""
+
 # Shared by every script: server time in epoch ms.
 _NOW_MS = """
 local t = redis.call('TIME')
@@ -96,15 +111,9 @@ local current = redis.call('HGET', KEYS[1], 'holder')
 if current and current ~= ARGV[1] then
   return nil
 end
-local token
-if current then
-  token = tonumber(redis.call('HGET', KEYS[1], 'token'))
-else
-  token = redis.call('INCR', KEYS[2])
-  redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', string.format('%d', token))
-end
-redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[2])))
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+"""
+    + _GRANT
+    + """
 return {token, now_ms}
 """
 )
@@ -166,15 +175,9 @@ if current and current ~= ARGV[1] then
   local armed = redis.call('SET', KEYS[4], '1', 'NX', 'PX', remaining + tonumber(ARGV[6]))
   return {0, remaining, armed and 1 or 0}
 end
-local token
-if current then
-  token = tonumber(redis.call('HGET', KEYS[1], 'token'))
-else
-  token = redis.call('INCR', KEYS[2])
-  redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', string.format('%d', token))
-end
-redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[2])))
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+"""
+    + _GRANT
+    + """
 redis.call('DEL', KEYS[4])
 local marks = redis.call('SMEMBERS', KEYS[3])
 redis.call('DEL', KEYS[3])
