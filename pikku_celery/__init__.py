@@ -24,6 +24,7 @@ from pikku_celery.errors import (
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
+from pikku_celery.graph import with_state
 from pikku_celery.leases import (
     InMemoryLeaseService,
     Lease,
@@ -72,4 +73,5 @@ __all__ = [
     "hold_lease",
     "shared_step",
     "shared_workflow",
+    "with_state",
 ]

@@ -2,7 +2,8 @@
 
 Every pass starts each node whose predecessors have all settled (a join fires once, when the
 last of them is done), records results, and pauses while any node is in flight. A node's
-data is ``{"input": <run input>, "from": {<predecessor>: <its result>}}``. An optional
+data is ``{"input": <run input>, "from": {<predecessor>: <its result>}, "state": <run
+state>}``; a node writes the run state by returning ``with_state(result, {...})``. An optional
 ``branch`` function per node picks which of its successors run, from its result; a node no
 predecessor picked is skipped, and so is everything only it would have started. The run's
 output maps each sink node that ran to its result. A node whose worker died is dispatched
@@ -19,7 +20,7 @@ from typing import Any
 
 from pikku_celery.errors import InvalidInputError, WorkflowRunFailedError
 from pikku_celery.replay import StepCall, WorkflowContext
-from pikku_celery.validate import check_name
+from pikku_celery.validate import check_name, check_state_write
 
 DEFAULT_MAX_VISITS = 10  # how many times one node may run in a loop before the run fails
 
@@ -266,14 +267,16 @@ def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
             calls[node] = _start(graph, wf, node, visit.get(node, 1), start,
                                  None if over is None else results[over])
             node_calls = calls[node]
+            for call in node_calls:
+                _write_state(wf, call)
             failed = next((c for c in node_calls if c.outcome == "failed"), None)
             if failed is not None and node in graph.on_error:
                 handled[node] = failed
                 skipped.add(node)  # its successors do not run; its handler does
             elif all(c.outcome == "done" for c in node_calls) and (
                     over is None or len(node_calls) == len(results[over])):
-                results[node] = ([c.result for c in node_calls] if over is not None
-                                 else node_calls[0].result)
+                results[node] = ([_unwrapped(c.result) for c in node_calls] if over is not None
+                                 else _unwrapped(node_calls[0].result))
                 back = [t for t in graph.back_edges.get(node, ())
                         if t in _chosen(graph, node, results)]
                 for target in back:
@@ -335,7 +338,7 @@ def _start(graph: Graph, wf: WorkflowContext, node: str, count: int, data: Any,
             f"its max_visits of {graph.limit(node)} (a loop that does not end?)")
     step_name = node if count == 1 else f"{node}#{count}"
     if node not in graph.for_each:
-        return [wf.call(step_name, graph.nodes[node], data)]
+        return [wf.call(step_name, graph.nodes[node], {**data, "state": wf.state})]
     return _fan_out(graph, wf, node, step_name, items, data)
 
 
@@ -356,13 +359,56 @@ def _fan_out(graph: Graph, wf: WorkflowContext, node: str, step_name: str, items
             f"graph {graph.name!r}: for_each node {node!r} needs a list from "
             f"{graph.for_each[node]!r}, got {type(items).__name__}")
     made: list[StepCall] = []
+    sequential = node in graph.sequential
+    state = wf.state
     for index, item in enumerate(items):
         call = wf.call(f"{step_name}[{index}]", graph.nodes[node],
-                       {**base, "item": item, "index": index})
+                       {**base, "state": state, "item": item, "index": index})
         made.append(call)
-        if node in graph.sequential and call.outcome != "done":
-            break
+        if sequential:
+            if call.outcome != "done":
+                break
+            if _write_state(wf, call):  # the next item sees what this one wrote
+                state = wf.state
     return made
+
+
+def with_state(result: Any, state: Mapping[str, Any]) -> dict[str, Any]:
+    """What a graph node returns to also write ``state`` into the run state.
+
+    The node's successors receive ``result``; the pass that first sees the node done merges
+    ``state`` into the run state map (under the run lease, once, one versioned write), and
+    every node started after that finds the map in its data's ``"state"``. Keys are 1 to 64
+    letters, digits or underscores; the whole map stays under 64 KiB. A superseded attempt's
+    write is fenced out with its result: only the attempt that settled the node writes."""
+    check_state_write("a graph node", state, {})
+    return {_STATE_MARK: dict(state), "result": result}
+
+
+_STATE_MARK = "__pikku_state__"
+
+
+def _split(value: Any) -> tuple[Any, Mapping[str, Any] | None]:
+    """A node's recorded result: its value for successors, and its state write if any."""
+    if type(value) is dict and len(value) == 2 and _STATE_MARK in value and "result" in value:
+        return value["result"], value[_STATE_MARK]
+    return value, None
+
+
+def _unwrapped(value: Any) -> Any:
+    return _split(value)[0]
+
+
+def _write_state(wf: WorkflowContext, call: StepCall) -> bool:
+    """Merge a done node's state write, named by its step (replays change nothing);
+    ``True`` if it had one."""
+    if call.outcome != "done":
+        return False
+    writes = _split(call.result)[1]
+    if writes is None:
+        return False
+    wf.set_state(call.name, writes)
+    return True
 
 
 def _settled(graph: Graph, node: str, results: dict[str, Any], skipped: set[str]) -> bool:

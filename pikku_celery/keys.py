@@ -96,6 +96,9 @@ class RunField:
     CANCEL_REASON = "cancel_reason"
     CREATED = "created_ms"
     UPDATED = "updated_ms"
+    STATE = "state"  # the run state map (graph nodes' shared values)
+    STATE_VERSION = "state_version"  # how many writes the state map has had
+    STATE_WRITERS = "state_writers"  # who made each write, in order: write N is [N - 1]
 
 
 class StepField:

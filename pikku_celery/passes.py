@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,6 +34,7 @@ from pikku_celery.claims import serialize_error
 from pikku_celery.definitions import StepDefinition
 from pikku_celery.errors import (
     InvalidInputError,
+    LeaseLostError,
     LeaseTakenError,
     PikkuError,
     WorkflowCancelledError,
@@ -370,6 +371,28 @@ class _PassHost:
         if state.status == STEP_PENDING:
             return now - _ms(state.updated_at) > self._engine.settings.undispatched_after_ms
         return False
+
+    def run_state(self) -> tuple[Mapping[str, Any], tuple[str, ...]]:
+        run = self._view.run
+        return run.state, run.state_writers
+
+    def write_state(self, run_id: str, writer: str, values: Mapping[str, Any]) -> None:
+        """One guarded write at the version this pass knows. The view's run is current
+        under the lease (a pass of another process makes the next one re-read it), so a
+        refused write means a write whose reply was lost, or a lease lost meanwhile: read
+        the run to tell which."""
+        store = self._engine.store
+        run = self._view.run
+        written = _guarded(lambda: store.write_run_state(run_id, writer, values,
+                                                         run.state_version, self.now_ms()))
+        if written is None:
+            written = _guarded(lambda: store.get_run(run_id))
+            if written is None or writer not in written.state_writers:
+                # Another pass wrote the state meanwhile: this one lost the run lease.
+                raise PassInterrupted() from LeaseLostError(keys.run_lease_key(run_id))
+        self._view.run = dataclasses.replace(
+            run, state=written.state, state_version=written.state_version,
+            state_writers=written.state_writers)
 
     def redispatch(self, state: StepState) -> None:
         function = state.function

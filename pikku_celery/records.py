@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +39,11 @@ class WorkflowRun:
     parent_run_id: str | None = None
     parent_step_name: str | None = None
     cancel_reason: str | None = None
+    # The run state: a small map graph nodes share (``pikku_celery.with_state``), versioned
+    # per write: ``state_version`` counts the writes, ``state_writers[n - 1]`` made write n.
+    state: Mapping[str, Any] = field(default_factory=dict)
+    state_version: int = 0
+    state_writers: tuple[str, ...] = ()
 
     @property
     def is_terminal(self) -> bool:

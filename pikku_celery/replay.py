@@ -16,7 +16,7 @@ must not change what the next pass replays.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from pikku_celery import keys
@@ -36,6 +36,7 @@ from pikku_celery.records import (
     StepState,
 )
 from pikku_celery.store.base import NewStep
+from pikku_celery.validate import check_state_write
 
 CHILD_PREFIX = "workflow:"
 SUSPEND_PREFIX = "__suspend:"
@@ -81,6 +82,15 @@ class ReplayHost(Protocol):
 
     def should_redispatch(self, state: StepState) -> bool:
         """The step's worker died or its message was lost: send it again."""
+        ...
+
+    def run_state(self) -> tuple[Mapping[str, Any], tuple[str, ...]]:
+        """The run state map as this pass knows it, and who made each write so far."""
+        ...
+
+    def write_state(self, run_id: str, writer: str, values: Mapping[str, Any]) -> None:
+        """Merge ``values`` into the run state as ``writer``'s write (a no-op if
+        ``writer`` wrote before)."""
         ...
 
 
@@ -245,6 +255,23 @@ class WorkflowContext:
         if not self._host.suspend_run(self.run_id, step):
             return _copied(self._steps[step].result)  # decided while this pass suspended
         raise Pause
+
+    # --- run state ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """A copy of the run state: the small map of shared values graph nodes write (see
+        ``set_state``), as of this point of the pass."""
+        values, _ = self._host.run_state()
+        return _copied(dict(values))  # type: ignore[no-any-return]
+
+    def set_state(self, writer: str, values: Mapping[str, Any]) -> None:
+        """Merge ``values`` into the run state, once: ``writer`` names the write, and a
+        replay that reaches the same write again (by the same name) changes nothing. Each
+        write is durable before this returns and bumps the run's ``state_version``."""
+        check_state_write(writer, values, {})
+        if writer not in self._host.run_state()[1]:
+            self._host.write_state(self.run_id, writer, values)
 
     def cancel(self, reason: str | None = None) -> None:
         """End the run as ``cancelled`` from inside the workflow."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from pikku_celery.errors import InvalidInputError
@@ -25,6 +27,11 @@ MAX_VALUE_BYTES = 15 * 1024 * 1024
 MAX_DOCUMENT_DEPTH = 100
 MAX_VALUE_DEPTH = MAX_DOCUMENT_DEPTH - 1
 _INT64 = 2**63
+# The run state is for small shared values (a counter, a flag, an id), read by every node
+# started after a write: it travels in each node's data, so it is kept small.
+MAX_STATE_BYTES = 64 * 1024
+# A state key becomes a MongoDB field name under ``state.``: no dots, no ``$``.
+_STATE_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 def check_name(what: str, value: object) -> str:
@@ -63,6 +70,30 @@ def check_value(what: str, value: Any) -> int:
             "(MongoDB documents are capped at 16 MB); store large data elsewhere and pass a key"
         )
     return size
+
+
+def check_state_write(writer: str, values: object, current: Mapping[str, Any]
+                      ) -> dict[str, Any]:
+    """Return the write of ``values`` by ``writer`` into the run state ``current``, as stored,
+    if its keys are plain names and the merged map stays under ``MAX_STATE_BYTES``."""
+    check_name("run state writer", writer)
+    if not isinstance(values, Mapping) or not values:
+        raise InvalidInputError(f"run state written by {writer!r} must be a non-empty "
+                                f"mapping of names to values, got {_shown(values)}")
+    for key in values:
+        if not isinstance(key, str) or not _STATE_KEY.fullmatch(key):
+            raise InvalidInputError(
+                f"run state key {_shown(key)} written by {writer!r} must be 1 to 64 "
+                "letters, digits or underscores")
+    check_value(f"run state written by {writer!r}", dict(values))
+    size = len(json.dumps({**current, **values}, separators=(",", ":")).encode())
+    if size > MAX_STATE_BYTES:
+        raise InvalidInputError(
+            f"run state would be {size} bytes as JSON after the write of {writer!r}, over "
+            f"the {MAX_STATE_BYTES}-byte limit: it is for small shared values; store large "
+            "data elsewhere and keep its key in the state")
+    stored: dict[str, Any] = as_stored(dict(values))
+    return stored
 
 
 def as_stored(value: Any) -> Any:

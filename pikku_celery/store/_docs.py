@@ -52,6 +52,9 @@ def new_run_doc(run: NewRun, now_ms: int) -> Doc:
         R.CANCEL_REASON: None,
         R.CREATED: now_ms,
         R.UPDATED: now_ms,
+        R.STATE: {},
+        R.STATE_VERSION: 0,
+        R.STATE_WRITERS: [],
     }
 
 
@@ -100,6 +103,9 @@ def run_from_doc(doc: Doc) -> WorkflowRun:
         parent_run_id=doc.get(R.PARENT_RUN),
         parent_step_name=doc.get(R.PARENT_STEP),
         cancel_reason=doc.get(R.CANCEL_REASON),
+        state=doc.get(R.STATE) or {},  # runs stored before run state have none
+        state_version=doc.get(R.STATE_VERSION) or 0,
+        state_writers=tuple(doc.get(R.STATE_WRITERS) or ()),
     )
 
 

@@ -15,7 +15,7 @@ are written and compared on one clock whatever the worker's own clock says.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -104,6 +104,15 @@ class WorkflowStore(Protocol):
     def touch_run(self, run_id: str, now_ms: int) -> str | None:
         """Record that a pass looked at the run (for the stalled-run sweep) and return its
         status as of that write (``None`` for an unknown run): one round trip."""
+        ...
+
+    def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
+                        version: int, now_ms: int) -> WorkflowRun | None:
+        """Merge ``values`` into the run's state map as write ``version + 1``, made by
+        ``writer``, if the map is still at ``version``: one compare-and-set, so a write is
+        neither lost nor applied twice by two passes. Returns the run as written, or
+        ``None`` (nothing written) for an unknown run or a state past ``version``. Bad keys
+        or a map over ``MAX_STATE_BYTES`` raise ``InvalidInputError`` and write nothing."""
         ...
 
     def list_runs(

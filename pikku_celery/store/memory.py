@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from pikku_celery import keys
@@ -39,7 +39,13 @@ from pikku_celery.records import (
 from pikku_celery.store import _docs, _retention
 from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
 from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead
-from pikku_celery.validate import as_stored, check_listing, check_name, check_value
+from pikku_celery.validate import (
+    as_stored,
+    check_listing,
+    check_name,
+    check_state_write,
+    check_value,
+)
 
 Doc = dict[str, Any]
 _UNSETTLED = (STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING)
@@ -95,6 +101,20 @@ class InMemoryWorkflowStore:
             if cancel_reason is not None:
                 doc[R.CANCEL_REASON] = cancel_reason
             return True
+
+    def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
+                        version: int, now_ms: int) -> WorkflowRun | None:
+        check_name("run id", run_id)
+        with self._lock:
+            doc = self._runs.get(run_id)
+            if doc is None or (doc.get(R.STATE_VERSION) or 0) != version:
+                return None
+            state = doc.get(R.STATE) or {}
+            stored = check_state_write(writer, values, state)
+            doc.update({R.STATE: {**state, **stored}, R.STATE_VERSION: version + 1,
+                        R.STATE_WRITERS: [*(doc.get(R.STATE_WRITERS) or ()), writer],
+                        R.UPDATED: max(doc[R.UPDATED], now_ms)})
+            return _docs.run_from_doc(copy.deepcopy(doc))
 
     def touch_run(self, run_id: str, now_ms: int) -> str | None:
         check_name("run id", run_id)

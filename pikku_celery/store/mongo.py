@@ -64,7 +64,7 @@ import contextlib
 import functools
 import inspect
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
@@ -114,7 +114,7 @@ from pikku_celery.store._decide import (
     running_fields,
 )
 from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead
-from pikku_celery.validate import check_listing, check_name, check_value
+from pikku_celery.validate import check_listing, check_name, check_state_write, check_value
 
 Doc = dict[str, Any]
 _AFTER = ReturnDocument.AFTER
@@ -243,6 +243,24 @@ class MongoWorkflowStore:
             found = self._runs.update_one(
                 {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields})
         return found.matched_count == 1
+
+    def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
+                        version: int, now_ms: int) -> WorkflowRun | None:
+        check_name("run id", run_id)
+        current = self._runs.find_one({R.ID: run_id}, projection={R.STATE: 1})
+        if current is None:
+            return None
+        # Checked against the map as read; the guard below makes sure it is still that map.
+        stored = check_state_write(writer, values, current.get(R.STATE) or {})
+        # Runs stored before run state have no version field: null matches a missing one.
+        at = version if version else {"$in": [0, None]}
+        doc = self._runs.find_one_and_update(
+            {R.ID: run_id, R.STATE_VERSION: at},
+            {"$set": {**{f"{R.STATE}.{k}": v for k, v in stored.items()},
+                      R.STATE_VERSION: version + 1},
+             "$push": {R.STATE_WRITERS: writer}, "$max": {R.UPDATED: now_ms}},
+            return_document=_AFTER)
+        return None if doc is None else _docs.run_from_doc(doc)
 
     def touch_run(self, run_id: str, now_ms: int) -> str | None:
         check_name("run id", run_id)

@@ -10,6 +10,7 @@ lapses are exact and the suite never sleeps.
 from __future__ import annotations
 
 import random
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.conftest import REAL_MONGO_URL, mongo_database
-from tests.support.raw import drop_entries
+from tests.support.raw import drop_entries, drop_run_state_fields
 from tests.support.threads import race
 
 KINDS = ["memory", "mongomock", "wire"] + (["real"] if REAL_MONGO_URL else [])
@@ -105,6 +106,71 @@ def test_transition_run_is_guarded_and_keeps_output(store: WorkflowStore) -> Non
     run = store.get_run(run_id)
     assert run is not None and run.status == "completed" and run.output == {"ok": 0}
     assert run.error is None
+
+
+# --- run state ------------------------------------------------------------------------
+
+
+def test_run_state_writes_are_versioned_and_guarded_on_the_version(
+        store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    fresh = store.get_run(run_id)
+    assert fresh is not None and (fresh.state, fresh.state_version) == ({}, 0)
+    first = store.write_run_state(run_id, "a", {"count": 1, "tag": "x"}, 0, T0 + 1)
+    assert first is not None and first.state == {"count": 1, "tag": "x"}
+    second = store.write_run_state(run_id, "b#2", {"count": 2}, 1, T0 + 2)
+    assert second is not None and second.state == {"count": 2, "tag": "x"}
+    # A write at a version the state has moved past is refused and changes nothing.
+    assert store.write_run_state(run_id, "c", {"count": 99}, 1, T0 + 3) is None
+    assert store.write_run_state("no-such-run", "c", {"count": 99}, 0, T0 + 3) is None
+    run = store.get_run(run_id)
+    assert run is not None and run.state == {"count": 2, "tag": "x"}
+    assert (run.state_version, run.state_writers) == (2, ("a", "b#2"))
+    assert [r.state_version for r in store.list_runs() if r.run_id == run_id] == [2]
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ({"a.b": 1}, "run state key 'a.b'"),
+    ({"$set": 1}, "run state key '$set'"),
+    ({}, "non-empty mapping"),
+    ({"big": "x" * 70_000}, "over the 65536-byte limit"),
+    ({"bad": float("nan")}, "run state written by 'w'"),
+])
+def test_bad_run_state_writes_are_refused_and_change_nothing(
+        store: WorkflowStore, values: dict[str, object], says: str) -> None:
+    run_id = new_run(store)
+    assert store.write_run_state(run_id, "w0", {"kept": True}, 0, T0) is not None
+    with pytest.raises(InvalidInputError, match=re.escape(says)):
+        store.write_run_state(run_id, "w", values, 1, T0 + 1)
+    run = store.get_run(run_id)
+    assert run is not None and (run.state, run.state_version) == ({"kept": True}, 1)
+
+
+def test_a_run_stored_before_run_state_takes_its_first_write(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    drop_run_state_fields(store, run_id)
+    run = store.get_run(run_id)
+    assert run is not None and (run.state, run.state_version, run.state_writers) == ({}, 0, ())
+    assert store.write_run_state(run_id, "w", {"n": 1}, 1, T0) is None
+    written = store.write_run_state(run_id, "w", {"n": 1}, 0, T0)
+    assert written is not None and (written.state, written.state_version) == ({"n": 1}, 1)
+
+
+def test_concurrent_run_state_writes_at_one_version_have_one_winner(
+        atomic_store: WorkflowStore) -> None:
+    store = atomic_store
+    run_id = new_run(store)
+    won: list[int] = []
+
+    def write(i: int) -> None:
+        if store.write_run_state(run_id, f"w{i}", {"by": i}, 0, T0) is not None:
+            won.append(i)
+
+    race(write, 8)
+    run = store.get_run(run_id)
+    assert len(won) == 1 and run is not None
+    assert (run.state, run.state_version, run.state_writers) == (
+        {"by": won[0]}, 1, (f"w{won[0]}",))
 
 
 def test_list_runs_newest_first_filtered_and_bounded(store: WorkflowStore) -> None:

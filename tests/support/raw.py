@@ -65,3 +65,17 @@ def entries(store: Any, run_id: str, step_name: str) -> list[tuple[int, str]]:
     """``(attempt, status)`` of each raw history entry of one step."""
     return [(d[H.ATTEMPT], d[H.STATUS]) for d in raw_history(store, run_id)
             if d[H.NAME] == step_name]
+
+
+def drop_run_state_fields(store: Any, run_id: str) -> None:
+    """Make ``run_id`` look stored by a version before run state: no state fields at all."""
+    fields = (keys.RunField.STATE, keys.RunField.STATE_VERSION, keys.RunField.STATE_WRITERS)
+    if isinstance(store, InMemoryWorkflowStore):
+        with store._lock:
+            for field in fields:
+                store._runs[run_id].pop(field, None)
+    elif isinstance(store, MongoWorkflowStore):
+        store.db[keys.RUNS].update_one({keys.RunField.ID: run_id},
+                                       {"$unset": dict.fromkeys(fields, "")})
+    else:
+        raise TypeError(f"no raw view of {type(store).__name__}")

@@ -15,7 +15,7 @@ CONTRACT = {  # ../shared/design/contract.md section 1
 INTEGRATION = {"shared_step", "shared_workflow"}  # contract section 5
 EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "WorkflowReplayError",
           "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku",
-          "hold_lease", "PikkuConfigurationError", "WorkflowApprovalError"}
+          "hold_lease", "PikkuConfigurationError", "WorkflowApprovalError", "with_state"}
 
 
 def test_the_exported_names_are_exactly_the_public_api() -> None:
