@@ -84,6 +84,8 @@ def run_header(timeline: Timeline, *, tracebacks: bool = False) -> Table:
     if run.cancel_reason:
         rows.append(("cancel reason", Text(run.cancel_reason)))
     rows.append(("input", Text(value_text(run.input))))
+    if run.state_version:
+        rows.append((f"state (v{run.state_version})", Text(value_text(dict(run.state)))))
     if run.status == "completed":
         rows.append(("output", Text(value_text(run.output))))
     if run.error:

@@ -85,19 +85,18 @@ def build_graph(name: str, nodes: Mapping[str, Any], edges: Sequence[tuple[str, 
             raise InvalidInputError(f"graph {name!r}: branch on unknown node {node!r}")
     _check_on_error(name, dict(on_error or {}), nodes, predecessors)
     _check_loops(name, successors, set(branch or {}))
-    back = _back_edges(successors)
+    handlers = set((on_error or {}).values())
+    if all(predecessors[n] or n in handlers for n in nodes):
+        raise InvalidInputError(f"graph {name!r} has no entry node: every node has an incoming "
+                                "edge or is an error handler, so no run could start")
+    back = _back_edges(successors, handlers)
     for a, b in back:
         successors[a].remove(b)
         predecessors[b].remove(a)
     back_edges: dict[str, tuple[str, ...]] = {}
     for a, b in back:
         back_edges[a] = (*back_edges.get(a, ()), b)
-    visits = dict(max_visits or {})
-    for node, limit in visits.items():
-        if node not in nodes or not isinstance(limit, int) or isinstance(limit, bool) \
-                or limit < 1:
-            raise InvalidInputError(f"graph {name!r}: max_visits {node!r}: {limit!r} must map "
-                                    "a node to a positive integer")
+    visits = _check_max_visits(name, dict(max_visits or {}), nodes)
     over, sequential = _check_for_each(name, dict(for_each or {}), predecessors)
     return Graph(name, dict(nodes), {k: tuple(v) for k, v in successors.items()},
                  {k: tuple(v) for k, v in predecessors.items()},
@@ -105,9 +104,21 @@ def build_graph(name: str, nodes: Mapping[str, Any], edges: Sequence[tuple[str, 
                  dict(on_error or {}), over, sequential, back_edges, visits)
 
 
-def _back_edges(successors: dict[str, list[str]]) -> list[tuple[str, str]]:
+def _check_max_visits(name: str, visits: dict[str, Any], nodes: Mapping[str, Any]
+                      ) -> dict[str, int]:
+    for node, limit in visits.items():
+        if node not in nodes or not isinstance(limit, int) or isinstance(limit, bool) \
+                or limit < 1:
+            raise InvalidInputError(f"graph {name!r}: max_visits {node!r}: {limit!r} must map "
+                                    "a node to a positive integer")
+    return visits
+
+
+def _back_edges(successors: dict[str, list[str]], handlers: set[str]
+                ) -> list[tuple[str, str]]:
     """Edges to a node still on the depth-first path (from the roots, in declaration
-    order): removing them leaves a DAG; each fires a new visit of an earlier node."""
+    order, then from the error handlers, which only a failure starts): removing them leaves
+    a DAG; each fires a new visit of an earlier node."""
     state: dict[str, int] = {}  # 1 on the path, 2 finished
     back: list[tuple[str, str]] = []
 
@@ -121,7 +132,8 @@ def _back_edges(successors: dict[str, list[str]]) -> list[tuple[str, str]]:
         state[node] = 2
 
     has_pred = {b for succ in successors.values() for b in succ}
-    for node in [n for n in successors if n not in has_pred] + list(successors):
+    roots = [n for n in successors if n not in has_pred and n not in handlers]
+    for node in roots + sorted(handlers) + list(successors):
         if node not in state:
             visit(node)
     return back
@@ -343,10 +355,15 @@ def _start(graph: Graph, wf: WorkflowContext, node: str, count: int, data: Any,
 
 
 def _reachable(graph: Graph, start: str) -> list[str]:
-    """``start`` and every node after it on forward edges."""
+    """``start`` and every node after it on forward edges, with the error handlers of those
+    nodes and what follows them (a new visit of a node that fails again needs its handler
+    again)."""
     seen = [start]
     for node in seen:
-        seen.extend(s for s in graph.successors[node] if s not in seen)
+        after = list(graph.successors[node])
+        if node in graph.on_error:
+            after.append(graph.on_error[node])
+        seen.extend(s for s in after if s not in seen)
     return seen
 
 

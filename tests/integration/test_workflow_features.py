@@ -135,3 +135,47 @@ def test_a_duplicate_of_a_settled_step_reports_its_recorded_outcome_under_its_ta
         assert pikku.wait(held_run, 30).output == 5
         assert runs.count("hold") == 1
     app.close()
+
+
+# --- graph workflows ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("broker", "pool"), [("redis", "prefork"), ("rabbitmq", "threads")])
+def test_a_graph_with_every_feature_runs_on_real_workers(
+        make_cluster: Callable[..., Cluster], broker: str, pool: str) -> None:  # noqa: F811
+    """Two worker processes: per-item fan-out (parallel and sequential), a join, a loop
+    counted in the run state, and an error route that takes over when ``charge`` fails."""
+    c = make_cluster(broker)
+    workers = [c.start("graph-a", pool), c.start("graph-b", pool)]
+    for worker in workers:
+        c.wait_ready(worker)
+    failing = c.pikku.start("graph_features", {"items": [1, 2, 3], "fail": True})
+    passing = c.pikku.start("graph_features", {"items": [4, 5]})
+    run = c.wait(failing, 60)
+    assert run.status == "completed", (run.error, c.diagnostics())
+    assert run.output == {"refund": {"refunded": "card declined", "visits": 3}}
+    assert run.state == {"visits": 3, "total": 6}
+    assert run.state_writers[:1] == ("items",)
+    assert [w for w in run.state_writers if w.startswith("running")] == [
+        "running[0]", "running[1]", "running[2]"]
+    assert [w for w in run.state_writers if w.startswith("tick")] == [
+        "tick", "tick#2", "tick#3"]
+    steps = {s.step_name: s for s in c.pikku.get_steps(failing)}
+    assert {"square[0]", "square[1]", "square[2]", "tick#3", "refund"} <= set(steps)
+    assert steps["charge"].status == "failed" and steps["charge"].attempt == 2
+    assert steps["join"].result == {"squares": [1, 4, 9], "totals": [1, 3, 6]}
+    run = c.wait(passing, 60)
+    assert run.status == "completed", (run.error, c.diagnostics())
+    assert run.output == {"charge": "charged"}
+    assert run.state == {"visits": 3, "total": 9}
+
+
+def test_a_graph_loop_past_max_visits_fails_on_real_workers(
+        make_cluster: Callable[..., Cluster]) -> None:  # noqa: F811
+    c = make_cluster("redis")
+    c.wait_ready(c.start("endless", "threads"))
+    run = c.wait(c.pikku.start("graph_endless", None), 60)
+    assert run.status == "failed", c.diagnostics()
+    assert run.error is not None and "max_visits of 4" in run.error["message"]
+    names = {s.step_name for s in c.pikku.get_steps(run.run_id)}
+    assert names == {"spin", "spin#2", "spin#3", "spin#4"}

@@ -16,6 +16,10 @@ Steps:
 * ``it.flaky``  (bind) fails its first ``fail`` attempts.
 * ``it.parked`` quick, but routed to ``<queue>.parked``, a queue no worker consumes: its
   step stays pending, a target for forged messages.
+
+Graphs: ``graph_features`` (per-item fan-out, parallel and sequential, a join, a loop
+counted in the run state, an error route) and ``graph_endless`` (a loop that only
+``max_visits`` stops).
 """
 
 from __future__ import annotations
@@ -29,7 +33,13 @@ from typing import Any
 import redis
 from celery import Celery
 
-from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService, StepContext
+from pikku_celery import (
+    MongoWorkflowStore,
+    PikkuCelery,
+    RedisLeaseService,
+    StepContext,
+    with_state,
+)
 
 ENV_BROKER = "PIKKU_IT_BROKER_URL"
 ENV_REDIS = "PIKKU_IT_REDIS_URL"
@@ -75,6 +85,7 @@ def build(env: Mapping[str, str]) -> Celery:
         queue=env[ENV_QUEUE],
     )
     _workflows(pikku, _steps(pikku, env[ENV_REDIS]))
+    _graphs(pikku)
     return app
 
 
@@ -182,6 +193,68 @@ def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
         if decision.get("expired"):
             return {"expired": True}
         return {"decision": decision, "sum": wf.do("sum", add, {"a": 1, "b": 2})}
+
+
+def _graphs(pikku: PikkuCelery) -> None:
+    """One graph with every graph feature of issue 12: per-item fan-out (parallel and
+    sequential), a join, a loop counted in the run state (``max_visits`` 5), an error
+    route."""
+
+    @pikku.step("it.g.items")
+    def items(data: dict[str, Any]) -> Any:
+        return with_state(data["input"]["items"], {"visits": 0})
+
+    @pikku.step("it.g.square")
+    def square(data: dict[str, Any]) -> int:
+        return int(data["item"]) ** 2
+
+    @pikku.step("it.g.running")
+    def running(data: dict[str, Any]) -> Any:
+        total = data["state"].get("total", 0) + int(data["item"])
+        return with_state(total, {"total": total})
+
+    @pikku.step("it.g.join")
+    def join(data: dict[str, Any]) -> dict[str, Any]:
+        return {"squares": data["from"]["square"], "totals": data["from"]["running"]}
+
+    @pikku.step("it.g.tick")
+    def tick(data: dict[str, Any]) -> Any:
+        visits = data["state"]["visits"] + 1
+        return with_state(visits, {"visits": visits})
+
+    @pikku.step("it.g.charge", retries=1, retry_delay="50ms")
+    def charge(data: dict[str, Any]) -> str:
+        if data["input"].get("fail"):
+            raise RuntimeError("card declined")
+        return "charged"
+
+    @pikku.step("it.g.refund")
+    def refund(data: dict[str, Any]) -> dict[str, Any]:
+        return {"refunded": data["error"]["message"], "visits": data["state"]["visits"]}
+
+    pikku.graph(
+        "graph_features",
+        nodes={"items": items, "square": square, "running": running, "join": join,
+               "tick": tick, "charge": charge, "refund": refund},
+        edges=[("items", "square"), ("items", "running"), ("square", "join"),
+               ("running", "join"), ("join", "tick"), ("tick", "tick"), ("tick", "charge")],
+        for_each={"square": "items", "running": {"over": "items", "sequential": True}},
+        branch={"tick": lambda visits: ["charge"] if visits >= 3 else ["tick"]},
+        on_error={"charge": "refund"},
+        max_visits={"tick": 5})
+
+    @pikku.step("it.g.spin")
+    def spin(data: dict[str, Any]) -> int:
+        return int(data["from"].get("spin", 0)) + 1
+
+    @pikku.step("it.g.never")
+    def never(data: dict[str, Any]) -> str:
+        return "left the loop"
+
+    pikku.graph("graph_endless", nodes={"spin": spin, "never": never},
+                edges=[("spin", "spin"), ("spin", "never")],
+                branch={"spin": lambda n: ["never"] if n > 1_000 else ["spin"]},
+                max_visits={"spin": 4})
 
 
 _built: dict[str, Celery] = {}

@@ -132,6 +132,17 @@ def test_a_last_attempt_that_lost_its_lease_is_lease_expired_not_superseded(
         ("lease-expired", False)]
 
 
+def test_show_prints_the_run_state_with_its_version(pikku: PikkuCelery) -> None:
+    run_id = "state-run"
+    store = pikku.engine.store
+    store.create_run(NewRun(run_id=run_id, workflow="w", input=None), now_ms())
+    assert "state (v" not in run_cli(pikku, "show", run_id).output
+    store.write_run_state(run_id, "tick#2", {"visits": 2}, 0, now_ms())
+    shown = run_cli(pikku, "show", run_id)
+    assert shown.exit_code == 0, shown.output
+    assert "state (v1)" in shown.output and '{"visits": 2}' in shown.output
+
+
 def test_show_of_an_unknown_run_is_one_line(pikku: PikkuCelery) -> None:
     line = one_line_error(run_cli(pikku, "show", "ghost"))
     assert line == "Error: WorkflowRunNotFoundError: no workflow run with id 'ghost'"

@@ -14,6 +14,7 @@ from pikku_celery import (
     InMemoryWorkflowStore,
     InvalidInputError,
     PikkuCelery,
+    with_state,
 )
 from tests.unit.test_engine import Recorder
 
@@ -314,3 +315,49 @@ def test_loop_visits_are_planned_the_same_way_across_passes(pikku: PikkuCelery) 
     run("gf.done", "done")
     run_state = pikku.get_run(run_id)
     assert run_state.status == "completed" and run_state.output == {"done": {"count": 2}}
+
+
+def test_an_error_route_inside_a_loop_runs_again_for_each_failing_visit(
+        pikku: PikkuCelery) -> None:
+    """``attempt`` fails on every visit: its handler runs once per failing visit
+    (``handle``, ``handle#2``, ...), each visit's error handed to its own handler visit."""
+    @pikku.step(name="gf.attempt", retries=0)
+    def attempt(data: dict[str, Any]) -> Any:
+        raise ValueError(f"try {data['state'].get('tries', 0) + 1} failed")
+
+    @pikku.step(name="gf.handle")
+    def handle(data: dict[str, Any]) -> Any:
+        tries = data["state"].get("tries", 0) + 1
+        return with_state(data["error"]["message"], {"tries": tries})
+
+    @pikku.step(name="gf.again")
+    def again(data: dict[str, Any]) -> Any:
+        return data["state"]["tries"]
+
+    @pikku.step(name="gf.give_up")
+    def give_up(data: dict[str, Any]) -> Any:
+        return {"gave_up_after": data["from"]["again"]}
+
+    @pikku.step(name="gf.begin")
+    def begin(data: Any) -> None:
+        return None
+
+    nodes = {"begin": begin, "attempt": attempt, "handle": handle, "again": again,
+             "give_up": give_up}
+    with pytest.raises(InvalidInputError, match="no entry node"):
+        pikku.graph("no-entry", nodes=nodes,
+                    edges=[("attempt", "again"), ("handle", "again"), ("again", "attempt"),
+                           ("again", "give_up"), ("again", "begin"), ("begin", "attempt")],
+                    on_error={"attempt": "handle"}, branch={"again": lambda t: ["attempt"]})
+    pikku.graph("retry-loop", nodes=nodes,
+                edges=[("begin", "attempt"), ("attempt", "again"), ("handle", "again"),
+                       ("again", "attempt"), ("again", "give_up")],
+                on_error={"attempt": "handle"},
+                branch={"again": lambda tries: ["give_up"] if tries >= 3 else ["attempt"]})
+    run = pikku.get_run(pikku.start("retry-loop", None, inline=True))
+    assert run.status == "completed", run.error
+    assert run.output == {"give_up": {"gave_up_after": 3}}
+    steps = {s.step_name: s for s in pikku.get_steps(run.run_id)}
+    assert [steps[n].result for n in ("handle", "handle#2", "handle#3")] == [
+        {"__pikku_state__": {"tries": n}, "result": f"try {n} failed"} for n in (1, 2, 3)]
+    assert {"attempt", "attempt#2", "attempt#3"} <= set(steps)

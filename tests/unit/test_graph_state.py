@@ -19,6 +19,7 @@ from pikku_celery import (
     PikkuCelery,
     with_state,
 )
+from tests.support.readme import readme_example
 from tests.unit.test_engine import Recorder
 
 
@@ -205,3 +206,10 @@ def test_workflow_code_can_write_and_read_the_run_state_once_per_writer(
     assert run.status == "completed", run.error
     assert run.output == {"phase": "started"}
     assert (run.state_version, run.state_writers) == (1, ("start",))
+
+
+def test_the_readme_example_runs_as_written(pikku: PikkuCelery) -> None:
+    code = readme_example("run-state.py")
+    scope: dict[str, Any] = {"pikku": pikku}
+    exec(compile(code, "README.md:run-state.py", "exec"), scope)  # its asserts are the test
+    assert scope["run"].output == {"done": {"visits": 3}}
