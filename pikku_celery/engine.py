@@ -283,6 +283,8 @@ class Engine:
         suspending the run meanwhile re-reads the gate after its own write and takes the
         run back (``_PassHost.suspend_run``)."""
         check_name("approval name", name)
+        if by is not None:
+            check_name("approver (by)", by)
         run = self.get_run(run_id)
         if run.status not in _LIVE:
             raise WorkflowApprovalError(run_id, name, f"the run has ended ({run.status})")
@@ -306,7 +308,7 @@ class Engine:
                                   f"{error.message}")
         now = self.now_ms()
         if not self.store.settle_waiting_step(run_id, gate.step_name, now, gate=True,
-                                              result=decision):
+                                              result=decision, by=by):
             raise WorkflowApprovalError(
                 run_id, name, "it was decided or expired meanwhile")
         log.info("pikku: approval %r of run %s decided%s", name, run_id,

@@ -223,13 +223,15 @@ class WorkflowStore(Protocol):
         error: dict[str, Any] | None = None,
         child_run_id: str | None = None,
         gate: bool = False,
+        by: str | None = None,
     ) -> bool:
         """Settle a step nobody claims: a due sleep (``scheduled`` with ``due_ms <= now``), a
         step parked on ``child_run_id``, or with ``gate`` a ``scheduled`` step that is never
         due by itself (a suspension gate) or not due yet (an approval before its expiry:
         the expiry, settling it as due, and a decision, settling it as a gate, exclude each
         other on the one clock). One guarded write; ``False`` if it no longer waits (already
-        settled, not yet due, expired, another child)."""
+        settled, not yet due, expired, another child). ``by`` (who decided an approval) is
+        recorded as the attempt's ``worker`` in the history."""
         ...
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:

@@ -271,7 +271,8 @@ class InMemoryWorkflowStore:
 
     def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
                             result: Any = None, error: dict[str, Any] | None = None,
-                            child_run_id: str | None = None, gate: bool = False) -> bool:
+                            child_run_id: str | None = None, gate: bool = False,
+                            by: str | None = None) -> bool:
         check_value(f"result of step {step_name!r}", result)
         with self._lock:
             doc = self._steps.get(keys.invocation_id(run_id, step_name))
@@ -285,8 +286,9 @@ class InMemoryWorkflowStore:
             if parked:  # on a child since its insert, which opened its one attempt
                 _docs.apply_set(doc, _docs.closing_fields(1, status, now_ms, as_stored(error)))
             else:  # a sleep or a gate: its one attempt starts and ends here
+                doc[S.WORKER] = by
                 _docs.apply_set(doc, {_docs.entry_path(1): {
-                    **_docs.open_entry(now_ms, None, None), H.STATUS: status,
+                    **_docs.open_entry(now_ms, by, None), H.STATUS: status,
                     H.ERROR: as_stored(error), H.ENDED: now_ms}})
             return True
 

@@ -456,7 +456,8 @@ class MongoWorkflowStore:
 
     def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
                             result: Any = None, error: dict[str, Any] | None = None,
-                            child_run_id: str | None = None, gate: bool = False) -> bool:
+                            child_run_id: str | None = None, gate: bool = False,
+                            by: str | None = None) -> bool:
         check_value(f"result of step {step_name!r}", result)
         guard: Doc = {S.ID: keys.invocation_id(run_id, step_name)}
         status = STEP_FAILED if error is not None else STEP_SUCCEEDED
@@ -473,7 +474,8 @@ class MongoWorkflowStore:
                 guard["$or"] = [{S.DUE: None}, {S.DUE: {"$gt": now_ms}}]
             else:
                 guard[S.DUE] = {"$ne": None, "$lte": now_ms}
-            fields[_docs.entry_path(1)] = {**_docs.open_entry(now_ms, None, None),
+            fields[S.WORKER] = by
+            fields[_docs.entry_path(1)] = {**_docs.open_entry(now_ms, by, None),
                                            H.STATUS: status, H.ERROR: error, H.ENDED: now_ms}
         found = self._steps.update_one(guard, {"$set": fields})
         return found.matched_count == 1

@@ -24,11 +24,12 @@ from pikku_celery.errors import (
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
+from pikku_celery.keys import HistoryField as H
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.conftest import REAL_MONGO_URL, mongo_database
-from tests.support.raw import drop_entries, drop_run_state_fields
+from tests.support.raw import drop_entries, drop_run_state_fields, raw_history
 from tests.support.threads import race
 
 KINDS = ["memory", "mongomock", "wire"] + (["real"] if REAL_MONGO_URL else [])
@@ -596,7 +597,8 @@ def test_an_approval_gate_settles_once_by_decision_before_its_expiry_or_by_expir
         add_step(store, run_id, name, function=None, status="scheduled",
                  due_ms=None if name == "open" else T0 + 100)
     assert not store.settle_waiting_step(run_id, "decided", T0 + 99, result={"x": 1})
-    assert store.settle_waiting_step(run_id, "decided", T0 + 99, gate=True, result={"x": 1})
+    assert store.settle_waiting_step(run_id, "decided", T0 + 99, gate=True, result={"x": 1},
+                                     by="ann")
     assert not store.settle_waiting_step(run_id, "decided", T0 + 100, result={"expired": True})
     assert not store.settle_waiting_step(run_id, "expired", T0 + 100, gate=True, result=2)
     assert store.settle_waiting_step(run_id, "expired", T0 + 100, result={"expired": True})
@@ -605,6 +607,9 @@ def test_an_approval_gate_settles_once_by_decision_before_its_expiry_or_by_expir
     results = {s.step_name: (s.status, s.result) for s in store.list_steps(run_id)}
     assert results == {"decided": ("succeeded", {"x": 1}),
                        "expired": ("succeeded", {"expired": True}), "open": ("succeeded", 3)}
+    deciders = {a.step_name: a.worker for a in store.get_history(run_id)}
+    assert deciders == {"decided": "ann", "expired": None, "open": None}  # who decided
+    assert [e[H.WORKER] for e in raw_history(store, run_id) if e[H.NAME] == "decided"] == ["ann"]
 
 
 # --- bad input: a clear error and no write -------------------------------------------------

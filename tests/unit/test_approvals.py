@@ -14,6 +14,7 @@ from celery import Celery
 from pikku_celery import (
     InMemoryLeaseService,
     InMemoryWorkflowStore,
+    InvalidInputError,
     PikkuCelery,
     WorkflowApprovalError,
 )
@@ -56,11 +57,15 @@ def test_a_valid_decision_is_the_step_result_and_continues_the_run(pikku: PikkuC
     assert pikku.get_run(run_id).status == "suspended"
     assert pikku.engine.advance(run_id) == "paused"  # a pass on a suspended run waits
     pikku.engine.dispatcher = Recorder()
+    with pytest.raises(InvalidInputError, match=r"approver \(by\) '\$ann' is not allowed"):
+        pikku.approve(run_id, "manager", {"approved": True}, by="$ann")
     settled = pikku.approve(run_id, "manager", {"approved": True, "note": "ok"}, by="ann")
     assert settled.status == "succeeded" and settled.result == {"approved": True, "note": "ok"}
     assert pikku.get_run(run_id).status == "running"
     assert run_inline(pikku.engine, run_id).output == "yes"
     assert gate(pikku, run_id).result == {"approved": True, "note": "ok"}
+    decided = [a for a in pikku.get_history(run_id) if a.step_name == "__approval:manager"]
+    assert [(a.status, a.worker) for a in decided] == [("succeeded", "ann")]  # who decided
 
 
 @pytest.mark.parametrize(("decision", "by", "reason"), [
