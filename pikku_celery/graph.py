@@ -86,10 +86,11 @@ def build_graph(name: str, nodes: Mapping[str, Any], edges: Sequence[tuple[str, 
     _check_on_error(name, dict(on_error or {}), nodes, predecessors)
     _check_loops(name, successors, set(branch or {}))
     handlers = set((on_error or {}).values())
-    if all(predecessors[n] or n in handlers for n in nodes):
+    roots = [n for n in nodes if set(predecessors[n]) <= {n} and n not in handlers]
+    if not roots:
         raise InvalidInputError(f"graph {name!r} has no entry node: every node has an incoming "
                                 "edge or is an error handler, so no run could start")
-    back = _back_edges(successors, handlers)
+    back = _back_edges(successors, roots, handlers)
     for a, b in back:
         successors[a].remove(b)
         predecessors[b].remove(a)
@@ -114,7 +115,7 @@ def _check_max_visits(name: str, visits: dict[str, Any], nodes: Mapping[str, Any
     return visits
 
 
-def _back_edges(successors: dict[str, list[str]], handlers: set[str]
+def _back_edges(successors: dict[str, list[str]], roots: list[str], handlers: set[str]
                 ) -> list[tuple[str, str]]:
     """Edges to a node still on the depth-first path (from the roots, in declaration
     order, then from the error handlers, which only a failure starts): removing them leaves
@@ -131,8 +132,6 @@ def _back_edges(successors: dict[str, list[str]], handlers: set[str]
                 visit(succ)
         state[node] = 2
 
-    has_pred = {b for succ in successors.values() for b in succ}
-    roots = [n for n in successors if n not in has_pred and n not in handlers]
     for node in roots + sorted(handlers) + list(successors):
         if node not in state:
             visit(node)

@@ -179,3 +179,22 @@ def test_a_graph_loop_past_max_visits_fails_on_real_workers(
     assert run.error is not None and "max_visits of 4" in run.error["message"]
     names = {s.step_name for s in c.pikku.get_steps(run.run_id)}
     assert names == {"spin", "spin#2", "spin#3", "spin#4"}
+
+
+def test_a_graph_node_whose_worker_is_killed_is_claimed_again(
+        make_cluster: Callable[..., Cluster]) -> None:  # noqa: F811
+    """Upstream scenario 52: SIGKILL the worker running a graph node; once its lease lapses
+    the node runs again as attempt 2 on the other worker, and the run completes."""
+    c = make_cluster("redis")
+    c.wait_ready(c.start("g1", "prefork"), c.start("g2", "prefork"))
+    run_id = c.pikku.start("graph_slow", {"seconds": 2.0, "ledger": c.ledger_key})
+    first = wait_for(lambda: c.starts(), 30, "the slow node to start", c.diagnostics)[0]
+    assert first["attempt"] == 1
+    c.holder_of(first["pid"]).kill()
+    run = c.wait(run_id, 40)
+    assert run.status == "completed", (run.error, c.diagnostics())
+    assert run.output == {"slow": {"attempt": 2, "after": 1}}
+    assert [(a.attempt, a.status) for a in c.history(run_id, "slow")] == [
+        (1, "failed"), (2, "succeeded")]
+    assert [(e["attempt"], e["event"]) for e in c.ledger()] == [(1, "start"), (2, "start"),
+                                                                (2, "end")]

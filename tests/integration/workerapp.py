@@ -18,8 +18,8 @@ Steps:
   step stays pending, a target for forged messages.
 
 Graphs: ``graph_features`` (per-item fan-out, parallel and sequential, a join, a loop
-counted in the run state, an error route) and ``graph_endless`` (a loop that only
-``max_visits`` stops).
+counted in the run state, an error route), ``graph_endless`` (a loop that only
+``max_visits`` stops) and ``graph_slow`` (a node like ``it.slow``).
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def build(env: Mapping[str, str]) -> Celery:
         queue=env[ENV_QUEUE],
     )
     _workflows(pikku, _steps(pikku, env[ENV_REDIS]))
-    _graphs(pikku)
+    _feature_graph(pikku)
+    _loop_graphs(pikku, env[ENV_REDIS])
     return app
 
 
@@ -195,7 +196,7 @@ def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
         return {"decision": decision, "sum": wf.do("sum", add, {"a": 1, "b": 2})}
 
 
-def _graphs(pikku: PikkuCelery) -> None:
+def _feature_graph(pikku: PikkuCelery) -> None:
     """One graph with every graph feature of issue 12: per-item fan-out (parallel and
     sequential), a join, a loop counted in the run state (``max_visits`` 5), an error
     route."""
@@ -243,6 +244,13 @@ def _graphs(pikku: PikkuCelery) -> None:
         on_error={"charge": "refund"},
         max_visits={"tick": 5})
 
+
+
+def _loop_graphs(pikku: PikkuCelery, redis_url: str) -> None:
+    """A loop only ``max_visits`` stops, and a graph with a slow node (upstream scenario 52:
+    a node whose worker dies is claimed again)."""
+    ledger = _Ledger(redis_url)
+
     @pikku.step("it.g.spin")
     def spin(data: dict[str, Any]) -> int:
         return int(data["from"].get("spin", 0)) + 1
@@ -255,6 +263,18 @@ def _graphs(pikku: PikkuCelery) -> None:
                 edges=[("spin", "spin"), ("spin", "never")],
                 branch={"spin": lambda n: ["never"] if n > 1_000 else ["spin"]},
                 max_visits={"spin": 4})
+
+    @pikku.step("it.g.slow", bind=True, retries=2)
+    def slow_node(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
+        ledger.add(data["input"], ctx, "start")
+        for _ in range(round(float(data["input"]["seconds"]) / TICK_S)):
+            if ctx.wait_lost(TICK_S):
+                break
+        ledger.add(data["input"], ctx, "end")
+        return {"attempt": ctx.attempt, "after": data["from"]["spin"]}
+
+    pikku.graph("graph_slow", nodes={"spin": spin, "slow": slow_node},
+                edges=[("spin", "slow")])
 
 
 _built: dict[str, Celery] = {}
