@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Collection
 from typing import Any
 
 from celery import Celery
@@ -23,7 +24,7 @@ from pikku_celery import (
     StepContext,
     WorkflowContext,
 )
-from pikku_celery.store.base import NewRun
+from pikku_celery.store.base import NewRun, RunRead
 
 ENV = os.environ
 if ENV.get("CHAOS_SKEW_S"):  # a worker whose wall clock is off by minutes
@@ -62,6 +63,21 @@ class ChaosStore(MongoWorkflowStore):
                 ledger("child_create_failed", None, run=run.parent_run_id, child=run.run_id)
                 raise AutoReconnect("chaos: connection lost while creating a child run")
         return super().create_run(run, now_ms)
+
+    def read_run(self, run_id: str, *, run: bool = True, input: bool = True,
+                 all_steps: bool = False, step_names: Collection[str] = (),
+                 recorded_after: int | None = None) -> RunRead:
+        """With ``CHAOS_SPLIT_READS=1`` (the full profile), the run and its steps as two
+        finds instead of the store's one aggregate: nx-27017 evaluates ``$unionWith`` in
+        Python over the whole steps collection, which a 500-run profile cannot afford (real
+        MongoDB serves both parts from indexes). Same documents, one more round trip."""
+        if ENV.get("CHAOS_SPLIT_READS") != "1" or not run:
+            return super().read_run(run_id, run=run, input=input, all_steps=all_steps,
+                                    step_names=step_names, recorded_after=recorded_after)
+        head = self.get_run(run_id)
+        steps = super().read_run(run_id, run=False, all_steps=all_steps,
+                                 step_names=step_names, recorded_after=recorded_after).steps
+        return RunRead(head, steps)
 
 
 pikku = PikkuCelery(

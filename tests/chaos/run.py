@@ -43,12 +43,13 @@ class Profile:
     fatal_every: int = 7
     cancel_every: int = 25
     skewed_worker_s: float = 120.0
+    split_reads: bool = False  # see ChaosStore.read_run: for nx-27017's sake, at 500 runs
 
 
 PROFILES = {
     "short": Profile(runs=40, faults=25, workers=3, fault_interval_s=1.6, drain_s=150),
     "full": Profile(runs=500, faults=150, workers=4, fault_interval_s=2.5, drain_s=420,
-                    live_runs=30),
+                    live_runs=30, split_reads=True),
 }
 
 
@@ -96,6 +97,7 @@ def run(profile: Profile, seed: int, broker: str, *, keep: bool = False) -> Repo
     try:
         cluster.start_redis()
         cluster.start_mongo()
+        os.environ["CHAOS_SPLIT_READS"] = "1" if profile.split_reads else "0"
         os.environ.update(cluster.env())
         chaos = importlib.import_module("tests.chaos.chaosapp")
         pools = ["prefork", "threads"]
@@ -125,6 +127,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     injector = FaultInjector(cluster, chaos.pikku, chaos.app, seed, ["prefork", "threads"],
                              LEASE_S)
     cancelled: set[str] = set()
+    ended: set[str] = set()
     crashes: list[FaultEvent] = []
     begun = time.monotonic()
     deadline = begun + profile.drain_s + profile.faults * profile.fault_interval_s
@@ -133,8 +136,10 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
         # on in-flight work; never more than ``live_runs`` at once, so no backlog builds.
         due = profile.runs * (time.monotonic() - begun) / (profile.faults
                                                            * profile.fault_interval_s)
-        live = [r for r in specs
-                if not _as_a_client(lambda r=r: chaos.pikku.get_run(r)).is_terminal]
+        # An ended run stays ended: only the others are read again.
+        ended.update(r for r in specs if r not in ended
+                     and _as_a_client(lambda r=r: chaos.pikku.get_run(r)).is_terminal)
+        live = [r for r in specs if r not in ended]
         while pending and len(specs) < due + 1 and len(live) < profile.live_runs:
             spec = pending.pop(0)
             run_id = _start(chaos, spec)
@@ -153,7 +158,9 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
             print(f"chaos: t+{event.t - begun:5.1f}s {event.kind} {event.detail}", flush=True)
     for spec in pending:
         specs[_start(chaos, spec)] = spec
-    _drain(chaos, list(specs), deadline, lambda: _supervise(cluster, crashes))
+    # Runs started late (a slow fault period) still get the whole drain time to end.
+    _drain(chaos, list(specs), max(deadline, time.monotonic() + profile.drain_s),
+           lambda: _supervise(cluster, crashes))
     _settle_down(injector)
     ledger = read_ledger(cluster.workdir / "ledger")
     time.sleep(1.0)  # a refusal is logged just after its body's ledger line
