@@ -198,3 +198,27 @@ def test_a_graph_node_whose_worker_is_killed_is_claimed_again(
         (1, "failed"), (2, "succeeded")]
     assert [(e["attempt"], e["event"]) for e in c.ledger()] == [(1, "start"), (2, "start"),
                                                                 (2, "end")]
+
+
+def test_runs_contending_for_their_run_leases_all_complete_each_step_once(
+        make_cluster: Callable[..., Cluster]) -> None:  # noqa: F811
+    """Upstream scenario 55: 20 runs of 10 parallel steps and 5 graph runs at once on two
+    worker processes, whose settles race for each run's lease: every run completes with all
+    its results, every step ran exactly once, and both workers advanced runs."""
+    c = make_cluster("redis")
+    c.wait_ready(c.start("contend-a", "threads"), c.start("contend-b", "threads"))
+    wide = [c.pikku.start("wide", {"base": n * 100, "width": 10}) for n in range(20)]
+    graphs = [c.pikku.start("graph_features", {"items": [n, n + 1]}) for n in range(5)]
+    for n, run_id in enumerate(wide):
+        run = c.wait(run_id, 90)
+        assert run.status == "completed", (run.error, c.diagnostics())
+        assert run.output == [n * 100 + i for i in range(10)]
+    for n, run_id in enumerate(graphs):
+        run = c.wait(run_id, 90)
+        assert run.status == "completed", (run.error, c.diagnostics())
+        assert run.output == {"charge": "charged"}
+        assert run.state == {"visits": 3, "total": 2 * n + 1}
+    history = [a for run_id in wide + graphs for a in c.pikku.get_history(run_id)]
+    assert all(a.attempt == 1 and a.status == "succeeded" for a in history)
+    pids = {int(a.worker.rpartition(":")[2]) for a in history if a.worker}
+    assert all(any(w.owns(pid) for pid in pids) for w in c.workers), pids  # both ran steps

@@ -187,6 +187,11 @@ def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
         return {"first": first, "parked": waiting}
 
 
+    @pikku.workflow("wide")
+    def wide(wf: Any, data: dict[str, Any]) -> list[int]:
+        return wf.gather(*(wf.call(f"part{i}", add, {"a": data["base"], "b": i})
+                           for i in range(data["width"])))
+
     @pikku.workflow("approved_sum")
     def approved_sum(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
         decision = wf.approval("manager", approvers=["ann"], expiry=data.get("expiry"),
