@@ -55,14 +55,21 @@ class Reaper:
                 dispatcher.wake_run(step.run_id, step_name=step.step_name)
             else:
                 self._dispatch(step, dispatcher)
-        for run in engine.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit):
-            # Touched either way, so the sweep rotates through idle runs instead of
-            # re-checking the same ``sweep_limit`` ones forever.
-            engine.store.touch_run(run.run_id, now)
-            steps = engine.store.list_steps(run.run_id)
+        stalled = engine.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit)
+        if not stalled:
+            return counts
+        # Three commands however many runs wait (a backlog of waiting runs is checked
+        # again every ``stalled_after``): touched either way, so the sweep rotates through
+        # idle runs instead of re-checking the same ``sweep_limit`` ones forever.
+        run_ids = [run.run_id for run in stalled]
+        engine.store.touch_runs(run_ids, now)
+        unsettled: dict[str, list[StepState]] = {run_id: [] for run_id in run_ids}
+        for step in engine.store.find_unsettled_steps(run_ids):
+            unsettled[step.run_id].append(step)
+        for run_id, steps in unsettled.items():
             live_children = self._recover_children(steps, dispatcher)
             if not any(self._in_flight(step, now, live_children) for step in steps):
-                dispatcher.wake_run(run.run_id)  # its wake-up message was lost
+                dispatcher.wake_run(run_id)  # its wake-up message was lost
                 counts["stalled"] += 1
         return counts
 

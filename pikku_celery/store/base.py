@@ -273,6 +273,16 @@ class WorkflowStore(Protocol):
         """``running`` runs no pass has touched since ``idle_since_ms``."""
         ...
 
+    def touch_runs(self, run_ids: Collection[str], now_ms: int) -> None:
+        """``touch_run`` for many runs in one write (the stalled-run sweep's)."""
+        ...
+
+    def find_unsettled_steps(self, run_ids: Collection[str]) -> list[StepState]:
+        """The steps of ``run_ids`` not settled for good (pending, scheduled, running, or
+        failed with a retry due): what the stalled-run sweep looks at, in one query
+        however many runs it found."""
+        ...
+
     # --- retention and counts (operators' tools) ----------------------------------------
 
     def count_runs(self, *, status: str, workflow: str | None = None,

@@ -359,6 +359,20 @@ class InMemoryWorkflowStore:
                     if d[R.STATUS] == RUN_RUNNING and d[R.UPDATED] < idle_since_ms]
             return [_docs.run_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
 
+    def touch_runs(self, run_ids: Collection[str], now_ms: int) -> None:
+        with self._lock:
+            for run_id in run_ids:
+                doc = self._runs.get(run_id)
+                if doc is not None:
+                    doc[R.UPDATED] = max(doc[R.UPDATED], now_ms)
+
+    def find_unsettled_steps(self, run_ids: Collection[str]) -> list[StepState]:
+        wanted = set(run_ids)
+        with self._lock:
+            return [_docs.step_from_doc(copy.deepcopy(d)) for d in self._steps.values()
+                    if d[S.RUN] in wanted and (d[S.STATUS] in _UNSETTLED or (
+                        d[S.STATUS] == STEP_FAILED and d[S.DUE] is not None))]
+
     # --- retention and counts -----------------------------------------------------------
 
     def count_runs(self, *, status: str, workflow: str | None = None,

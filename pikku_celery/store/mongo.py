@@ -550,6 +550,18 @@ class MongoWorkflowStore:
         cursor = self._runs.find({R.STATUS: RUN_RUNNING, R.UPDATED: {"$lt": idle_since_ms}})
         return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
 
+    def touch_runs(self, run_ids: Collection[str], now_ms: int) -> None:
+        if run_ids:
+            self._runs.update_many({R.ID: {"$in": list(run_ids)}},
+                                   {"$max": {R.UPDATED: now_ms}})
+
+    def find_unsettled_steps(self, run_ids: Collection[str]) -> list[StepState]:
+        if not run_ids:
+            return []
+        # Served by the (run_id, seq) index: one range per run.
+        found = self._steps.find({S.RUN: {"$in": list(run_ids)}, **_UNSETTLED})
+        return [_docs.step_from_doc(d) for d in found]
+
     # --- retention and counts -----------------------------------------------------------
 
     def count_runs(self, *, status: str, workflow: str | None = None,

@@ -577,6 +577,32 @@ def test_sweeps_find_lapsed_due_and_stalled(store: WorkflowStore) -> None:
     assert len(store.find_due_steps(T0 + 100, T0 + 1, 1)) == 1  # bounded by limit
 
 
+def test_the_stalled_sweep_touches_many_runs_and_reads_their_unsettled_steps_at_once(
+        store: WorkflowStore) -> None:
+    first, second, other = new_run(store), new_run(store), new_run(store)
+    for run_id in (first, second, other):
+        add_step(store, run_id, "pending")
+    add_step(store, first, "done")
+    store.claim_step(first, "done", FN, T0, LEASE)
+    store.set_result(first, "done", 1, "ok", T0 + 1)
+    add_step(store, first, "retrying", retries=1)
+    store.claim_step(first, "retrying", FN, T0, LEASE)
+    store.set_error(first, "retrying", 1, {"message": "again"}, T0 + 1, retry_at_ms=T0 + 500)
+    add_step(store, second, "failed", retries=0)
+    store.claim_step(second, "failed", FN, T0, LEASE)
+    store.set_error(second, "failed", 1, {"message": "for good"}, T0 + 1)
+    add_step(store, second, "nap", function=None, status="scheduled", due_ms=T0 + 100)
+    found = {(s.run_id, s.step_name) for s in store.find_unsettled_steps([first, second])}
+    assert found == {(first, "pending"), (first, "retrying"), (second, "pending"),
+                     (second, "nap")}
+    assert store.find_unsettled_steps([]) == []
+    store.touch_runs([first, second, "no-such-run"], T0 + 50)
+    assert [r.run_id for r in store.find_stalled_runs(T0 + 10, 10)] == [other]
+    store.touch_runs([first], T0 + 20)  # never moves a run's last touch back
+    assert sorted(r.run_id for r in store.find_stalled_runs(T0 + 49, 10)) == [other]
+    store.touch_runs([], T0 + 60)
+
+
 def test_a_due_sleep_settles_once(store: WorkflowStore) -> None:
     run_id = new_run(store)
     add_step(store, run_id, "nap", function=None, status="scheduled", due_ms=T0 + 100)

@@ -124,6 +124,28 @@ def test_43_the_reaper_wakes_a_run_whose_wake_up_was_lost(pikku: PikkuCelery,
     assert pikku.reap()["stalled"] == 0  # settled runs are left alone
 
 
+def test_one_stalled_sweep_judges_each_run_by_its_own_steps(pikku: PikkuCelery,
+                                                            clock: FakeClock) -> None:
+    """Three idle runs in one sweep (one touch and one read of unsettled steps for all):
+    the one whose step holds a live lease is left alone, the one whose wake-up was lost and
+    the one whose step lease lapsed are woken."""
+    pikku.engine.settings = dataclasses.replace(pikku.engine.settings, continue_in_place=False)
+    lost_wake, definition = _one_step_workflow(pikku, lambda ctx, data: "done")
+    pikku.engine.execute_step(definition, lost_wake, "s")  # its wake-up message is lost
+    live, lapsed = pikku.start("faults.flow", None), pikku.start("faults.flow", None)
+    pikku.engine.advance(live)
+    pikku.engine.advance(lapsed)
+    store = pikku.engine.store
+    assert store.claim_step(live, "s", "faults.body", clock.ms, 10 * 60_000).state
+    assert store.claim_step(lapsed, "s", "faults.body", clock.ms, 1_000).state
+    recorder = pikku.engine.dispatcher
+    recorder.wakes.clear()
+    clock.ms += 30_001
+    assert pikku.reap()["stalled"] == 2
+    assert sorted(run for run, _ in recorder.wakes) == sorted([lost_wake, lapsed])
+    assert pikku.reap()["stalled"] == 0  # touched by the sweep: not idle again yet
+
+
 def test_43_a_run_with_a_live_step_is_not_woken(pikku: PikkuCelery, clock: FakeClock) -> None:
     run_id, _ = _one_step_workflow(pikku, lambda ctx, data: None)
     pikku.engine.claimer.claim(run_id, "s", "faults.body", 120_000)  # live, renewed lease
