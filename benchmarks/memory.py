@@ -7,9 +7,9 @@ workflows of ten steps), measured interleaved and reported as medians.
 Figures per worker: RSS of the main process and its pool children together, and PSS
 (proportional set size: pages shared by a prefork parent and its children counted once,
 split between them), which is what the machine really spends. The bare app is
-``benchmarks.benchapp`` with ``BENCH_BARE=1``: the same module, broker and task, no pikku,
-and pikku's ``celery pikku`` command kept from loading (Celery imports every installed
-``celery.commands`` entry point at start-up: with pikku installed, any worker imports it).
+``benchmarks.benchapp`` with ``BENCH_BARE=1``: the same module, broker and task, no pikku
+(pikku's ``celery pikku`` entry point, which every ``celery`` command loads, imports no part
+of pikku until its commands are used, so the bare worker is as if pikku were not installed).
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from benchmarks.throughput import BROKERS, forget, mode_env
 from example_project.stack import Stack
 
 KINDS = ("bare", "pikku")
-BARE = ("import sys; sys.modules['pikku_celery'] = None; sys.argv[0] = 'celery'; "
-        "from celery.__main__ import main; main()")
 POOLS = ("threads", "prefork")
 
 
@@ -51,13 +49,8 @@ def _tree_memory(pid: int) -> tuple[float, float]:
 def measure(kind: str, pool: str, concurrency: int) -> tuple[float, float]:
     env = {**os.environ, "BENCH_BARE": "1" if kind == "bare" else "0"}
     log = open(Path(tempfile.mkdtemp(prefix="pikku-mem-")) / "w.log", "wb")  # noqa: SIM115
-    # Celery loads every ``celery.commands`` entry point at start-up, pikku's CLI among
-    # them (which imports pikku): a bare worker blocks that import, as if pikku were not
-    # installed (click reports the command as broken and the worker runs on).
-    launcher = ([sys.executable, "-c", BARE] if kind == "bare"
-                else [sys.executable, "-m", "celery"])
     worker = subprocess.Popen(
-        [*launcher, "-A", "benchmarks.benchapp", "worker", "-P", pool,
+        [sys.executable, "-m", "celery", "-A", "benchmarks.benchapp", "worker", "-P", pool,
          "-c", str(concurrency), "-n", f"mem-{uuid.uuid4().hex[:6]}@%h", "--without-gossip",
          "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"],
         stdout=log, stderr=subprocess.STDOUT, env=env)

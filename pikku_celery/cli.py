@@ -1,14 +1,15 @@
 """The ``pikku`` command group (click), shared by every way of running it.
 
-``celery -A proj pikku ...`` runs it through Celery's ``celery.commands`` entry point (the
+``celery -A proj pikku ...`` runs it through Celery's ``celery.commands`` entry point
+(``pikku_celery_commands``, which imports this module only when its commands are used; the
 commands take the ``PikkuCelery`` bound to the app Celery's CLI loaded);
 ``python manage.py pikku ...`` and ``flask pikku ...`` run the same group with a function
 that finds their ``PikkuCelery`` (``bound``). The commands call the app's public methods.
 
 Every failure (an unknown run, MongoDB or Redis unreachable, a missing setting) is one line
 on stderr and exit status 1, never a traceback; ``watch`` exits 0, 1 or 2 for a run that
-completed, failed or was cancelled, and 3 when it cannot watch. Module imports stay light:
-Celery imports this module in every ``celery`` command, workers included, so rich and the
+completed, failed or was cancelled, and 3 when it cannot watch. Module imports stay light
+(the Django and Flask integrations import this module in their processes): rich and the
 dashboard are imported by the commands that use them.
 """
 
@@ -28,6 +29,7 @@ import click
 from pikku_celery.app import PikkuCelery, get_pikku
 from pikku_celery.records import RUN_STATUSES, RUN_TERMINAL
 from pikku_celery.timeline import Timeline, build, error_line
+from pikku_celery_commands import HELP
 
 RESOLVER = "pikku_celery.resolve"
 P = ParamSpec("P")
@@ -89,9 +91,9 @@ def operator_command(fn: Callable[P, T]) -> Callable[P, T]:
     return run
 
 
-@click.group("pikku")
+@click.group("pikku", help=HELP)
 def pikku() -> None:
-    """Read and operate pikku workflow runs."""
+    pass
 
 
 def bound(find: Callable[[], PikkuCelery]) -> click.Group:

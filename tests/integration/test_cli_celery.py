@@ -47,6 +47,26 @@ def completed_run(env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
+def test_every_celery_command_loads_the_entry_point_without_importing_pikku() -> None:
+    """Celery loads every ``celery.commands`` entry point at the start of any ``celery``
+    command, other apps' workers included: pikku's must cost them neither pikku nor
+    pymongo, and still list its commands when asked."""
+    code = ("import sys; from celery.bin.celery import celery; "
+            "assert 'pikku' in celery.commands; "
+            "print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('pikku_celery', 'pymongo', 'rich')))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "[]"
+    listed = subprocess.run([sys.executable, "-m", "celery", "pikku", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert {"runs", "show", "watch", "cancel", "approve"} <= {
+        line.split()[0] for line in listed.stdout.split("Commands:")[1].splitlines()
+        if line.strip()}
+
+
 @pytest.mark.slow
 def test_celery_a_app_pikku_show_and_its_errors(env: dict[str, str]) -> None:
     run_id = completed_run(env)
