@@ -249,74 +249,136 @@ def _topological(name: str, successors: dict[str, list[str]],
     return tuple(order)
 
 
-def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
-    """One replay pass over the graph (the workflow function of a graph workflow)."""
-    results: dict[str, Any] = {}
-    skipped: set[str] = set()  # settled without a result: not chosen, or failed and handled
-    handled: dict[str, StepCall] = {}  # failed for good, with an error route
-    inputs: dict[str, Any] = {}
-    calls: dict[str, list[StepCall]] = {}  # the current visit's
-    earlier: list[StepCall] = []  # calls of visits a back-edge has replaced
-    visit: dict[str, int] = {}  # a node's current visit (1 unless a loop came back to it)
-    fired: dict[str, dict[str, Any]] = {}  # node -> the back-edge result that fired it
+@dataclass
+class _Pass:
+    """What one replay pass of a graph knows so far."""
 
-    progress = True
-    while progress:
+    results: dict[str, Any] = field(default_factory=dict)
+    skipped: set[str] = field(default_factory=set)  # not chosen, or failed and handled
+    handled: dict[str, StepCall] = field(default_factory=dict)  # failed, with an error route
+    inputs: dict[str, Any] = field(default_factory=dict)
+    calls: dict[str, list[StepCall]] = field(default_factory=dict)  # the current visits'
+    earlier: list[StepCall] = field(default_factory=list)  # of visits a loop replaced
+    visit: dict[str, int] = field(default_factory=dict)  # a node's current visit (from 1)
+    fired: dict[str, dict[str, Any]] = field(default_factory=dict)  # the back-edge result
+
+
+def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
+    """One replay pass over the graph (the workflow function of a graph workflow).
+
+    Nodes whose steps are recorded are replayed first, to a fixpoint: a back-edge they fire
+    replaces the visits after its target before anything new is started, so no node of a
+    replaced visit is dispatched. New steps are started only when nothing recorded can move
+    the run further; what a pass does depends on what is recorded, not on the order in
+    which steps finished."""
+    p = _Pass()
+    allow_new = False
+    while True:
         progress = False
         for node in graph.order:
-            if node in calls or node in skipped or not _settled(graph, node, results, skipped):
+            if node in p.calls or node in p.skipped or not _settled(graph, node, p.results,
+                                                                     p.skipped):
                 continue
-            start = _node_data(graph, node, data, results, skipped, handled, inputs, fired)
+            start = _node_data(graph, node, data, p.results, p.skipped, p.handled, p.inputs,
+                               p.fired)
             if start is _WAIT:
                 continue
-            progress = True
             if start is _SKIP:
-                skipped.add(node)
+                p.skipped.add(node)
+                progress = True
                 continue
-            inputs[node] = start
             over = graph.for_each.get(node)
-            calls[node] = _start(graph, wf, node, visit.get(node, 1), start,
-                                 None if over is None else results[over])
-            node_calls = calls[node]
-            for call in node_calls:
-                _write_state(wf, call)
-            failed = next((c for c in node_calls if c.outcome == "failed"), None)
-            if failed is not None and node in graph.on_error:
-                handled[node] = failed
-                skipped.add(node)  # its successors do not run; its handler does
-            elif all(c.outcome == "done" for c in node_calls) and (
-                    over is None or len(node_calls) == len(results[over])):
-                results[node] = ([_unwrapped(c.result) for c in node_calls] if over is not None
-                                 else _unwrapped(node_calls[0].result))
-                back = [t for t in graph.back_edges.get(node, ())
-                        if t in _chosen(graph, node, results)]
-                for target in back:
-                    _loop_back(graph, target, {node: results[node]}, calls, earlier,
-                               visit, (results, inputs, handled, fired), skipped)
+            items = None if over is None else p.results.get(over, _NO_LIST)
+            count = p.visit.get(node, 1)
+            if not allow_new and _would_dispatch(graph, wf, node, count, items):
+                continue
+            progress = True
+            p.inputs[node] = start
+            p.calls[node] = _start(graph, wf, node, count, start, items)
+            _took(graph, wf, node, items, p)
+        if progress:
+            allow_new = False
+        elif allow_new:
+            break
+        else:
+            allow_new = True
     # pauses while nodes are in flight; raises the failure of a node with no error route
-    wf.gather(*earlier, *(c for n, cs in calls.items() if n not in handled for c in cs))
-    return {n: results[n] for n in graph.order if not graph.successors[n] and n in results}
+    wf.gather(*p.earlier, *(c for n, cs in p.calls.items() if n not in p.handled for c in cs))
+    return {n: p.results[n] for n in graph.order if not graph.successors[n] and n in p.results}
 
 
-def _loop_back(graph: Graph, target: str, source: dict[str, Any],
-               calls: dict[str, list[StepCall]], earlier: list[StepCall],
-               visit: dict[str, int], tables: tuple[dict[str, Any], ...],
-               skipped: set[str]) -> None:
+def _took(graph: Graph, wf: WorkflowContext, node: str, items: Any, p: _Pass) -> None:
+    """A node's visit was started: take its state writes, its failure (to its error route)
+    or its result, and fire the back-edges it chose."""
+    node_calls = p.calls[node]
+    for call in node_calls:
+        _write_state(wf, call)
+    failed = next((c for c in node_calls if c.outcome == "failed"), None)
+    if failed is not None and node in graph.on_error:
+        p.handled[node] = failed
+        p.skipped.add(node)  # its successors do not run; its handler does
+        return
+    if not all(c.outcome == "done" for c in node_calls) or (
+            items is not None and len(node_calls) != len(items)):
+        return
+    p.results[node] = ([_unwrapped(c.result) for c in node_calls] if items is not None
+                       else _unwrapped(node_calls[0].result))
+    back = [t for t in graph.back_edges.get(node, ())
+            if t in _chosen(graph, node, p.results)
+            and not _fired_by_another(graph, wf, node, t, p)]
+    for target in back:
+        _loop_back(graph, target, {node: p.results[node]}, p)
+
+
+def _loop_back(graph: Graph, target: str, source: dict[str, Any], p: _Pass) -> None:
     """A back-edge: the target and what follows it start over as their next visits (the
     replaced visits' calls are still waited for)."""
-    handled = tables[2]
     for n in _reachable(graph, target):
-        if n in calls:
-            if n not in handled:
-                earlier.extend(calls[n])
-            del calls[n]
-            visit[n] = visit.get(n, 1) + 1
-        for table in tables:
+        if n in p.calls:
+            if n not in p.handled:
+                p.earlier.extend(p.calls[n])
+            del p.calls[n]
+            p.visit[n] = p.visit.get(n, 1) + 1
+        for table in (p.results, p.inputs, p.handled, p.fired):
             table.pop(n, None)
-        skipped.discard(n)
-    tables[3][target] = source  # fired: what the back-edge brings
+        p.skipped.discard(n)
+    p.fired[target] = source  # what the back-edge brings
+
+def _step_names(graph: Graph, node: str, count: int, items: Any) -> list[str] | None:
+    """The steps of a node's visit ``count``; ``None`` when they cannot be named yet (a
+    for_each over a value that is not a list: starting it fails the run)."""
+    base = node if count == 1 else f"{node}#{count}"
+    if node not in graph.for_each:
+        return [base]
+    if not isinstance(items, list):
+        return None
+    return [f"{base}[{index}]" for index in range(len(items))]
+
+
+def _would_dispatch(graph: Graph, wf: WorkflowContext, node: str, count: int,
+                    items: Any) -> bool:
+    """Would starting this visit record a new step (or fail the run), rather than replay
+    recorded ones?"""
+    names = _step_names(graph, node, count, items)
+    return (names is None or count > graph.limit(node)
+            or any(wf._recorded(name) is None for name in names))
+
+
+def _fired_by_another(graph: Graph, wf: WorkflowContext, source: str, target: str,
+                      p: _Pass) -> bool:
+    """Was the target's next visit already started by another back-edge? Its recorded
+    data says which source fired it (``from``): the first firing is durable, so every
+    later pass follows it, whichever sources have finished since."""
+    count = p.visit.get(target, 1) + (1 if target in p.calls else 0)
+    names = _step_names(graph, target, count, [None])
+    recorded = wf._recorded(names[0]) if names else None
+    came = recorded.data.get("from") if recorded is not None and isinstance(
+        recorded.data, dict) else None
+    return isinstance(came, dict) and source not in came
+
 
 _WAIT = object()
+_NO_LIST = object()  # a for_each node's list predecessor has no result
 _SKIP = object()
 
 
@@ -348,6 +410,10 @@ def _start(graph: Graph, wf: WorkflowContext, node: str, count: int, data: Any,
             f"graph {graph.name!r}: node {node!r} would run a {count}th time, over "
             f"its max_visits of {graph.limit(node)} (a loop that does not end?)")
     step_name = node if count == 1 else f"{node}#{count}"
+    if items is _NO_LIST:
+        raise InvalidInputError(
+            f"graph {graph.name!r}: a loop started for_each node {node!r} again, but "
+            f"{graph.for_each[node]!r}, whose list it runs over, did not run in this visit")
     if node not in graph.for_each:
         return [wf.call(step_name, graph.nodes[node], {**data, "state": wf.state})]
     return _fan_out(graph, wf, node, step_name, items, data)
@@ -433,9 +499,15 @@ def _settled(graph: Graph, node: str, results: dict[str, Any], skipped: set[str]
 
 def _chosen(graph: Graph, node: str, results: dict[str, Any]) -> set[str]:
     chooser = graph.branch.get(node)
-    if chooser is None:
-        return set(graph.successors[node])
-    chosen = set(chooser(results[node]))
+    if chooser is None:  # every edge out fires, a back-edge included
+        return set(graph.successors[node]) | set(graph.back_edges.get(node, ()))
+    picked = chooser(results[node])
+    if isinstance(picked, str) or not isinstance(picked, list | tuple | set | frozenset) or (
+            not all(isinstance(n, str) for n in picked)):
+        raise InvalidInputError(
+            f"graph {graph.name!r}: branch of {node!r} must return a list of node names, "
+            f"got {picked!r:.200}")
+    chosen = set(picked)
     unknown = chosen - set(graph.successors[node]) - set(graph.back_edges.get(node, ()))
     if unknown:
         raise InvalidInputError(f"graph {graph.name!r}: branch of {node!r} chose "

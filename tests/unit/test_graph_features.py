@@ -361,3 +361,118 @@ def test_an_error_route_inside_a_loop_runs_again_for_each_failing_visit(
     assert [steps[n].result for n in ("handle", "handle#2", "handle#3")] == [
         {"__pikku_state__": {"tries": n}, "result": f"try {n} failed"} for n in (1, 2, 3)]
     assert {"attempt", "attempt#2", "attempt#3"} <= set(steps)
+
+
+def test_a_back_edge_from_a_node_without_a_branch_always_fires(pikku: PikkuCelery) -> None:
+    """The README's ``poll`` graph: ``wait`` has no branch, so its back-edge to ``check``
+    fires every time; ``check``'s branch is the way out."""
+    ran: list[str] = []
+
+    @pikku.step(name="gf.submit")
+    def submit(data: Any) -> int:
+        ran.append("submit")
+        return 0
+
+    @pikku.step(name="gf.poll_check")
+    def check(data: Any) -> dict[str, bool]:
+        ran.append("check")
+        return {"ready": ran.count("check") >= 3}
+
+    @pikku.step(name="gf.wait")
+    def wait(data: Any) -> None:
+        ran.append("wait")
+
+    @pikku.step(name="gf.poll_done")
+    def done(data: Any) -> str:
+        ran.append("done")
+        return "ok"
+
+    pikku.graph("poll", nodes={"submit": submit, "check": check, "wait": wait, "done": done},
+                edges=[("submit", "check"), ("check", "wait"), ("wait", "check"),
+                       ("check", "done")],
+                branch={"check": lambda r: ["done"] if r["ready"] else ["wait"]},
+                max_visits={"check": 20})
+    run = pikku.get_run(pikku.start("poll", None, inline=True))
+    assert run.status == "completed", run.error
+    assert ran == ["submit", "check", "wait", "check", "wait", "check", "done"]
+    assert run.output == {"done": "ok"}
+    assert {s.step_name for s in pikku.get_steps(run.run_id)} == {
+        "submit", "check", "wait", "check#2", "wait#2", "check#3", "done"}
+
+
+def _stepper(pikku: PikkuCelery, graph: str) -> tuple[Recorder, Any]:
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    run_id = pikku.start(graph, None)
+    pikku.engine.advance(run_id)
+
+    def run(step: str, name: str) -> list[str]:
+        pikku.engine.execute_step(pikku.registry.steps[step], run_id, name)
+        pikku.engine.advance(run_id)
+        return [s[2] for s in recorder.steps]
+    return recorder, run
+
+
+def test_parallel_back_edges_replay_the_loop_the_first_firing_recorded(
+        pikku: PikkuCelery) -> None:
+    """T fans out to A1 and A2, each able to loop back to T. A2 finishes first and fires
+    T#2; when A1's first visit finishes later, later passes must still read T#2 as A2's
+    loop (not A1's, by graph order), so the next visits are A1#2 and A2#2."""
+    s = pikku.step(name="gf.s")(lambda data: 0)
+    t = pikku.step(name="gf.t")(lambda data: sorted(data["from"]))
+    a = pikku.step(name="gf.a")(lambda data: {"again": True})
+    pikku.graph("two", nodes={"S": s, "T": t, "A1": a, "A2": a, "E1": s, "E2": s},
+                edges=[("S", "T"), ("T", "A1"), ("T", "A2"), ("A1", "T"), ("A2", "T"),
+                       ("A1", "E1"), ("A2", "E2")],
+                branch={"A1": lambda r: ["T"] if r["again"] else ["E1"],
+                        "A2": lambda r: ["T"] if r["again"] else ["E2"]})
+    _, run = _stepper(pikku, "two")
+    run("gf.s", "S")
+    assert run("gf.t", "T") == ["S", "T", "A1", "A2"]
+    assert run("gf.a", "A2")[-1] == "T#2"  # A2 loops back first
+    run_id = pikku.list_runs(limit=1)[0].run_id
+    assert set(pikku.get_steps(run_id)[-1].data["from"]) == {"S", "A2"}
+    assert run("gf.a", "A1") == ["S", "T", "A1", "A2", "T#2"]  # A1 lost: nothing new
+    assert run("gf.t", "T#2")[-2:] == ["A1#2", "A2#2"]
+
+
+def test_a_node_of_a_replaced_visit_is_never_dispatched(pikku: PikkuCelery) -> None:
+    """A loops back to T while B (of T's first visit) still runs; when B finishes, its
+    successor C belongs to a visit the loop replaced and must not start."""
+    n = pikku.step(name="gf.n")(lambda data: 1)
+    pikku.graph("stale", nodes={k: n for k in ("S", "T", "B", "M", "C", "A", "E")},
+                edges=[("S", "T"), ("T", "B"), ("T", "M"), ("B", "C"), ("M", "A"),
+                       ("A", "T"), ("A", "E")],
+                branch={"A": lambda r: ["T"]}, max_visits={"T": 3})
+    _, run = _stepper(pikku, "stale")
+    for name in ("S", "T", "M"):
+        run("gf.n", name)
+    assert run("gf.n", "A")[-1] == "T#2"
+    sent = run("gf.n", "B")
+    assert "C" not in sent and sent[-1] == "T#2"
+    assert run("gf.n", "T#2")[-2:] == ["B#2", "M#2"]
+
+
+@pytest.mark.parametrize("chosen", ["done", None, [1]])
+def test_a_branch_that_returns_no_list_of_names_fails_the_run_clearly(
+        pikku: PikkuCelery, chosen: Any) -> None:
+    step = pikku.step(name="gf.v")(lambda data: 1)
+    pikku.graph("badbranch", nodes={"a": step, "done": step}, edges=[("a", "done")],
+                branch={"a": lambda r: chosen})
+    run = pikku.get_run(pikku.start("badbranch", None, inline=True))
+    assert run.status == "failed" and run.error is not None
+    assert "branch of 'a' must return a list of node names" in run.error["message"]
+
+
+def test_a_for_each_node_a_loop_starts_without_its_list_fails_the_run_clearly(
+        pikku: PikkuCelery) -> None:
+    one = pikku.step(name="gf.one")(lambda data: 1)
+    pikku.graph("fe", nodes={"S": one, "P": pikku.step(name="gf.lst")(lambda d: [1, 2]),
+                             "F": one, "X": one},
+                edges=[("S", "P"), ("P", "F"), ("F", "X"), ("S", "X"), ("X", "F")],
+                branch={"S": lambda r: ["X"], "X": lambda r: ["F"]},
+                for_each={"F": "P"})
+    run = pikku.get_run(pikku.start("fe", None, inline=True))
+    assert run.status == "failed" and run.error is not None
+    assert run.error["type"] == "InvalidInputError"
+    assert "'P', whose list it runs over, did not run" in run.error["message"]
