@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pikku_celery._urls import carries_secret, redact_url, reserved_in_userinfo
 from pikku_celery.durations import Duration, to_ms, to_seconds
 from pikku_celery.errors import PikkuConfigurationError
 from pikku_celery.leases.base import LeaseService
@@ -151,21 +152,25 @@ class Settings:
         if given is not None:
             return given  # type: ignore[no-any-return]
         url = self._url("mongo_url", "MongoDB", "store")
+        from pymongo.errors import ConfigurationError
+
         from pikku_celery.store.mongo import MongoWorkflowStore
 
         timeout = conf_value(self._app, "server_selection_timeout")
+        server_selection_timeout = None if timeout is None else to_seconds(
+            _duration(timeout), what=PREFIX + "server_selection_timeout")
         concerns = {name: conf_value(self._app, name)
                     for name in ("write_concern", "read_concern")}
         try:
             return MongoWorkflowStore.from_url(
-                url, server_selection_timeout=(
-                    None if timeout is None else to_seconds(
-                        _duration(timeout), what=PREFIX + "server_selection_timeout")),
+                url, server_selection_timeout=server_selection_timeout,
                 **{name: value for name, value in concerns.items() if value not in (None, "")})
         except ValueError as exc:
             if str(exc).startswith(("invalid write_concern", "invalid read_concern")):
                 raise ValueError(f"invalid {PREFIX}{str(exc).removeprefix('invalid ')}") from exc
-            raise
+            raise self._unusable_url("mongo_url", "MongoDB", "pymongo", url, exc) from None
+        except ConfigurationError as exc:  # pymongo's InvalidURI among them
+            raise self._unusable_url("mongo_url", "MongoDB", "pymongo", url, exc) from None
 
     def leases(self) -> LeaseService:
         """The explicit lease service, else a ``RedisLeaseService`` on ``pikku_redis_url``
@@ -177,7 +182,15 @@ class Settings:
         from pikku_celery.leases.redis import RedisLeaseService
 
         prefix = conf_value(self._app, "key_prefix")
-        leases = RedisLeaseService.from_url(url, key_prefix=prefix or None)
+        try:
+            leases = RedisLeaseService.from_url(url, key_prefix=prefix or None)
+        except (ValueError, TypeError) as exc:
+            if str(exc).startswith("invalid key_prefix"):  # pikku_key_prefix, not the URL
+                raise ValueError(f"invalid {PREFIX}{str(exc).removeprefix('invalid ')}"
+                                 ) from exc
+            cluster = url.startswith(("redis+cluster://", "rediss+cluster://"))
+            raise self._unusable_url("redis_url", "Redis", "pikku's Redis Cluster URL parser"
+                                     if cluster else "redis-py", url, exc) from None
         leases.adopt_prefix(self._app.main)
         return leases
 
@@ -189,9 +202,30 @@ class Settings:
                 f"{setting_names(self._app, name)} in the Celery app's configuration, or pass "
                 f"{argument}= to PikkuCelery")
         if not isinstance(url, str):
-            raise PikkuConfigurationError(
-                f"invalid {PREFIX + name}: {url!r} (must be a URL string)")
+            raise PikkuConfigurationError(  # not its repr: it can hold the password
+                f"invalid {setting_names(self._app, name)}: a {type(url).__name__} (must be "
+                "a URL string)")
         return url
+
+    def _unusable_url(self, name: str, service: str, driver: str, url: str,
+                      exc: Exception) -> PikkuConfigurationError:
+        """The error for a configured URL the driver refused, raised ``from None``: it
+        names the setting and shows the URL with its password masked, and the driver's
+        message only when the URL carries no secret (it can quote a piece of the URL: a
+        password's tail read as the port). The log of a web request that built the engine
+        shows this error, not the driver's."""
+        if reserved_in_userinfo(url):
+            why = ("its user name or password holds a character a URL reserves ('/', '?', "
+                   "'#' or '@'), which ends the address early: percent-encode them "
+                   "(urllib.parse.quote(password, safe=''): '/' is %2F, '@' is %40)")
+        elif carries_secret(url):
+            why = (f"{driver} refused it ({type(exc).__name__}; its message is not shown, "
+                   "as it can quote the password)")
+        else:
+            why = f"{driver} refused it: {exc}"
+        return PikkuConfigurationError(
+            f"invalid {setting_names(self._app, name)}: {redact_url(url)} is not a usable "
+            f"{service} URL: {why}")
 
 
 def _duration(value: Any) -> Duration:

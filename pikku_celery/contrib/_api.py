@@ -10,9 +10,11 @@ through is decided here, once, in this order:
    ``text/plain``, form or multipart bodies), at most ``max_body_bytes`` (413), and nested
    no deeper than MongoDB stores (400);
 3. the handler calls the app's public methods; errors map to statuses here: unknown run or
-   workflow 404, bad input 400, a run id taken by another run 409, anything else 500 with
-   no detail (the exception is logged, never served: a message or traceback can quote a
-   connection string).
+   workflow 404, bad input (pikku's ``InvalidInputError`` only) 400, a run id taken by
+   another run or a refused approval 409, anything else 500 with no detail: any other
+   ``ValueError``, a ``PikkuConfigurationError`` (the engine is built at its first use,
+   which can be a request) and every unexpected error are logged, never served (a
+   driver's message or a traceback can quote a connection string).
 
 Served records carry errors as ``type`` and ``message`` only; their ``traceback`` (and
 those of error-shaped values nested in step data, such as a compensation's input) is
@@ -35,6 +37,7 @@ from urllib.parse import urlsplit
 from pikku_celery.app import PikkuCelery
 from pikku_celery.errors import (
     InvalidInputError,
+    PikkuConfigurationError,
     WorkflowApprovalError,
     WorkflowNotFoundError,
     WorkflowRunConflictError,
@@ -87,6 +90,12 @@ def not_authenticated() -> ApiError:
 
 def forbidden(action: str) -> ApiError:
     return ApiError(403, "PermissionDenied", f"not allowed to {action} runs")
+
+
+def internal_error() -> Response:
+    """The one answer to a failure that is the server's: no detail (it is in the log)."""
+    return 500, {"error": "InternalError",
+                 "message": "the server could not answer; the error is in its log"}
 
 
 # --- serving records ---------------------------------------------------------------------
@@ -260,13 +269,20 @@ def handle(call: Callable[[], Response]) -> Response:
         # An approval refused: the run does not wait on it, or the decision or its
         # approver does not fit the gate; nothing was recorded.
         return 409, {"error": type(exc).__name__, "message": str(exc)}
-    except (InvalidInputError, ValueError) as exc:
+    except InvalidInputError as exc:
+        # Only pikku's own: the message describes the caller's input. Any other ValueError
+        # (a driver refusing a configured URL, a bad setting) is the server's, and its
+        # message can quote a password.
         return 400, {"error": type(exc).__name__, "message": str(exc)}
+    except PikkuConfigurationError as exc:
+        # The deployment's mistake, not the caller's: named in the log (the message names
+        # the setting and masks passwords), never served.
+        log.error("pikku API: pikku is misconfigured: %s", exc)
+        return internal_error()
     except Exception:
         # Never the message: a driver's error can quote a URL with its password.
         log.exception("pikku API: unexpected error")
-        return 500, {"error": "InternalError",
-                     "message": "the server could not answer; the error is in its log"}
+        return internal_error()
 
 
 class RunsApi:

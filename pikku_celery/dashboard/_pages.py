@@ -26,6 +26,7 @@ from pikku_celery.contrib._api import CANCEL, RESUME, ApiOptions, present
 from pikku_celery.dashboard.chart import chart
 from pikku_celery.errors import (
     InvalidInputError,
+    PikkuConfigurationError,
     WorkflowNotFoundError,
     WorkflowRunNotFoundError,
 )
@@ -189,8 +190,14 @@ class Dashboard:
             return self.error(exc.status, exc.title, exc.message, home)
         except (WorkflowRunNotFoundError, WorkflowNotFoundError) as exc:
             return self.error(404, "Not found", str(exc), home)
-        except (InvalidInputError, ValueError) as exc:
+        except InvalidInputError as exc:
+            # Only pikku's own: another ValueError (a driver refusing a configured URL) is
+            # the server's, and its message can quote a password: a 500 below.
             return self.error(400, "Bad request", str(exc), home)
+        except PikkuConfigurationError as exc:
+            log.error("pikku dashboard: pikku is misconfigured: %s", exc)
+            return self.error(500, "Server error",
+                              "the server could not answer; the error is in its log", home)
         except Exception:
             # Never the message: a driver's error can quote a URL with its password.
             log.exception("pikku dashboard: unexpected error")

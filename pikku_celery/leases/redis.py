@@ -55,6 +55,7 @@ from redis.commands.core import Script
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
+from pikku_celery._urls import redact_url, reserved_in_userinfo
 from pikku_celery.keys import LEASE_HASH_FMT, LEASE_MARKS_FMT, LEASE_TOKEN_FMT, LEASE_WATCH_FMT
 from pikku_celery.leases.base import Lease, LeaseBusy
 from pikku_celery.leases.memory import (
@@ -566,10 +567,12 @@ def _host_port(item: str, url: str) -> tuple[str, int]:
         host, port = item, "6379"  # no port given (a bare IPv6 address needs brackets)
     host = host.strip("[]")
     if not host or not port.isdigit():
+        if reserved_in_userinfo(url):  # the "node" is a piece of the password: not shown
+            raise ValueError(f"invalid Redis Cluster URL {_redacted(url)!r}: its user name or "
+                             "password holds '/', '?', '#' or '@': percent-encode them")
         raise ValueError(f"invalid Redis Cluster URL {_redacted(url)!r}: bad node {item!r}")
     return host, int(port)
 
 
 def _redacted(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if "@" in rest else url
+    return redact_url(url)

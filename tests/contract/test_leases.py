@@ -724,3 +724,12 @@ def test_cluster_url_connects_at_the_first_call_and_names_no_password() -> None:
 def test_bad_cluster_url_is_a_value_error(url: str) -> None:
     with pytest.raises(ValueError, match="Redis Cluster URL"):
         RedisLeaseService.from_url(url)
+
+
+def test_a_cluster_url_whose_password_holds_a_slash_is_refused_without_it() -> None:
+    """The address ends at the unescaped '/': the password's head would be read as a node
+    (``bad node ':Xk9pQ2mZ'``)."""
+    with pytest.raises(ValueError, match="percent-encode") as refused:
+        RedisLeaseService.from_url("redis+cluster://:Xk9pQ2mZ/7vLr@10.0.0.1:7000")
+    assert "redis+cluster://:***@10.0.0.1:7000" in str(refused.value)
+    assert "Xk9pQ2mZ" not in str(refused.value) and "7vLr" not in str(refused.value)

@@ -361,6 +361,24 @@ def test_check_names_a_missing_setting_and_an_app_without_workflows(
     assert "no workflow is registered" in problems[1]
 
 
+def test_check_names_a_url_the_driver_refused_without_its_password(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A password with an unescaped '/': redis-py's own message quotes its head."""
+    from pikku_celery import shared
+
+    monkeypatch.setattr(shared, "_hooks", [])
+    app = Celery("leaky", set_as_current=False)
+    app.conf.update(pikku_mongo_url="mongodb://127.0.0.1:1/shop",
+                    pikku_redis_url="redis://:Xk9pQ2mZ/7vLr@redis.internal:6379/0")
+    PikkuCelery(app, worker_reaper=False)
+    checked = run_cli(app, "check")
+    assert checked.exit_code == 1
+    problems = [line for line in checked.output.splitlines() if line.startswith("problem:")]
+    assert problems[0].startswith("problem: PikkuConfigurationError: invalid pikku_redis_url")
+    assert "redis://:***@redis.internal:6379/0" in problems[0]
+    assert "Xk9pQ2mZ" not in checked.output and "7vLr" not in checked.output
+
+
 def test_a_read_with_mongodb_unreachable_is_one_line() -> None:
     mongo = MongoWorkflowStore.from_url(f"mongodb://127.0.0.1:{free_port()}/shop",
                                         server_selection_timeout="200ms")

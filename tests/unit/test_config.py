@@ -256,3 +256,82 @@ def test_the_worker_reaper_setting_is_read_when_the_worker_starts() -> None:
         assert pikku._reaper is not None and pikku._reaper.interval_s == 40.0
     finally:
         pikku._on_worker_shutdown()
+
+
+# --- a configured URL the driver refuses ----------------------------------------------------
+
+LEAKY_PASSWORD = "Xk9pQ2mZ/7vLr"  # an unescaped '/': the drivers read 'Xk9pQ2mZ' as the port
+
+
+def _misconfigured(**urls: Any) -> PikkuCelery:
+    app = _app("shop")
+    app.conf.update(pikku_mongo_url="mongodb://127.0.0.1:1/shop",
+                    pikku_redis_url="redis://127.0.0.1:1/0")
+    app.conf.update(urls)
+    return PikkuCelery(app, worker_reaper=False)
+
+
+def _refused(pikku: PikkuCelery) -> str:
+    with pytest.raises(PikkuConfigurationError) as refused:
+        pikku.engine  # noqa: B018 - the URL is parsed when the engine is first built
+    # raised ``from None``: a log's traceback does not show the driver's message either
+    error = refused.value
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(("setting", "url", "shown"), [
+    ("pikku_redis_url", f"redis://:{LEAKY_PASSWORD}@redis.internal:6379/0",
+     "redis://:***@redis.internal:6379/0"),
+    ("pikku_mongo_url", f"mongodb://app:{LEAKY_PASSWORD}@mongo.internal:27017/shop",
+     "mongodb://app:***@mongo.internal:27017/shop"),
+    ("pikku_mongo_url", "mongodb://app:p@ss@mongo.internal/shop",  # pymongo's InvalidURI
+     "mongodb://app:***@mongo.internal/shop"),
+    ("pikku_redis_url", f"redis+cluster://:{LEAKY_PASSWORD}@10.0.0.1:7000,10.0.0.2:7000",
+     "redis+cluster://:***@10.0.0.1:7000,10.0.0.2:7000"),
+])
+def test_a_password_a_url_cannot_hold_is_named_without_the_password(
+        setting: str, url: str, shown: str) -> None:
+    """The password's tail after an unescaped '/' becomes the path, its head the port:
+    redis-py says 'Port could not be cast to integer value as 'Xk9pQ2mZ''. The error names
+    the setting and the URL with its password masked, and says what to escape."""
+    message = _refused(_misconfigured(**{setting: url}))
+    assert setting in message and shown in message
+    assert "percent-encode" in message and "%2F" in message
+    assert "Xk9pQ2mZ" not in message and "7vLr" not in message and "ss@" not in message
+
+
+@pytest.mark.parametrize(("setting", "url", "secret"), [
+    ("pikku_redis_url", "redis://:s3cret@redis.internal:6379/0?socket_timeout=soon", "s3cret"),
+    ("pikku_redis_url", "redis://redis.internal:6379/0?password=s3cret&socket_timeout=soon",
+     "s3cret"),
+    ("pikku_mongo_url", "mongodb://app:s3cret@mongo.internal:port/shop", "s3cret"),
+])
+def test_a_url_with_a_password_never_shows_the_drivers_message(
+        setting: str, url: str, secret: str) -> None:
+    message = _refused(_misconfigured(**{setting: url}))
+    assert setting in message and "***" in message and secret not in message
+    assert "its message is not shown" in message
+
+
+@pytest.mark.parametrize(("setting", "url", "says"), [
+    ("pikku_redis_url", "http://redis.internal:6379/0", "must specify one of the following"),
+    ("pikku_redis_url", "redis://redis.internal:6379/0?socket_timeout=soon",
+     "Invalid value for 'socket_timeout'"),
+    ("pikku_mongo_url", "mongodb://mongo.internal:port/shop", "Port"),
+])
+def test_a_url_without_a_secret_shows_what_the_driver_refused(setting: str, url: str,
+                                                              says: str) -> None:
+    message = _refused(_misconfigured(**{setting: url}))
+    assert setting in message and url in message and says in message
+
+
+def test_a_url_that_is_not_a_string_is_not_shown() -> None:
+    message = _refused(_misconfigured(pikku_redis_url=b"redis://:s3cret@redis.internal/0"))
+    assert "pikku_redis_url" in message and "bytes" in message and "s3cret" not in message
+
+
+def test_a_bad_key_prefix_is_still_named_as_the_setting() -> None:
+    with pytest.raises(ValueError, match="invalid pikku_key_prefix") as refused:
+        _misconfigured(pikku_key_prefix="{braced}").engine  # noqa: B018
+    assert not isinstance(refused.value, PikkuConfigurationError)

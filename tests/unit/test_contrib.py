@@ -465,6 +465,50 @@ def test_an_unexpected_error_is_a_500_without_detail(web: Web, monkeypatch: pyte
     assert "hunter2" in caplog.text  # the operator finds it in the log
 
 
+def test_a_value_error_that_is_not_pikkus_is_a_500_without_detail(
+        web: Web, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Only pikku's ``InvalidInputError`` is the caller's bad input (400, with its message);
+    any other ``ValueError`` is the server's, and a driver's can quote a password."""
+    def broken(run_id: str) -> None:
+        raise ValueError("Port could not be cast to integer value as 'Xk9pQ2mZ'")
+
+    monkeypatch.setattr(web.pikku, "get_run", broken)
+    with caplog.at_level(logging.ERROR, logger="pikku_celery.contrib"):
+        status, payload = web.call("GET", PREFIX + "/runs/r-1")
+    assert (status, payload["error"]) == (500, "InternalError")
+    assert "Xk9pQ2mZ" not in json.dumps(payload) and "Port" not in json.dumps(payload)
+    assert "Xk9pQ2mZ" in caplog.text  # the operator finds it in the log
+
+
+LEAKY_REDIS_URL = "redis://:Xk9pQ2mZ/7vLr@redis.internal:6379/0"
+
+
+def misconfigured_pikku() -> PikkuCelery:
+    """A ``PikkuCelery`` whose engine is first built by a web request, on a Redis URL whose
+    password holds an unescaped '/' (redis-py: 'Port could not be cast to integer value as
+    'Xk9pQ2mZ'')."""
+    app = Celery("misconfigured", broker="memory://", set_as_current=False)
+    app.conf.update(pikku_mongo_url="mongodb://127.0.0.1:1/shop",
+                    pikku_redis_url=LEAKY_REDIS_URL)
+    return PikkuCelery(app, worker_reaper=False)
+
+
+@pytest.mark.parametrize("framework", ["flask", "django"])
+def test_a_misconfigured_url_is_a_500_and_named_only_in_the_log(
+        framework: str, caplog: pytest.LogCaptureFixture) -> None:
+    pikku = misconfigured_pikku()
+    web = flask_web(pikku) if framework == "flask" else django_web(pikku)
+    with caplog.at_level(logging.ERROR, logger="pikku_celery.contrib"):
+        status, payload = web.call("GET", PREFIX + "/runs")
+    assert (status, payload["error"]) == (500, "InternalError")
+    served = json.dumps(payload)
+    assert "Xk9pQ2mZ" not in served and "redis" not in served
+    # the log names the setting and the URL, its password masked, and nothing of it
+    assert "pikku_redis_url" in caplog.text
+    assert "redis://:***@redis.internal:6379/0" in caplog.text
+    assert "Xk9pQ2mZ" not in caplog.text and "7vLr" not in caplog.text
+
+
 def test_authorize_is_told_the_action_and_run(web: Web) -> None:
     running_run(web.pikku)
     web.call("GET", PREFIX + "/runs/r-live/history", user="reader")

@@ -6,6 +6,7 @@ tracebacks are hidden; and the standalone app's token and loopback rules.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pikku_celery.dashboard.standalone import make_app
 from pikku_celery.store.base import NewRun
 from tests.support import django_project
 from tests.support.operate import now_ms, superseded_run
-from tests.unit.test_contrib import USERS, authorize, make_pikku
+from tests.unit.test_contrib import USERS, authorize, make_pikku, misconfigured_pikku
 
 BASE = "/pikku/"
 
@@ -178,6 +179,29 @@ def test_bad_queries_and_unknown_runs_are_pages_not_tracebacks(site: Site) -> No
     assert missing.status == 404 and "no workflow run with id" in missing.text
     assert site.get(BASE + "runs/$where").status in (400, 404)
     assert "Traceback" not in bad.text + missing.text
+
+
+def test_a_value_error_that_is_not_pikkus_is_a_500_page_without_detail(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(run_id: str) -> None:
+        raise ValueError("Port could not be cast to integer value as 'Xk9pQ2mZ'")
+
+    monkeypatch.setattr(site.pikku, "get_run", broken)
+    page = site.get(BASE + "runs/r-1")
+    assert page.status == 500 and "the error is in its log" in page.text
+    assert "Xk9pQ2mZ" not in page.text and "Port" not in page.text
+
+
+@pytest.mark.parametrize("framework", ["flask", "django"])
+def test_a_misconfigured_url_is_a_500_page_named_only_in_the_log(
+        framework: str, caplog: pytest.LogCaptureFixture) -> None:
+    pikku = misconfigured_pikku()
+    site = flask_site(pikku) if framework == "flask" else django_site(pikku)
+    with caplog.at_level(logging.ERROR, logger="pikku_celery.contrib"):
+        page = site.get(BASE)
+    assert page.status == 500 and "Xk9pQ2mZ" not in page.text and "redis" not in page.text
+    assert "redis://:***@redis.internal:6379/0" in caplog.text
+    assert "Xk9pQ2mZ" not in caplog.text
 
 
 def test_the_run_page_shows_the_timeline_with_the_superseded_attempt(site: Site) -> None:
