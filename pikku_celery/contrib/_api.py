@@ -16,6 +16,12 @@ through is decided here, once, in this order:
    which can be a request) and every unexpected error are logged, never served (a
    driver's message or a traceback can quote a connection string).
 
+An approval is recorded as given by the caller the adapter identified (Django: the
+signed-in user; Flask: ``PIKKU_IDENTIFY``), never by whoever the body's ``by`` names: a
+``by`` that is not the caller is refused (403), and so is any ``by`` when the adapter cannot
+tell who the caller is (an approval without ``by`` is recorded with no approver, which only
+a gate without approvers takes).
+
 Served records carry errors as ``type`` and ``message`` only; their ``traceback`` (and
 those of error-shaped values nested in step data, such as a compensation's input) is
 served only with ``show_tracebacks``. Every route requires an authorized caller, so a
@@ -51,6 +57,8 @@ Response = tuple[int, Any]
 #: ``authorize(request, action, run_id) -> bool``; ``run_id`` is ``None`` for ``runs`` and
 #: ``start``.
 Authorize = Callable[[Any, str, "str | None"], bool]
+#: ``identify(request) -> str | None``: the caller's name, an approval's ``by``.
+Identify = Callable[[Any], "str | None"]
 
 READ, START, CANCEL, RESUME, APPROVE = "read", "start", "cancel", "resume", "approve"
 ACTIONS = (READ, START, CANCEL, RESUME, APPROVE)
@@ -238,6 +246,30 @@ def import_authorize(value: Any, setting: str) -> Authorize | str:
     return authorize
 
 
+def import_identify(value: Any, setting: str) -> Identify:
+    """``PIKKU_IDENTIFY`` as a callable: a callable, or the dotted path of one."""
+    if isinstance(value, str):
+        value = import_dotted(value, setting)
+    if not callable(value):
+        raise TypeError(f"{setting} must be a callable (request) -> the caller's name "
+                        f"(str) or None, or a dotted path to one; got {value!r}")
+    identify: Identify = value
+    return identify
+
+
+def caller_of(identify: Identify | None, request: Any, setting: str) -> str | None:
+    """Who ``identify(request)`` says the caller is (``None``: it cannot tell). Anything
+    but a non-empty ``str`` or ``None`` is the deployment's mistake (a 500, logged)."""
+    if identify is None:
+        return None
+    caller = identify(request)
+    if caller is None or (isinstance(caller, str) and caller):
+        return caller
+    raise PikkuConfigurationError(f"{setting} returned a value of type "
+                                  f"{type(caller).__name__}: it must return the caller's "
+                                  "name (a non-empty str), or None when it cannot tell")
+
+
 def import_dotted(path: str, setting: str) -> Any:
     """``"pkg.module:attr"`` or ``"pkg.module.attr"``."""
     import importlib
@@ -285,6 +317,14 @@ def handle(call: Callable[[], Response]) -> Response:
         return internal_error()
 
 
+UNKNOWN_CALLER = (
+    "the server cannot tell who you are, so it cannot record an approval in anyone's name "
+    "(the body says 'by': {by!r}). Send the decision without 'by' (only a gate without "
+    "approvers takes it), or have the server identify its callers: in Flask, set "
+    "PIKKU_IDENTIFY to a callable (request) -> the caller's name; in Django, sign in (the "
+    "approval is recorded as given by the signed-in user)")
+
+
 class RunsApi:
     """The handlers; each returns ``(status, payload)``."""
 
@@ -292,8 +332,10 @@ class RunsApi:
                  caller: str | None = None) -> None:
         self.pikku = pikku
         self.options = options
-        # Who the adapter authenticated (Django: the user's username), or ``None``. An
-        # approval is recorded as given by them, never by whoever the body names.
+        # Who the adapter authenticated (Django: the user's username; Flask: what
+        # PIKKU_IDENTIFY returns), or ``None``. An approval is recorded as given by them,
+        # never by whoever the body names; without a caller, a body naming ``by`` is
+        # refused (403) and an approval without it is recorded with no approver.
         self.caller = caller
 
     def _present(self, record: Any) -> Any:
@@ -350,6 +392,9 @@ class RunsApi:
                 raise ApiError(403, "Forbidden", f"you are {self.caller!r}: you cannot "
                                                  f"approve as {by!r}")
             by = self.caller
+        elif by is not None:
+            # Whoever PIKKU_AUTHORIZE lets approve could otherwise name any approver.
+            raise ApiError(403, "Forbidden", UNKNOWN_CALLER.format(by=by))
         step = self.pikku.approve(run_id, name, fields["decision"], by=by)
         return 200, {"approved": True, "step": self._present(step)}
 

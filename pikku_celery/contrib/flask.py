@@ -7,6 +7,15 @@
 - ``PIKKU_AUTHORIZE`` (required to mount the API): a callable ``(request, action, run_id)
   -> bool`` or its dotted path, or ``"allow-local"`` (development only: requests from this
   machine to a loopback name). ``False`` is a 403; call ``abort(401)`` in it for a 401.
+- ``PIKKU_IDENTIFY`` (default none): a callable ``(request) -> str | None`` or its dotted
+  path, naming the caller (with Flask-Login, ``current_user.get_id()`` when
+  ``current_user.is_authenticated``; a verified token's subject); ``None`` when it cannot
+  tell. An approval (``POST .../approvals/<name>``) is
+  recorded as given by that name: a body whose ``by`` is another name is refused (403).
+  Without ``PIKKU_IDENTIFY`` (or when it returns ``None``) the server cannot tell who
+  approves, so a body naming ``by`` is refused (403) and an approval without ``by`` is
+  recorded with no approver (only a gate without ``approvers`` takes it). It is called
+  for an approval, after ``PIKKU_AUTHORIZE`` allowed it; ``abort(401)`` in it is a 401.
 - ``PIKKU_SHOW_TRACEBACKS`` (default off), ``PIKKU_MAX_BODY_BYTES`` (default 1 MiB),
   ``PIKKU_TRUSTED_ORIGINS`` (origins allowed to POST from another site, default none).
 - ``PIKKU_CELERY_APP``: the Celery app (or its dotted path) when ``PikkuFlask`` was given
@@ -41,15 +50,15 @@ from pikku_celery.errors import PikkuConfigurationError
 
 EXTENSION = "pikku"
 DEFAULT_URL_PREFIX = "/pikku"
-WEB_SETTINGS = frozenset({"PIKKU_URL_PREFIX", "PIKKU_AUTHORIZE", "PIKKU_SHOW_TRACEBACKS",
-                          "PIKKU_MAX_BODY_BYTES", "PIKKU_TRUSTED_ORIGINS",
-                          "PIKKU_CELERY_APP"})
+WEB_SETTINGS = frozenset({"PIKKU_URL_PREFIX", "PIKKU_AUTHORIZE", "PIKKU_IDENTIFY",
+                          "PIKKU_SHOW_TRACEBACKS", "PIKKU_MAX_BODY_BYTES",
+                          "PIKKU_TRUSTED_ORIGINS", "PIKKU_CELERY_APP"})
 NO_AUTHORIZE = (
     "pikku: PIKKU_AUTHORIZE is not set, and the pikku API will not be mounted without it "
     "(it starts, reads and cancels runs). Set app.config['PIKKU_AUTHORIZE'] to a callable "
     "(request, action, run_id) -> bool, or its dotted path ('myapp.auth:can_use_pikku'); "
-    "action is one of 'read', 'start', 'cancel', 'resume'. For local development only, "
-    "PIKKU_AUTHORIZE = 'allow-local' allows requests from 127.0.0.1. Or set "
+    "action is one of 'read', 'start', 'cancel', 'resume', 'approve'. For local "
+    "development only, PIKKU_AUTHORIZE = 'allow-local' allows requests from 127.0.0.1. Or set "
     "PIKKU_URL_PREFIX = None to mount no API.")
 
 
@@ -61,6 +70,7 @@ class PikkuState:
     authorize: _api.Authorize | str | None
     options: _api.ApiOptions
     trusted_origins: Collection[str]
+    identify: _api.Identify | None = None
 
 
 class PikkuFlask:
@@ -75,11 +85,13 @@ class PikkuFlask:
         """Bind to ``app``: its ``PikkuCelery``, the API blueprint, ``flask pikku``."""
         config = app.config
         prefix = config.get("PIKKU_URL_PREFIX", DEFAULT_URL_PREFIX)
-        authorize = None
+        authorize = identify = None
         if prefix is not None:
             if config.get("PIKKU_AUTHORIZE") is None:
                 raise PikkuConfigurationError(NO_AUTHORIZE)
             authorize = _api.import_authorize(config["PIKKU_AUTHORIZE"], "PIKKU_AUTHORIZE")
+            if config.get("PIKKU_IDENTIFY") is not None:
+                identify = _api.import_identify(config["PIKKU_IDENTIFY"], "PIKKU_IDENTIFY")
         app.extensions[EXTENSION] = PikkuState(
             pikku=self.pikku if self.pikku is not None else _find_pikku(app),
             authorize=authorize,
@@ -87,7 +99,8 @@ class PikkuFlask:
                 show_tracebacks=bool(config.get("PIKKU_SHOW_TRACEBACKS", False)),
                 max_body_bytes=int(config.get("PIKKU_MAX_BODY_BYTES",
                                               _api.DEFAULT_MAX_BODY_BYTES))),
-            trusted_origins=tuple(config.get("PIKKU_TRUSTED_ORIGINS", ())))
+            trusted_origins=tuple(config.get("PIKKU_TRUSTED_ORIGINS", ())),
+            identify=identify)
         if self.pikku is not None:
             _copy_settings(app, self.pikku.app)
         if prefix is not None:
@@ -163,7 +176,12 @@ def _serve(route: _api.Route, params: dict[str, str]) -> _api.Response:
                 raise _api.ApiError(403, "CrossSiteRequest",
                                     f"refused a cross-site request ({why})")
         _authorize(state, route.action, params.get("run_id"))
-        api = _api.RunsApi(state.pikku, state.options)
+        caller = None
+        if route.action == _api.APPROVE:  # the approver (None: a body's ``by`` is refused)
+            caller = _api.caller_of(state.identify,
+                                    request._get_current_object(),  # type: ignore[attr-defined]
+                                    "PIKKU_IDENTIFY")
+        api = _api.RunsApi(state.pikku, state.options, caller=caller)
         return route.serve(api, params, request.args,
                            lambda: _read_body(state.options.max_body_bytes, route.action))
     except HTTPException as exc:  # abort(401) in PIKKU_AUTHORIZE

@@ -7,6 +7,11 @@ session cookie) or sends ``Authorization: Bearer <token>``; else only requests f
 machine to a loopback name (``"allow-local"``). The CLI refuses to bind anything but
 loopback without an authorize callable or a token.
 
+None of these names the caller, so the JSON API here records approvals with no approver:
+a body naming ``by`` is refused (403), and a decision without it is taken only by a gate
+without approvers. To record who approves, mount ``PikkuFlask`` in your own app with
+``PIKKU_IDENTIFY``.
+
 ``make_app`` returns a WSGI app: behind a real server,
 ``gunicorn 'pikku_celery.dashboard.standalone:from_env()'`` (reads the same settings from
 ``PIKKU_DASHBOARD_*`` environment variables) serves it on many threads.

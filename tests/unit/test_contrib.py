@@ -54,6 +54,14 @@ def authorize(request: Any, action: str, run_id: str | None) -> bool:
 calls: list[tuple[str, str | None]] = []
 
 
+def identify(request: Any) -> str | None:
+    """``PIKKU_IDENTIFY`` of the Flask test app: the signed-in user, as Django's."""
+    from flask import session
+
+    name = session.get("user")
+    return None if name is None else str(name)
+
+
 # --- the app under test -------------------------------------------------------------------
 
 
@@ -109,12 +117,14 @@ class Web:
 
 
 def flask_web(pikku: PikkuCelery, **config: Any) -> Web:
+    """Signed-in users are identified (``PIKKU_IDENTIFY``) unless ``config`` says else."""
     from flask import Flask
 
     from pikku_celery.contrib.flask import PikkuFlask
 
     app = Flask("contrib-test")
-    app.config.update(SECRET_KEY="tests", PIKKU_AUTHORIZE=authorize, **config)
+    app.config.update({"SECRET_KEY": "tests", "PIKKU_AUTHORIZE": authorize,
+                       "PIKKU_IDENTIFY": identify, **config})
     PikkuFlask(pikku).init_app(app)
 
     def call(method: str, path: str, body: Any = None, *, user: str | None = "admin",
@@ -337,9 +347,9 @@ def test_start_read_cancel_and_resume_over_http(web: Web) -> None:
 
 
 def test_approve_over_http(web: Web) -> None:
-    """A refused decision is a 409 and leaves the run suspended; Django records the
-    signed-in user as the approver and refuses a body naming someone else; Flask (no
-    user model) takes ``by`` from the body, checked against the gate's approvers."""
+    """A refused decision is a 409 and leaves the run suspended; the approver recorded is
+    the caller the server identified (Django: the signed-in user; Flask: PIKKU_IDENTIFY),
+    and a body naming someone else is refused."""
     pikku, call = web.pikku, web.call
     run_id = pikku.start("gated", None, inline=True)
     path = PREFIX + f"/runs/{run_id}/approvals/manager"
@@ -347,20 +357,57 @@ def test_approve_over_http(web: Web) -> None:
     assert (status, payload["error"]) == (409, "WorkflowApprovalError")
     assert "does not match its schema" in payload["message"]
     status, payload = call("POST", path, {"decision": True, "by": "bob"})
-    if web.framework == "django":
-        assert (status, payload["error"]) == (403, "Forbidden")
-    else:
-        assert (status, payload["error"]) == (409, "WorkflowApprovalError")
-        assert "'bob' is not one of its approvers" in payload["message"]
+    assert (status, payload["error"]) == (403, "Forbidden")
+    assert "you are 'admin'" in payload["message"]
     assert call("POST", path, {"by": "admin"})[0] == 400  # no decision
     assert pikku.get_run(run_id).status == "suspended"
-    body = {"decision": True} if web.framework == "django" else {"decision": True,
-                                                                  "by": "admin"}
-    status, payload = call("POST", path, body)
+    status, payload = call("POST", path, {"decision": True})
     assert status == 200 and payload["approved"] and payload["step"]["result"] is True
     assert pikku.get_run(run_id).status == "running"
-    status, payload = call("POST", path, body)
+    status, payload = call("POST", path, {"decision": True, "by": "admin"})
     assert (status, payload["error"]) == (409, "WorkflowApprovalError")
+
+
+def with_an_open_gate(pikku: PikkuCelery) -> PikkuCelery:
+    """``open``: an approval gate without approvers (anyone allowed to approve decides)."""
+    @pikku.workflow("open")
+    def open_gate(wf: WorkflowContext, data: Any) -> Any:
+        return wf.approval("go", schema={"type": "boolean"})
+
+    return pikku
+
+
+@pytest.mark.parametrize("identify", [None, lambda request: None])
+def test_flask_without_an_identity_cannot_approve_in_anyones_name(identify: Any) -> None:
+    """No ``PIKKU_IDENTIFY``, or one that cannot tell: whoever may ``approve`` could
+    otherwise name any approver in the body. Django: ``test_contrib_django``."""
+    check_unidentified_approvals(flask_web(with_an_open_gate(make_pikku()),
+                                           PIKKU_IDENTIFY=identify))
+
+
+def check_unidentified_approvals(web: Web) -> None:
+    """``web`` lets its caller approve but cannot name them: a body naming ``by`` is
+    refused, saying how to fix it; without ``by``, only a gate without approvers takes
+    the decision (``web.pikku`` has ``with_an_open_gate``)."""
+    pikku, call = web.pikku, web.call
+    gated = pikku.start("gated", None, inline=True)
+    path = PREFIX + f"/runs/{gated}/approvals/manager"
+    status, payload = call("POST", path, {"decision": True, "by": "admin"})
+    assert (status, payload["error"]) == (403, "Forbidden")
+    message = payload["message"]
+    assert "cannot tell who you are" in message and "'admin'" in message
+    assert "PIKKU_IDENTIFY" in message and "sign in" in message
+    assert pikku.get_run(gated).status == "suspended"
+    # without 'by': a gate with approvers refuses it (pikku.approve with by=None) ...
+    status, payload = call("POST", path, {"decision": True})
+    assert (status, payload["error"]) == (409, "WorkflowApprovalError")
+    assert "no approver (by=) was given" in payload["message"]
+    assert pikku.get_run(gated).status == "suspended"
+    # ... and a gate without approvers takes it
+    opened = pikku.start("open", None, inline=True)
+    status, payload = call("POST", PREFIX + f"/runs/{opened}/approvals/go", {"decision": True})
+    assert status == 200 and payload["step"]["result"] is True
+    assert pikku.get_run(opened).status == "running"
 
 
 def test_runs_are_paged(web: Web) -> None:

@@ -26,7 +26,13 @@ from pikku_celery import (
     WorkflowNotFoundError,
 )
 from tests.support import django_project
-from tests.unit.test_contrib import PREFIX, django_web, make_pikku
+from tests.unit.test_contrib import (
+    PREFIX,
+    check_unidentified_approvals,
+    django_web,
+    make_pikku,
+    with_an_open_gate,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -191,6 +197,16 @@ def test_by_default_only_active_staff_users_get_in(pikku: PikkuCelery) -> None:
     User.objects.get_or_create(username="gone", defaults={"is_staff": True, "is_active": False})
     assert web.call("GET", PREFIX + "/runs", user="gone")[0] == 401  # not logged in
     assert pikku.list_runs() == []
+
+
+def test_an_anonymous_caller_authorize_lets_in_cannot_approve_in_anyones_name() -> None:
+    """``PIKKU_AUTHORIZE`` may let in callers who are not signed in (a token checked in it,
+    ``allow-local``): no user to record, so a body's ``by`` is refused."""
+    web = django_web(with_an_open_gate(make_pikku()),
+                     PIKKU_AUTHORIZE=lambda request, action, run_id: True)
+    signed_in = web.call
+    web.call = lambda *args, **kwargs: signed_in(*args, **{**kwargs, "user": None})
+    check_unidentified_approvals(web)
 
 
 def test_pikku_authorize_may_be_a_dotted_path(pikku: PikkuCelery) -> None:

@@ -5,6 +5,7 @@ the Celery app, ``flask pikku`` and the shared ``pikku`` command group."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import click
@@ -66,6 +67,7 @@ def test_a_celery_app_without_pikku_gets_one_configured_from_the_flask_config() 
     celery_app = Celery("flask-lazy", broker="memory://", set_as_current=False)
     celery_app.conf.pikku_key_prefix = "from-celery"  # the Celery app's own setting wins
     app = factory(PikkuFlask(), celery_app, PIKKU_AUTHORIZE=allow_all,
+                  PIKKU_IDENTIFY="tests.unit.test_contrib_flask:by_header",
                   PIKKU_MONGO_URL="mongodb://db.example/shop", PIKKU_KEY_PREFIX="from-flask",
                   PIKKU_STEP_LEASE="20s")
     with app.app_context():
@@ -75,6 +77,7 @@ def test_a_celery_app_without_pikku_gets_one_configured_from_the_flask_config() 
     assert celery_app.conf.pikku_step_lease == "20s"
     assert celery_app.conf.pikku_key_prefix == "from-celery"
     assert celery_app.conf.get("pikku_authorize") is None  # web settings stay in Flask
+    assert celery_app.conf.get("pikku_identify") is None
 
 
 def test_the_celery_app_can_be_named_in_the_config() -> None:
@@ -105,6 +108,52 @@ def bearer(request: Any, action: str, run_id: str | None) -> bool:
     if header is None:
         abort(401)
     return bool(header == "Bearer good")
+
+
+def by_header(request: Any) -> Any:
+    """A ``PIKKU_IDENTIFY``: the caller a (trusted, in this test) header names."""
+    name = request.headers.get("X-User")
+    if name == "nobody-at-all":
+        abort(401)
+    return None if name is None else (42 if name == "not-a-name" else name)
+
+
+def test_identify_may_be_a_dotted_path_and_names_the_approver() -> None:
+    pikku = make_pikku()
+    run_id = pikku.start("gated", None, inline=True)
+    app = factory(PikkuFlask(pikku), PIKKU_AUTHORIZE=allow_all,
+                  PIKKU_IDENTIFY="tests.unit.test_contrib_flask:by_header")
+    client = app.test_client()
+    path = PREFIX + f"/runs/{run_id}/approvals/manager"
+    as_bob = client.post(path, json={"decision": True, "by": "admin"},
+                         headers={"X-User": "bob"})
+    assert (as_bob.status_code, as_bob.json["error"]) == (403, "Forbidden")
+    assert "you are 'bob'" in as_bob.json["message"]
+    bob = client.post(path, json={"decision": True}, headers={"X-User": "bob"})
+    assert bob.status_code == 409 and "'bob' is not one of its approvers" in bob.json["message"]
+    assert client.post(path, json={"decision": True},
+                       headers={"X-User": "nobody-at-all"}).status_code == 401
+    admin = client.post(path, json={"decision": True, "by": "admin"},
+                        headers={"X-User": "admin"})
+    assert admin.status_code == 200 and pikku.get_run(run_id).status == "running"
+    with pytest.raises(ImportError, match="PIKKU_IDENTIFY"):
+        factory(PikkuFlask(pikku), PIKKU_AUTHORIZE=allow_all, PIKKU_IDENTIFY="tests.nowhere:x")
+    with pytest.raises(TypeError, match="PIKKU_IDENTIFY"):
+        factory(PikkuFlask(pikku), PIKKU_AUTHORIZE=allow_all, PIKKU_IDENTIFY=42)
+
+
+def test_identify_returning_anything_but_a_name_is_a_logged_500(
+        caplog: pytest.LogCaptureFixture) -> None:
+    pikku = make_pikku()
+    run_id = pikku.start("gated", None, inline=True)
+    app = factory(PikkuFlask(pikku), PIKKU_AUTHORIZE=allow_all, PIKKU_IDENTIFY=by_header)
+    with caplog.at_level(logging.ERROR, logger="pikku_celery.contrib"):
+        response = app.test_client().post(PREFIX + f"/runs/{run_id}/approvals/manager",
+                                          json={"decision": True},
+                                          headers={"X-User": "not-a-name"})
+    assert (response.status_code, response.json["error"]) == (500, "InternalError")
+    assert "PIKKU_IDENTIFY returned a value of type int" in caplog.text
+    assert pikku.get_run(run_id).status == "suspended"
 
 
 @pytest.mark.parametrize(("remote", "host", "headers", "status"), [

@@ -20,7 +20,13 @@ from pikku_celery.dashboard.standalone import make_app
 from pikku_celery.store.base import NewRun
 from tests.support import django_project
 from tests.support.operate import now_ms, superseded_run
-from tests.unit.test_contrib import USERS, authorize, make_pikku, misconfigured_pikku
+from tests.unit.test_contrib import (
+    USERS,
+    authorize,
+    make_pikku,
+    misconfigured_pikku,
+    with_an_open_gate,
+)
 
 BASE = "/pikku/"
 
@@ -385,6 +391,24 @@ def test_standalone_with_a_token_lets_in_who_opens_the_token_url() -> None:
                                 headers={"Authorization": "Bearer " + "s" * 20})
     assert api.status_code == 200 and api.json["output"] == 3
     assert app.test_client().get(f"/api/runs/{run_id}").status_code == 401
+
+
+def test_standalone_api_approvals_name_no_approver() -> None:
+    """A token lets in whoever holds it, and names no one: an approval naming ``by`` is
+    refused, one without it goes to a gate without approvers."""
+    pikku = with_an_open_gate(make_pikku())
+    gated = pikku.start("gated", None, inline=True)
+    opened = pikku.start("open", None, inline=True)
+    app = make_app(pikku, token="s" * 20)
+    bearer = {"Authorization": "Bearer " + "s" * 20}
+    named = app.test_client().post(f"/api/runs/{gated}/approvals/manager",
+                                   json={"decision": True, "by": "admin"}, headers=bearer)
+    assert (named.status_code, named.json["error"]) == (403, "Forbidden")
+    assert "cannot tell who you are" in named.json["message"]
+    assert pikku.get_run(gated).status == "suspended"
+    open_gate = app.test_client().post(f"/api/runs/{opened}/approvals/go",
+                                       json={"decision": True}, headers=bearer)
+    assert open_gate.status_code == 200 and pikku.get_run(opened).status == "running"
 
 
 def test_standalone_without_a_token_lets_in_this_machine_only() -> None:

@@ -6,6 +6,11 @@ get in, as for the admin. A refused anonymous caller gets 401, a refused user 40
 POST goes through Django's CSRF check (``csrf_protect``, with or without
 ``CsrfViewMiddleware``): send the ``csrftoken`` cookie's value in ``X-CSRFToken``; every
 GET sets that cookie.
+
+An approval is recorded as given by the signed-in user: a body whose ``by`` names anyone
+else is refused (403), and so is any ``by`` from an anonymous caller ``PIKKU_AUTHORIZE``
+let in (the server cannot tell who they are; without ``by``, only a gate without approvers
+takes their decision).
 """
 
 from __future__ import annotations
