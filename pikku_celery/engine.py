@@ -246,6 +246,12 @@ class Engine:
                                           error=error, child_run_id=child_run_id):
             dispatcher.wake_run(parent_run_id, step_name=step_name)
 
+    def wake_check_ms(self, now_ms: int) -> int:
+        """When the reaper makes sure that a gate opened now has its run moving: the
+        opener moves the run itself right after (a second write), so the check only acts
+        when the opener died in between (see ``store.settle_waiting_step``)."""
+        return now_ms + self.settings.stalled_after_ms
+
     def resume(self, run_id: str) -> bool:
         """Release a suspended run: open its suspension gates, then move it to ``running``
         and wake it. ``False`` when there was nothing to resume.
@@ -260,9 +266,9 @@ class Engine:
         opened = False
         for step in self.store.list_steps(run_id):
             if step.step_name.startswith(SUSPEND_PREFIX) and step.status == STEP_SCHEDULED:
-                opened |= self.store.settle_waiting_step(run_id, step.step_name, now,
-                                                         gate=True,
-                                                         result={"resumed_at_ms": now})
+                opened |= self.store.settle_waiting_step(
+                    run_id, step.step_name, now, gate=True, result={"resumed_at_ms": now},
+                    wake_check_ms=self.wake_check_ms(now))
         moved = self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now)
         if not (opened or moved):
             return False
@@ -308,7 +314,8 @@ class Engine:
                                   f"{error.message}")
         now = self.now_ms()
         if not self.store.settle_waiting_step(run_id, gate.step_name, now, gate=True,
-                                              result=decision, by=by):
+                                              result=decision, by=by,
+                                              wake_check_ms=self.wake_check_ms(now)):
             raise WorkflowApprovalError(
                 run_id, name, "it was decided or expired meanwhile")
         log.info("pikku: approval %r of run %s decided%s", name, run_id,

@@ -345,11 +345,13 @@ class _PassHost:
         self.flush()
         store = self._engine.store
         now = self.now_ms()
-        if not _guarded(lambda: store.settle_waiting_step(run_id, gate, now, result=result)):
+        check = self._engine.wake_check_ms(now)
+        if not _guarded(lambda: store.settle_waiting_step(run_id, gate, now, result=result,
+                                                          wake_check_ms=check)):
             return False
         self._view.put(dataclasses.replace(
             self._view.steps[gate], status=STEP_SUCCEEDED, result=result, error=None,
-            due_at=None, lease_expires_at=None,
+            due_at=datetime.fromtimestamp(check / 1000, tz=UTC), lease_expires_at=None,
             updated_at=datetime.fromtimestamp(now / 1000, tz=UTC)))
         # The view's status may be stale (it is read on ALL marks only): the guarded
         # write decides, and moves only a suspended run.

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from pikku_celery.records import STEP_PENDING, STEP_RUNNING, StepState
+from pikku_celery.records import (
+    RUN_RUNNING,
+    RUN_SUSPENDED,
+    STEP_PENDING,
+    STEP_RUNNING,
+    STEP_SUCCEEDED,
+    StepState,
+)
 from pikku_celery.replay import CHILD_PREFIX
 
 if TYPE_CHECKING:
@@ -51,7 +58,9 @@ class Reaper:
             if not self._first_in("due", step, now, s.undispatched_after_ms):
                 continue
             counts["due"] += 1
-            if step.function is None or step.function.startswith(CHILD_PREFIX):
+            if step.status == STEP_SUCCEEDED and step.due_at is not None:
+                self._finish_opening(step, now, dispatcher)
+            elif step.function is None or step.function.startswith(CHILD_PREFIX):
                 dispatcher.wake_run(step.run_id, step_name=step.step_name)
             else:
                 self._dispatch(step, dispatcher)
@@ -72,6 +81,21 @@ class Reaper:
                 dispatcher.wake_run(run_id)  # its wake-up message was lost
                 counts["stalled"] += 1
         return counts
+
+    def _finish_opening(self, gate: StepState, now: int, dispatcher: Dispatcher) -> None:
+        """A gate opened (a decision, an expiry, a resume) whose wake check is due: its
+        opener may have died before moving the run, so move it (only a ``suspended`` run
+        moves: one that went on and stopped at a later gate passes it again and suspends
+        there), wake it, and end the check."""
+        store = self._engine.store
+        if store.transition_run(gate.run_id, [RUN_SUSPENDED], RUN_RUNNING, now):
+            log.warning("pikku: run %s was left suspended behind its opened gate %r "
+                        "(its opener stopped before it moved the run): moved and woken",
+                        gate.run_id, gate.step_name)
+        dispatcher.wake_run(gate.run_id, step_name=gate.step_name)
+        assert gate.due_at is not None
+        store.clear_wake_check(gate.run_id, gate.step_name,
+                               round(gate.due_at.timestamp() * 1000))
 
     def _recover_children(self, steps: list[StepState], dispatcher: Dispatcher) -> set[str]:
         """Report children that ended while the parent was not told (a crash between the two

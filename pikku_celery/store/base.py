@@ -224,6 +224,7 @@ class WorkflowStore(Protocol):
         child_run_id: str | None = None,
         gate: bool = False,
         by: str | None = None,
+        wake_check_ms: int | None = None,
     ) -> bool:
         """Settle a step nobody claims: a due sleep (``scheduled`` with ``due_ms <= now``), a
         step parked on ``child_run_id``, or with ``gate`` a ``scheduled`` step that is never
@@ -231,7 +232,18 @@ class WorkflowStore(Protocol):
         the expiry, settling it as due, and a decision, settling it as a gate, exclude each
         other on the one clock). One guarded write; ``False`` if it no longer waits (already
         settled, not yet due, expired, another child). ``by`` (who decided an approval) is
-        recorded as the attempt's ``worker`` in the history."""
+        recorded as the attempt's ``worker`` in the history.
+
+        ``wake_check_ms`` stays in the settled step's due time: a gate is settled before
+        its run moves out of ``suspended`` (another write), and a writer that dies between
+        the two would leave the run suspended behind an open gate; the reaper finds the
+        check due (``find_due_steps``), takes the run back and wakes it, and ends the check
+        (``clear_wake_check``)."""
+        ...
+
+    def clear_wake_check(self, run_id: str, step_name: str, due_ms: int) -> bool:
+        """End a settled gate's wake check (the reaper has taken its run back); guarded on
+        the check being the one read, so a newer one is kept."""
         ...
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
@@ -265,8 +277,10 @@ class WorkflowStore(Protocol):
     def find_due_steps(self, now_ms: int, dispatched_before_ms: int, limit: int,
                        after: tuple[int, str] | None = None) -> list[StepState]:
         """Steps that should be running but nobody picked up: ``pending`` since before
-        ``dispatched_before_ms``, ``scheduled`` or retryable ``failed`` whose due time passed;
-        in ``(updated, invocation id)`` order, starting after ``after`` when given."""
+        ``dispatched_before_ms``, ``scheduled`` or retryable ``failed`` whose due time passed,
+        and settled gates whose wake check is due (``succeeded``, see
+        ``settle_waiting_step``); in ``(updated, invocation id)`` order, starting after
+        ``after`` when given."""
         ...
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:

@@ -272,7 +272,7 @@ class InMemoryWorkflowStore:
     def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
                             result: Any = None, error: dict[str, Any] | None = None,
                             child_run_id: str | None = None, gate: bool = False,
-                            by: str | None = None) -> bool:
+                            by: str | None = None, wake_check_ms: int | None = None) -> bool:
         check_value(f"result of step {step_name!r}", result)
         with self._lock:
             doc = self._steps.get(keys.invocation_id(run_id, step_name))
@@ -281,7 +281,7 @@ class InMemoryWorkflowStore:
             status = STEP_FAILED if error is not None else STEP_SUCCEEDED
             parked = doc[S.STATUS] == STEP_RUNNING
             doc.update({S.STATUS: status, S.RESULT: as_stored(result),
-                        S.ERROR: as_stored(error), S.LEASE: None, S.DUE: None,
+                        S.ERROR: as_stored(error), S.LEASE: None, S.DUE: wake_check_ms,
                         S.UPDATED: now_ms})
             if parked:  # on a child since its insert, which opened its one attempt
                 _docs.apply_set(doc, _docs.closing_fields(1, status, now_ms, as_stored(error)))
@@ -290,6 +290,14 @@ class InMemoryWorkflowStore:
                 _docs.apply_set(doc, {_docs.entry_path(1): {
                     **_docs.open_entry(now_ms, by, None), H.STATUS: status,
                     H.ERROR: as_stored(error), H.ENDED: now_ms}})
+            return True
+
+    def clear_wake_check(self, run_id: str, step_name: str, due_ms: int) -> bool:
+        with self._lock:
+            doc = self._steps.get(keys.invocation_id(run_id, step_name))
+            if doc is None or doc[S.STATUS] != STEP_SUCCEEDED or doc[S.DUE] != due_ms:
+                return False
+            doc[S.DUE] = None
             return True
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
@@ -343,7 +351,8 @@ class InMemoryWorkflowStore:
         with self._lock:
             docs = [d for d in self._steps.values()
                     if (d[S.STATUS] == STEP_PENDING and d[S.UPDATED] < dispatched_before_ms)
-                    or (d[S.STATUS] in (STEP_SCHEDULED, STEP_FAILED) and is_due(d, now_ms))]
+                    or (d[S.STATUS] in (STEP_SCHEDULED, STEP_FAILED, STEP_SUCCEEDED)
+                        and is_due(d, now_ms))]
             return self._page(docs, S.UPDATED, after, limit)
 
     @staticmethod

@@ -457,12 +457,12 @@ class MongoWorkflowStore:
     def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
                             result: Any = None, error: dict[str, Any] | None = None,
                             child_run_id: str | None = None, gate: bool = False,
-                            by: str | None = None) -> bool:
+                            by: str | None = None, wake_check_ms: int | None = None) -> bool:
         check_value(f"result of step {step_name!r}", result)
         guard: Doc = {S.ID: keys.invocation_id(run_id, step_name)}
         status = STEP_FAILED if error is not None else STEP_SUCCEEDED
         fields: Doc = {S.STATUS: status, S.RESULT: result, S.ERROR: error, S.LEASE: None,
-                       S.DUE: None, S.UPDATED: now_ms}
+                       S.DUE: wake_check_ms, S.UPDATED: now_ms}
         if child_run_id is not None:
             # Parked on the child since its insert, which opened its one attempt.
             guard.update({S.STATUS: STEP_RUNNING, S.CHILD_RUN: child_run_id})
@@ -470,14 +470,26 @@ class MongoWorkflowStore:
         else:
             # A sleep or a gate: its one attempt starts and ends with this write.
             guard.update({S.STATUS: STEP_SCHEDULED, S.FUNCTION: None})
-            if gate:  # never due by itself, or an approval not yet expired
-                guard["$or"] = [{S.DUE: None}, {S.DUE: {"$gt": now_ms}}]
-            else:
-                guard[S.DUE] = {"$ne": None, "$lte": now_ms}
             fields[S.WORKER] = by
             fields[_docs.entry_path(1)] = {**_docs.open_entry(now_ms, by, None),
                                            H.STATUS: status, H.ERROR: error, H.ENDED: now_ms}
+            if gate:
+                # Never due by itself, or an approval not yet expired: "due None, or later
+                # than now" as two guarded writes, not one filter with an $or (no write
+                # filter has one: the wire stand-in applies an $or write filter to the
+                # whole collection). A gate's due time is fixed while it waits, so at most
+                # one of the two can match; a gate without expiry takes one write.
+                return any(self._steps.update_one({**guard, S.DUE: due},
+                                                  {"$set": fields}).matched_count == 1
+                           for due in (None, {"$ne": None, "$gt": now_ms}))
+            guard[S.DUE] = {"$ne": None, "$lte": now_ms}
         found = self._steps.update_one(guard, {"$set": fields})
+        return found.matched_count == 1
+
+    def clear_wake_check(self, run_id: str, step_name: str, due_ms: int) -> bool:
+        found = self._steps.update_one(
+            {S.ID: keys.invocation_id(run_id, step_name), S.STATUS: STEP_SUCCEEDED,
+             S.DUE: due_ms}, {"$set": {S.DUE: None}})
         return found.matched_count == 1
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
@@ -539,7 +551,7 @@ class MongoWorkflowStore:
                        after: tuple[int, str] | None = None) -> list[StepState]:
         due: Doc = {"$or": [
             {S.STATUS: STEP_PENDING, S.UPDATED: {"$lt": dispatched_before_ms}},
-            {S.STATUS: {"$in": [STEP_SCHEDULED, STEP_FAILED]},
+            {S.STATUS: {"$in": [STEP_SCHEDULED, STEP_FAILED, STEP_SUCCEEDED]},
              S.DUE: {"$ne": None, "$lte": now_ms}},
         ]}
         query = {"$and": [due, _page_after(S.UPDATED, after)]} if after else due

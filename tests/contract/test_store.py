@@ -638,6 +638,30 @@ def test_an_approval_gate_settles_once_by_decision_before_its_expiry_or_by_expir
     assert [e[H.WORKER] for e in raw_history(store, run_id) if e[H.NAME] == "decided"] == ["ann"]
 
 
+
+def test_an_opened_gate_keeps_a_wake_check_the_due_sweep_finds_until_it_is_cleared(
+        store: WorkflowStore) -> None:
+    """A gate is opened before its run moves (a second write): its wake check, kept in the
+    settled step's due time, is how the reaper finds a run whose opener died in between."""
+    run_id = new_run(store)
+    add_step(store, run_id, "gate", function=None, status="scheduled")
+    add_step(store, run_id, "plain", function=None, status="scheduled")
+    assert store.settle_waiting_step(run_id, "gate", T0, gate=True, result={"ok": True},
+                                     wake_check_ms=T0 + 100)
+    assert store.settle_waiting_step(run_id, "plain", T0, gate=True, result=1)
+    assert store.find_due_steps(T0 + 99, T0, 10) == []
+    due = store.find_due_steps(T0 + 100, T0, 10)
+    assert [(s.step_name, s.status, s.result) for s in due] == [
+        ("gate", "succeeded", {"ok": True})]
+    assert not store.clear_wake_check(run_id, "gate", T0 + 99)  # not the check read
+    assert not store.clear_wake_check(run_id, "plain", T0 + 100)
+    assert store.clear_wake_check(run_id, "gate", T0 + 100)
+    assert not store.clear_wake_check(run_id, "gate", T0 + 100)
+    assert store.find_due_steps(T0 + 10**6, T0, 10) == []
+    state = store.get_step(run_id, "gate")
+    assert state is not None and state.status == "succeeded" and state.result == {"ok": True}
+
+
 # --- bad input: a clear error and no write -------------------------------------------------
 
 

@@ -216,3 +216,90 @@ def test_cancelling_a_run_waiting_on_an_approval_ends_it(pikku: PikkuCelery) -> 
     with pytest.raises(WorkflowApprovalError, match="ended"):
         pikku.approve(run_id, "manager", {"approved": True}, by="ann")
     assert gate(pikku, run_id).status == "failed"
+
+
+def _dies_before_the_run_moves(pikku: PikkuCelery) -> None:
+    """The store fails the next move out of ``suspended`` (the opener's second write), as
+    a process that dies, or loses MongoDB, between the two writes."""
+    store = pikku.engine.store
+    real = store.transition_run
+
+    def blip(run_id: str, from_statuses: Any, to: str, now_ms: int, **kw: Any) -> bool:
+        if to == "running":
+            store.transition_run = real  # type: ignore[method-assign]
+            raise ConnectionError("MongoDB went away")
+        return real(run_id, from_statuses, to, now_ms, **kw)
+
+    store.transition_run = blip  # type: ignore[method-assign]
+
+
+def _virtual_time(pikku: PikkuCelery) -> VirtualClock:
+    clock = VirtualClock()
+    pikku.engine.clock = clock
+    pikku.engine.leases._clock_ms = clock.now_ms  # type: ignore[attr-defined]
+    return clock
+
+
+def test_a_decision_whose_writer_dies_before_the_run_moves_is_finished_by_the_reaper(
+        pikku: PikkuCelery) -> None:
+    clock = _virtual_time(pikku)
+    run_id = pikku.start("onboarding", None, inline=True)
+    assert pikku.get_run(run_id).status == "suspended"
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    _dies_before_the_run_moves(pikku)
+    with pytest.raises(ConnectionError):
+        pikku.approve(run_id, "manager", {"approved": True}, by="ann")
+    assert gate(pikku, run_id).status == "succeeded"  # decided; the run did not move
+    with pytest.raises(WorkflowApprovalError):  # decided: a retry is refused
+        pikku.approve(run_id, "manager", {"approved": True}, by="ann")
+    pikku.reap()
+    assert recorder.wakes == [] and pikku.get_run(run_id).status == "suspended"
+    clock.advance(pikku.engine.settings.stalled_after_ms / 1000 + 1)
+    pikku.reap()
+    assert [w[0] for w in recorder.wakes] == [run_id]
+    assert pikku.get_run(run_id).status == "running"
+    assert run_inline(pikku.engine, run_id).output == "yes"
+    recorder.wakes.clear()
+    clock.advance("1h")
+    pikku.reap()
+    assert recorder.wakes == []  # the check ended: one wake, not one per sweep
+
+
+def test_an_expiry_whose_pass_dies_before_the_run_moves_is_finished_by_the_reaper(
+        pikku: PikkuCelery) -> None:
+    clock = _virtual_time(pikku)
+    run_id = pikku.start("onboarding", {"expiry": "10m"}, inline=True)
+    clock.advance("11m")
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    _dies_before_the_run_moves(pikku)
+    with pytest.raises(ConnectionError):
+        pikku.engine.advance(run_id, step_name="__approval:manager")
+    assert gate(pikku, run_id).result == {"expired": True}
+    assert pikku.get_run(run_id).status == "suspended"
+    clock.advance(pikku.engine.settings.stalled_after_ms / 1000 + 1)
+    pikku.reap()
+    assert pikku.get_run(run_id).status == "running"
+    assert run_id in [w[0] for w in recorder.wakes]
+    assert run_inline(pikku.engine, run_id).output == "expired"
+
+
+def test_a_resume_that_dies_before_the_run_moves_is_finished_by_the_reaper(
+        pikku: PikkuCelery) -> None:
+    @pikku.workflow()
+    def held(wf: Any, data: Any) -> Any:
+        wf.suspend("wait for ops")
+        return "released"
+
+    clock = _virtual_time(pikku)
+    run_id = pikku.start("held", None, inline=True)
+    assert pikku.get_run(run_id).status == "suspended"
+    pikku.engine.dispatcher = Recorder()
+    _dies_before_the_run_moves(pikku)
+    with pytest.raises(ConnectionError):
+        pikku.resume(run_id)
+    clock.advance(pikku.engine.settings.stalled_after_ms / 1000 + 1)
+    pikku.reap()
+    assert pikku.get_run(run_id).status == "running"
+    assert run_inline(pikku.engine, run_id).output == "released"
