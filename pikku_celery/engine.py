@@ -5,6 +5,7 @@ inline runs use them directly."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -301,7 +302,8 @@ class Engine:
             raise WorkflowApprovalError(
                 run_id, name, f"{by!r} is not one of its approvers" if by is not None
                 else "it has approvers, and no approver (by=) was given")
-        schema = data.get("schema")
+        text = data.get("schema_json")  # "schema": a gate an earlier version recorded
+        schema = json.loads(text) if isinstance(text, str) else data.get("schema")
         if schema is not None:
             import jsonschema
 

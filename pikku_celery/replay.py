@@ -16,6 +16,7 @@ must not change what the next pass replays.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
@@ -240,8 +241,11 @@ class WorkflowContext:
                 due = self._host.now_ms() + to_ms(expiry, what=f"approval {name!r} expiry")
             state = self._record(NewStep(
                 run_id=self.run_id, step_name=step, function=None,
-                data={"approval": name, "schema": schema, "approvers": allowed,
-                      "expires_at_ms": due},
+                # The schema as JSON text: a JSON Schema's own keys ($schema, $ref, $defs,
+                # property names with dots) are not keys MongoDB stores.
+                data={"approval": name, "schema_json": None if schema is None
+                      else json.dumps(schema, sort_keys=True),
+                      "approvers": allowed, "expires_at_ms": due},
                 status=STEP_SCHEDULED, due_ms=due))
         self._check_same_function(state, None)
         if state.status == STEP_SUCCEEDED:

@@ -303,3 +303,28 @@ def test_a_resume_that_dies_before_the_run_moves_is_finished_by_the_reaper(
     pikku.reap()
     assert pikku.get_run(run_id).status == "running"
     assert run_inline(pikku.engine, run_id).output == "released"
+
+
+def test_a_standard_json_schema_with_dollar_keys_and_dotted_names_works(
+        pikku: PikkuCelery) -> None:
+    """``$schema``, ``$defs``, ``$ref`` and a property named with a dot are ordinary JSON
+    Schema; the gate stores the schema as JSON text, since MongoDB refuses such keys."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+              "$defs": {"verdict": {"type": "boolean"}},
+              "type": "object", "required": ["approved"],
+              "properties": {"approved": {"$ref": "#/$defs/verdict"},
+                             "cost.centre": {"type": "string"}}}
+
+    @pikku.workflow()
+    def standard(wf: Any, data: Any) -> Any:
+        return wf.approval("finance", schema=schema)
+
+    run_id = pikku.start("standard", None, inline=True)
+    assert pikku.get_run(run_id).status == "suspended", pikku.get_run(run_id).error
+    with pytest.raises(WorkflowApprovalError, match="approved"):
+        pikku.approve(run_id, "finance", {"approved": "yes"})
+    with pytest.raises(InvalidInputError, match="cost.centre"):  # as any step result
+        pikku.approve(run_id, "finance", {"approved": True, "cost.centre": "R&D"})
+    pikku.approve(run_id, "finance", {"approved": True})
+    run = run_inline(pikku.engine, run_id)
+    assert run.status == "completed" and run.output == {"approved": True}
