@@ -292,6 +292,11 @@ class Engine:
         check_name("approval name", name)
         if by is not None:
             check_name("approver (by)", by)
+        if isinstance(decision, dict) and "expired" in decision:
+            # The expiry's own result: a decision that looked like it would read as one.
+            raise WorkflowApprovalError(
+                run_id, name, "a decision may not have an 'expired' key: it is reserved for "
+                              "the result of the gate's expiry ({'expired': True})")
         run = self.get_run(run_id)
         if run.status not in _LIVE:
             raise WorkflowApprovalError(run_id, name, f"the run has ended ({run.status})")

@@ -323,8 +323,16 @@ def test_a_standard_json_schema_with_dollar_keys_and_dotted_names_works(
     assert pikku.get_run(run_id).status == "suspended", pikku.get_run(run_id).error
     with pytest.raises(WorkflowApprovalError, match="approved"):
         pikku.approve(run_id, "finance", {"approved": "yes"})
-    with pytest.raises(InvalidInputError, match="cost.centre"):  # as any step result
+    with pytest.raises(InvalidInputError, match=r"cost\.centre"):  # as any step result
         pikku.approve(run_id, "finance", {"approved": True, "cost.centre": "R&D"})
     pikku.approve(run_id, "finance", {"approved": True})
     run = run_inline(pikku.engine, run_id)
     assert run.status == "completed" and run.output == {"approved": True}
+
+
+def test_a_decision_cannot_pass_itself_off_as_the_expiry(pikku: PikkuCelery) -> None:
+    run_id = pikku.start("onboarding", {"expiry": "1h"}, inline=True)
+    with pytest.raises(WorkflowApprovalError, match="'expired' key: it is reserved"):
+        pikku.approve(run_id, "manager", {"approved": False, "expired": True}, by="ann")
+    assert gate(pikku, run_id).status == "scheduled"
+    assert pikku.get_run(run_id).status == "suspended"
