@@ -321,17 +321,21 @@ def check(ctx: click.Context, create_indexes: bool) -> None:
 @click.pass_context
 def dashboard(ctx: click.Context, host: str, port: int, authorize: str | None,
               token: str | None, show_tracebacks: bool) -> None:
-    """Serve the dashboard (and the JSON API) standalone."""
+    """Serve the dashboard (and the JSON API) standalone.
+
+    Its session cookie is signed with PIKKU_DASHBOARD_SECRET_KEY (an environment variable
+    only, at least 32 characters) when set, so logins survive a restart; else with a key
+    drawn at random for this process."""
     with one_line_errors():
         if authorize is None and token is None and not is_loopback(host):
             raise CommandFailed(
                 f"refusing to serve the dashboard on {host} without --authorize or --token "
                 "(on 127.0.0.1 it lets in requests from this machine only)")
-        from pikku_celery.dashboard.standalone import make_app
+        from pikku_celery.dashboard.standalone import make_app, secret_key_from_env
 
         app = resolve(ctx)
         web = make_app(app, authorize=authorize, token=token,
-                       show_tracebacks=show_tracebacks)
+                       show_tracebacks=show_tracebacks, secret_key=secret_key_from_env())
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
     click.echo(f"pikku dashboard on {url} (Ctrl-C to stop)")

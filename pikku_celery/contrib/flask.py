@@ -17,7 +17,9 @@
   recorded with no approver (only a gate without ``approvers`` takes it). It is called
   for an approval, after ``PIKKU_AUTHORIZE`` allowed it; ``abort(401)`` in it is a 401.
 - ``PIKKU_SHOW_TRACEBACKS`` (default off), ``PIKKU_MAX_BODY_BYTES`` (default 1 MiB),
-  ``PIKKU_TRUSTED_ORIGINS`` (origins allowed to POST from another site, default none).
+  ``PIKKU_TRUSTED_ORIGINS`` (origins allowed to POST from another site, default none: a
+  list, or one string of origins separated by commas or whitespace, as
+  ``from_prefixed_env()`` reads ``FLASK_PIKKU_TRUSTED_ORIGINS``).
 - ``PIKKU_CELERY_APP``: the Celery app (or its dotted path) when ``PikkuFlask`` was given
   no ``PikkuCelery``; default ``app.extensions["celery"]``, where Flask's Celery guide
   keeps it. Its ``PikkuCelery`` is used, or created (``PikkuCelery(celery_app)``).
@@ -35,7 +37,7 @@ refused with 403 unless its origin is in ``PIKKU_TRUSTED_ORIGINS``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,13 +101,39 @@ class PikkuFlask:
                 show_tracebacks=bool(config.get("PIKKU_SHOW_TRACEBACKS", False)),
                 max_body_bytes=int(config.get("PIKKU_MAX_BODY_BYTES",
                                               _api.DEFAULT_MAX_BODY_BYTES))),
-            trusted_origins=tuple(config.get("PIKKU_TRUSTED_ORIGINS", ())),
+            trusted_origins=trusted_origins(config.get("PIKKU_TRUSTED_ORIGINS")),
             identify=identify)
         if self.pikku is not None:
             _copy_settings(app, self.pikku.app)
         if prefix is not None:
             app.register_blueprint(blueprint(), url_prefix=prefix)
         app.cli.add_command(bound(lambda: _state(app).pikku))
+
+
+def trusted_origins(value: Any) -> tuple[str, ...]:
+    """``PIKKU_TRUSTED_ORIGINS``: a list (any iterable) of origins, or one string of them
+    separated by commas or whitespace (what ``app.config.from_prefixed_env()`` makes of
+    ``FLASK_PIKKU_TRUSTED_ORIGINS=https://admin.example.com``); ``None``: none. Anything
+    else is refused: iterated as it is, it would trust no origin it names."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(value.replace(",", " ").split())
+    got = type(value).__name__
+    if not isinstance(value, (bytes, bytearray, Mapping)):
+        try:
+            origins = list(value)
+        except TypeError:
+            pass
+        else:
+            wrong = [o for o in origins if not isinstance(o, str)]
+            if not wrong:
+                return tuple(o.strip() for o in origins if o.strip())
+            got = f"a {got} holding {type(wrong[0]).__name__}"
+    raise PikkuConfigurationError(
+        "PIKKU_TRUSTED_ORIGINS must be a list of origins or one string of them separated by "
+        "commas or spaces ('https://admin.example.com, https://ops.example.com'), got "
+        f"{got}")
 
 
 def current_pikku() -> PikkuCelery:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
@@ -83,12 +83,19 @@ def pretty(value: Any) -> str:
     return shown
 
 
+def segment(value: str) -> str:
+    """``value`` as one path segment of a URL: a run id can hold ``#``, ``?``, ``%`` or
+    ``/``, which would end the path or change its meaning if put there as it is."""
+    return quote(value, safe="")
+
+
 def _environment() -> Environment:
     env = Environment(loader=PackageLoader("pikku_celery.dashboard", "templates"),
                       autoescape=True, undefined=StrictUndefined, trim_blocks=True,
                       lstrip_blocks=True)
     env.filters.update(duration=format_duration, time=format_time, pretty=pretty,
-                       error=lambda error, limit=300: error_line(error, limit=limit))
+                       error=lambda error, limit=300: error_line(error, limit=limit),
+                       segment=segment)
     return env
 
 
@@ -120,7 +127,7 @@ class Dashboard:
                 done = self.pikku.resume(run_id)
             notice = (f"run {DONE[action]}" if done
                       else f"nothing to {action}: the run is {self.pikku.get_run(run_id).status}")
-            return Page(303, redirect=f"{view.base}runs/{run_id}?"
+            return Page(303, redirect=f"{view.base}runs/{segment(run_id)}?"
                         + urlencode({"notice": notice}))
         return self._page(view.base, act)
 
@@ -237,12 +244,20 @@ def security_headers(nonce: str) -> dict[str, str]:
     }
 
 
-def check_form(content_type: str | None, content_length: int | None) -> None:
+def check_form(content_type: str | None, content_length: str | None) -> None:
     """A button's POST is a small urlencoded form: anything else is refused before it is
-    read."""
+    read. ``content_length`` is the ``Content-Length`` header as sent (``None``: none, or
+    a chunked body); one that is not a number is the caller's mistake (400), never a
+    server error."""
     if (content_type or "").split(";")[0].strip().lower() != \
             "application/x-www-form-urlencoded":
         raise PageError(415, "Unsupported form", "the dashboard's forms are urlencoded")
-    if content_length is None or content_length > MAX_FORM_BYTES:
+    length = None
+    if content_length:
+        text = content_length.strip()
+        if not (text.isascii() and text.isdigit()):
+            raise PageError(400, "Bad request", "the Content-Length header is not a number")
+        length = int(text)
+    if length is None or length > MAX_FORM_BYTES:
         raise PageError(413, "Form too large",
                         f"a dashboard form is at most {MAX_FORM_BYTES} bytes")

@@ -58,7 +58,10 @@ def _action_view(action: str) -> Callable[..., Response]:
                                             _state().trusted_origins)
             if why is not None:
                 raise PageError(403, "Cross-site request", f"refused ({why})")
-            check_form(request.mimetype, request.content_length)
+            # The header as sent: werkzeug reads one that is not a number as 0 (an empty
+            # form, refused below as a CSRF failure); it is a 400, as in Django.
+            check_form(request.mimetype, None if request.content_length is None
+                       else request.headers.get("Content-Length"))
             sent = request.form.get(CSRF_FIELD, "")
             kept = session.get(CSRF_SESSION_KEY) if current_app.secret_key else None
             if not kept or not hmac.compare_digest(str(kept), sent):

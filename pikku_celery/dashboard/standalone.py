@@ -15,6 +15,14 @@ without approvers. To record who approves, mount ``PikkuFlask`` in your own app 
 ``make_app`` returns a WSGI app: behind a real server,
 ``gunicorn 'pikku_celery.dashboard.standalone:from_env()'`` (reads the same settings from
 ``PIKKU_DASHBOARD_*`` environment variables) serves it on many threads.
+
+The session cookie (the token login, the buttons' CSRF token) is signed with a secret key:
+``PIKKU_DASHBOARD_SECRET_KEY`` (``from_env()`` and ``pikku dashboard``; at least 32
+characters) when set, else one drawn at random when the app is made. A random key is
+enough for one process, but every process draws its own: under ``gunicorn -w 4`` a cookie
+one worker signed is refused by the others (401s and failed CSRF checks at random), and
+every restart logs everyone out. Give every process the same key. It is never printed or
+logged.
 """
 
 from __future__ import annotations
@@ -33,13 +41,24 @@ from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._api import ALLOW_LOCAL, Authorize, import_authorize
 
 TOKEN_SESSION_KEY = "pikku_token"
+SECRET_KEY_ENV = "PIKKU_DASHBOARD_SECRET_KEY"
+MIN_SECRET_KEY_CHARS = 32
 
 
 def make_app(pikku: PikkuCelery, *, authorize: Authorize | str | None = None,
              token: str | None = None, show_tracebacks: bool = False,
-             secret_key: bytes | None = None) -> Flask:
-    """A Flask app serving the dashboard at ``/`` and the JSON API at ``/api/``."""
+             secret_key: str | bytes | None = None) -> Flask:
+    """A Flask app serving the dashboard at ``/`` and the JSON API at ``/api/``.
+    ``secret_key`` signs its session cookie (``None``: a random one, for this process
+    only)."""
     from pikku_celery.contrib.flask import PikkuFlask
+
+    if secret_key is not None and len(secret_key) < MIN_SECRET_KEY_CHARS:
+        # Never the key itself in the message: it is one line on a terminal or in a log.
+        raise ValueError(
+            f"a dashboard secret key ({SECRET_KEY_ENV}) must have at least "
+            f"{MIN_SECRET_KEY_CHARS} characters; make one with "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
 
     if authorize is not None:
         rule: Authorize | str = import_authorize(authorize, "--authorize")
@@ -51,7 +70,7 @@ def make_app(pikku: PikkuCelery, *, authorize: Authorize | str | None = None,
         rule = ALLOW_LOCAL
     app = Flask("pikku_celery.dashboard")
     app.config.update(
-        SECRET_KEY=secret_key or secrets.token_bytes(32),
+        SECRET_KEY=secret_key if secret_key is not None else secrets.token_bytes(32),
         SESSION_COOKIE_NAME="pikku_dashboard", SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax", MAX_CONTENT_LENGTH=1024 * 1024,
         PIKKU_URL_PREFIX="", PIKKU_AUTHORIZE=rule, PIKKU_SHOW_TRACEBACKS=show_tracebacks)
@@ -94,9 +113,15 @@ def _token_login(token: str) -> Any:
     return login
 
 
+def secret_key_from_env() -> str | None:
+    """``PIKKU_DASHBOARD_SECRET_KEY``, or ``None`` when it is not set."""
+    return os.environ.get(SECRET_KEY_ENV)
+
+
 def from_env() -> Flask:
     """For a WSGI server: the app of ``PIKKU_DASHBOARD_CELERY_APP`` (``"proj.celery:app"``)
-    with ``PIKKU_DASHBOARD_AUTHORIZE`` or ``PIKKU_DASHBOARD_TOKEN``."""
+    with ``PIKKU_DASHBOARD_AUTHORIZE`` or ``PIKKU_DASHBOARD_TOKEN``, its session signed
+    with ``PIKKU_DASHBOARD_SECRET_KEY`` (needed with more than one worker process)."""
     from pikku_celery.app import get_pikku
     from pikku_celery.contrib._api import import_dotted
 
@@ -104,4 +129,5 @@ def from_env() -> Flask:
                                "PIKKU_DASHBOARD_CELERY_APP")
     return make_app(get_pikku(celery_app),
                     authorize=os.environ.get("PIKKU_DASHBOARD_AUTHORIZE"),
-                    token=os.environ.get("PIKKU_DASHBOARD_TOKEN"))
+                    token=os.environ.get("PIKKU_DASHBOARD_TOKEN"),
+                    secret_key=secret_key_from_env())

@@ -14,7 +14,7 @@ from celery import Celery
 from click.testing import CliRunner
 from flask import Flask, abort
 
-from pikku_celery import PikkuCelery, PikkuError
+from pikku_celery import PikkuCelery, PikkuConfigurationError, PikkuError
 from pikku_celery.cli import pikku as pikku_group
 from pikku_celery.contrib.flask import PikkuFlask, current_pikku
 from tests.unit.test_contrib import PREFIX, make_pikku
@@ -179,6 +179,59 @@ def test_flasks_own_body_limit_is_answered_as_json() -> None:
                                       json={"input": {"text": "x" * 100}})
     assert response.status_code == 413 and set(response.json) == {"error", "message"}
     assert pikku.list_runs() == []
+
+
+def _cross_site_start(app: Flask, origin: str) -> int:
+    response = app.test_client().post(
+        PREFIX + "/workflows/sum/runs", json={"input": {"a": 1, "b": 1}},
+        headers={"Origin": origin, "Sec-Fetch-Site": "cross-site"})
+    return response.status_code
+
+
+def test_trusted_origins_from_the_environment_are_one_string(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``from_prefixed_env()`` keeps a bare value as a string: each origin in it is trusted
+    (``tuple(string)`` trusted its characters, so never the origin)."""
+    monkeypatch.setenv("FLASK_PIKKU_TRUSTED_ORIGINS", "https://admin.example")
+    app = Flask("from-env")
+    app.config.from_prefixed_env()
+    assert app.config["PIKKU_TRUSTED_ORIGINS"] == "https://admin.example"
+    app.config.update(SECRET_KEY="tests", PIKKU_AUTHORIZE=allow_all)
+    PikkuFlask(make_pikku()).init_app(app)
+    assert _cross_site_start(app, "https://admin.example") == 202
+    assert _cross_site_start(app, "https://evil.example") == 403
+
+
+@pytest.mark.parametrize("setting", [
+    "https://a.example, https://b.example",
+    "https://a.example https://b.example\n",
+    " https://a.example,,https://b.example ",
+    ["https://a.example", "https://b.example"],
+    ("https://a.example", "https://b.example"),
+])
+def test_trusted_origins_are_a_list_or_a_string_of_them(setting: Any) -> None:
+    app = factory(PikkuFlask(make_pikku()), PIKKU_AUTHORIZE=allow_all,
+                  PIKKU_TRUSTED_ORIGINS=setting)
+    assert app.extensions["pikku"].trusted_origins == ("https://a.example",
+                                                       "https://b.example")
+    assert _cross_site_start(app, "https://b.example") == 202
+    assert _cross_site_start(app, "h") == 403
+
+
+@pytest.mark.parametrize("setting", [42, b"https://a.example", ["https://a.example", 7],
+                                     {"https://a.example": True}, True])
+def test_trusted_origins_of_another_type_are_refused_naming_the_setting(
+        setting: Any) -> None:
+    with pytest.raises(PikkuConfigurationError, match="PIKKU_TRUSTED_ORIGINS must be"):
+        factory(PikkuFlask(make_pikku()), PIKKU_AUTHORIZE=allow_all,
+                PIKKU_TRUSTED_ORIGINS=setting)
+
+
+def test_no_trusted_origins_is_none() -> None:
+    app = factory(PikkuFlask(make_pikku()), PIKKU_AUTHORIZE=allow_all,
+                  PIKKU_TRUSTED_ORIGINS=None)
+    assert app.extensions["pikku"].trusted_origins == ()
+    assert _cross_site_start(app, "https://a.example") == 403
 
 
 # --- commands ----------------------------------------------------------------------------

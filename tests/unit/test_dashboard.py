@@ -6,17 +6,20 @@ tracebacks are hidden; and the standalone app's token and loopback rules.
 
 from __future__ import annotations
 
+import html
 import logging
 import re
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 import pytest
 
 from pikku_celery import PikkuCelery
 from pikku_celery.dashboard import _pages
-from pikku_celery.dashboard.standalone import make_app
+from pikku_celery.dashboard.standalone import from_env, make_app
 from pikku_celery.store.base import NewRun
 from tests.support import django_project
 from tests.support.operate import now_ms, superseded_run
@@ -81,9 +84,10 @@ def flask_site(pikku: PikkuCelery, **config: Any) -> Site:
 
     def post(path: str, form: dict[str, str] | str, *, user: str | None = "admin",
              content_type: str = "application/x-www-form-urlencoded",
-             headers: dict[str, str] | None = None) -> Answer:
+             headers: dict[str, str] | None = None,
+             environ: dict[str, str] | None = None) -> Answer:
         response = client(user).post(path, data=form, content_type=content_type,
-                                     headers=headers or {})
+                                     headers=headers or {}, environ_overrides=environ or {})
         return Answer(response.status_code, response.get_data(as_text=True),
                       dict(response.headers))
 
@@ -123,9 +127,11 @@ def django_site(pikku: PikkuCelery, **overrides: Any) -> Site:
 
     def post(path: str, form: dict[str, str] | str, *, user: str | None = "admin",
              content_type: str = "application/x-www-form-urlencoded",
-             headers: dict[str, str] | None = None) -> Answer:
+             headers: dict[str, str] | None = None,
+             environ: dict[str, str] | None = None) -> Answer:
         body = form if isinstance(form, str) else urlencode(form)
         extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
+        extra.update(environ or {})
         with override_settings(**settings):
             return answer(client(user).generic("POST", path, body, content_type=content_type,
                                                **extra))
@@ -324,9 +330,10 @@ def test_the_resume_button_resumes(site: Site) -> None:
 def test_a_post_without_the_token_is_refused(site: Site) -> None:
     run_id = site.pikku.start("waits", None, inline=True)
     field, token = site.get(f"{BASE}runs/{run_id}").form_token()
-    for form in ({}, {field: "y" * len(token)}):
+    # (Not an empty form: Django's test client sends that with no Content-Type, a 415.)
+    for form in ({"reason": "no token"}, {field: "y" * len(token)}):
         refused = site.post(f"{BASE}runs/{run_id}/cancel", form)
-        assert refused.status == 403, form
+        assert refused.status == 403 and "CSRF" in refused.text, form
     assert site.pikku.get_run(run_id).status == "suspended"
 
 
@@ -341,6 +348,19 @@ def test_a_form_must_be_small_and_urlencoded(site: Site) -> None:
                      headers=csrf).status == 415
     big = {field: token, "reason": "x" * (_pages.MAX_FORM_BYTES + 1)}
     assert site.post(path, big).status == 413
+    assert site.pikku.get_run(run_id).status == "suspended"
+
+
+@pytest.mark.parametrize("length", ["abc", "-1", "12x", "1e3"])
+def test_a_content_length_that_is_not_a_number_is_a_400(site: Site, length: str) -> None:
+    """Django's view read it with a bare ``int()``: a 500 (a traceback page under
+    ``DEBUG``); werkzeug reads it as 0, so Flask answered a CSRF failure."""
+    run_id = site.pikku.start("waits", None, inline=True)
+    field, token = site.get(f"{BASE}runs/{run_id}").form_token()
+    answer = site.post(f"{BASE}runs/{run_id}/cancel", {field: token},
+                       environ={"CONTENT_LENGTH": length})
+    assert answer.status == 400 and "Content-Length" in answer.text, answer.text
+    assert "Traceback" not in answer.text
     assert site.pikku.get_run(run_id).status == "suspended"
 
 
@@ -445,3 +465,154 @@ def test_child_runs_are_linked_both_ways(site: Site) -> None:
     assert 'data-kind="child"' in parent.text  # the parked step is drawn as a wait
     child = site.get(f"{BASE}runs/child-1")
     assert f'href="{BASE}runs/parent-1"' in child.text and "(step refund)" in child.text
+
+
+# --- run ids in URLs --------------------------------------------------------------------------
+
+ODD_RUN_IDS = ["order#7?x=1", "50%off", "é ü&amp;", "a;b"]
+
+
+def _hrefs(answer: Answer, pattern: str) -> list[str]:
+    return [html.unescape(h) for h in re.findall(pattern, answer.text)]
+
+
+def test_run_ids_are_url_encoded_in_links_forms_and_redirects(site: Site) -> None:
+    """A run id is any name (``check_name``): ``#``, ``?`` and ``%`` in it must not end or
+    change the path of a link to it, or the link 404s (or opens another run)."""
+    for run_id in ODD_RUN_IDS:
+        site.pikku.start("waits", None, inline=True, run_id=run_id)
+    links = _hrefs(site.get(BASE), r'<td class="mono"><a href="([^"]+)"')
+    assert sorted(links) == sorted(f"{BASE}runs/{quote(r, safe='')}" for r in ODD_RUN_IDS)
+    for link in links:
+        run_id = unquote(link.rsplit("/", 1)[1])
+        page = site.get(link)
+        assert page.status == 200 and f'<dd class="mono">{html.escape(run_id)}</dd>' \
+            in page.text, (link, page.status)
+        action = _hrefs(page, r'action="([^"]+)" id="cancel-form"')
+        assert action == [f"{link}/cancel"]
+        assert _hrefs(page, r'action="([^"]+)" id="resume-form"') == [f"{link}/resume"]
+        field, token = page.form_token()
+        done = site.post(action[0], {field: token})
+        assert done.status == 303
+        location = done.headers["Location"]
+        assert location.endswith(f"{link}?notice=run+cancelled"), location
+        back = site.get(location[location.index(BASE):])
+        assert back.status == 200 and "run cancelled" in back.text
+        assert site.pikku.get_run(run_id).status == "cancelled"
+
+
+def test_child_and_parent_links_are_url_encoded(site: Site) -> None:
+    from pikku_celery.store.base import NewStep
+
+    store = site.pikku.engine.store
+    parent, child = "parent#1", "child?2%"
+    store.create_run(NewRun(parent, "sum", None), now_ms())
+    store.insert_step(NewStep(parent, "refund", "waits", status="running",
+                              child_run_id=child), now_ms())
+    store.create_run(NewRun(child, "waits", None, parent_run_id=parent,
+                            parent_step_name="refund"), now_ms())
+    to_child = f"{BASE}runs/{quote(child, safe='')}"
+    to_parent = f"{BASE}runs/{quote(parent, safe='')}"
+    assert f'href="{to_child}"' in site.get(to_parent).text
+    assert f'href="{to_parent}"' in site.get(to_child).text
+    assert site.get(to_child).status == site.get(to_parent).status == 200
+
+
+def test_a_run_id_with_a_slash_is_linked_encoded_but_cannot_be_served(site: Site) -> None:
+    """The server decodes ``%2F`` before routing, and ``runs/<run_id>`` takes no ``/``
+    (nor do the JSON API's routes): such a run is listed, but its page is a 404."""
+    site.pikku.start("waits", None, inline=True, run_id="team/42")
+    assert f'href="{BASE}runs/team%2F42"' in site.get(BASE).text
+    assert site.get(f"{BASE}runs/team%2F42").status == 404
+
+
+# --- the standalone app's secret key ----------------------------------------------------------
+
+SERVED_CELERY_APP: Any = None  # what PIKKU_DASHBOARD_CELERY_APP names in these tests
+TOKEN = "t" * 20
+SECRET_KEY = "a-shared-secret-key-of-forty-characters!"
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> PikkuCelery:
+    """``from_env()``'s environment, as every ``gunicorn -w N`` worker process reads it."""
+    pikku = make_pikku()
+    monkeypatch.setattr(sys.modules[__name__], "SERVED_CELERY_APP", pikku.app)
+    monkeypatch.setenv("PIKKU_DASHBOARD_CELERY_APP", f"{__name__}:SERVED_CELERY_APP")
+    monkeypatch.setenv("PIKKU_DASHBOARD_TOKEN", TOKEN)
+    monkeypatch.delenv("PIKKU_DASHBOARD_SECRET_KEY", raising=False)
+    return pikku
+
+
+def _logged_in(app: Any) -> Any:
+    browser = app.test_client()
+    assert browser.get("/?token=" + TOKEN).status_code == 303
+    return browser
+
+
+def _in_other_process(browser: Any, app: Any) -> Any:
+    """A client of ``app`` (another worker process) holding ``browser``'s cookie."""
+    other = app.test_client()
+    other.set_cookie("pikku_dashboard", browser.get_cookie("pikku_dashboard").value)
+    return other
+
+
+def test_standalone_processes_sharing_the_secret_key_take_each_others_cookies(
+        served: PikkuCelery, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIKKU_DASHBOARD_SECRET_KEY", SECRET_KEY)
+    first, second = from_env(), from_env()
+    run_id = served.start("waits", None, inline=True)
+    browser = _logged_in(first)
+    page = browser.get(f"/runs/{run_id}").get_data(as_text=True)
+    token = re.search(r'name="pikku_csrf" value="([^"]+)"', page)
+    assert token is not None
+    other = _in_other_process(browser, second)
+    assert other.get(f"/runs/{run_id}").status_code == 200  # the login holds
+    done = other.post(f"/runs/{run_id}/cancel", data={"pikku_csrf": token.group(1)})
+    assert done.status_code == 303  # and so does the CSRF token
+    assert served.get_run(run_id).status == "cancelled"
+
+
+def test_standalone_without_the_secret_key_draws_one_per_process(served: PikkuCelery) -> None:
+    first, second = from_env(), from_env()
+    assert first.secret_key != second.secret_key
+    browser = _logged_in(first)
+    assert browser.get("/").status_code == 200
+    assert _in_other_process(browser, second).get("/").status_code == 401
+
+
+def test_a_short_secret_key_is_refused_without_showing_it(
+        served: PikkuCelery, monkeypatch: pytest.MonkeyPatch) -> None:
+    for short in ("", "short-but-secret-Zq81"):
+        monkeypatch.setenv("PIKKU_DASHBOARD_SECRET_KEY", short)
+        with pytest.raises(ValueError, match="PIKKU_DASHBOARD_SECRET_KEY") as refused:
+            from_env()
+        assert "at least 32 characters" in str(refused.value)
+        assert not short or short not in str(refused.value)
+
+
+def test_pikku_dashboard_signs_with_the_secret_key_and_never_prints_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+    from flask import Flask
+
+    from pikku_celery.cli import pikku as pikku_group
+    from tests.unit.test_contrib_flask import CeleryCLIContext
+
+    served: list[Any] = []
+    monkeypatch.setattr(Flask, "run", lambda self, **kwargs: served.append(self))
+    pikku = make_pikku()
+
+    def dashboard(secret_key: str | None) -> Any:
+        env = {"PIKKU_DASHBOARD_SECRET_KEY": secret_key}
+        return CliRunner().invoke(pikku_group, ["dashboard", "--token", TOKEN],
+                                  obj=CeleryCLIContext(pikku.app), env=env)
+
+    result = dashboard(SECRET_KEY)
+    assert result.exit_code == 0, result.output
+    assert served[-1].secret_key == SECRET_KEY and SECRET_KEY not in result.output
+    assert dashboard(None).exit_code == 0
+    assert isinstance(served[-1].secret_key, bytes) and len(served[-1].secret_key) == 32
+    short = dashboard("short-but-secret-Zq81")
+    assert short.exit_code == 1 and "at least 32 characters" in short.output
+    assert "short-but-secret-Zq81" not in short.output and len(served) == 2
