@@ -185,6 +185,17 @@ def read_json_body(content_type: str | None, content_length: int | None,
     return parse_body(raw)
 
 
+def content_length(header: str | None) -> int | None:
+    """The ``Content-Length`` header as sent, as a number (``None``: none, or a chunked
+    body); one that is not a number of bytes is the caller's mistake (400), never a 500."""
+    if not header:
+        return None
+    text = header.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise ApiError(400, "BadRequest", "the Content-Length header is not a number")
+    return int(text)
+
+
 def _too_large(max_bytes: int) -> ApiError:
     return ApiError(413, "RequestTooLarge", f"the request body is over {max_bytes} bytes")
 

@@ -319,3 +319,17 @@ def test_manage_py_pikku_lists_and_shows_runs(pikku: PikkuCelery) -> None:
         assert shown["run"]["output"] == 3 and shown["steps"][0]["step_name"] == "add"
         with pytest.raises(CommandError, match="WorkflowRunNotFoundError"):
             call_command("pikku", "show", "ghost")
+
+
+@pytest.mark.parametrize("length", ["abc", "-1", "12x"])
+def test_an_api_post_whose_content_length_is_not_a_number_is_a_400(
+        pikku: PikkuCelery, length: str) -> None:
+    from django.test import Client, override_settings
+
+    with override_settings(PIKKU_CELERY_APP=pikku.app, PIKKU_AUTHORIZE="allow-local"):
+        answer = Client(REMOTE_ADDR="127.0.0.1", HTTP_HOST="localhost").generic(
+            "POST", PREFIX + "/workflows/sum/runs", b'{"input": {"a": 1}}',
+            content_type="application/json", CONTENT_LENGTH=length)
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["message"] == "the Content-Length header is not a number"
+    assert pikku.list_runs() == []

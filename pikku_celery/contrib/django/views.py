@@ -67,9 +67,8 @@ def refusal(request: HttpRequest, action: str, run_id: str | None) -> _api.ApiEr
 
 
 def _read_body(request: HttpRequest, max_bytes: int) -> Any:
-    length = request.META.get("CONTENT_LENGTH")
-    return _api.read_json_body(request.content_type, int(length) if length else None,
-                               request.read, max_bytes)
+    length = _api.content_length(request.META.get("CONTENT_LENGTH"))
+    return _api.read_json_body(request.content_type, length, request.read, max_bytes)
 
 
 def make_view(route: _api.Route) -> Callable[..., JsonResponse]:
