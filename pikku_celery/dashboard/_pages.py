@@ -22,7 +22,8 @@ from urllib.parse import quote, urlencode
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.contrib._api import CANCEL, RESUME, ApiOptions, present
+from pikku_celery.contrib._api import CANCEL, RESUME, ApiError, ApiOptions, present
+from pikku_celery.contrib._api import content_length as content_length_of
 from pikku_celery.dashboard.chart import chart
 from pikku_celery.errors import (
     InvalidInputError,
@@ -252,12 +253,10 @@ def check_form(content_type: str | None, content_length: str | None) -> None:
     if (content_type or "").split(";")[0].strip().lower() != \
             "application/x-www-form-urlencoded":
         raise PageError(415, "Unsupported form", "the dashboard's forms are urlencoded")
-    length = None
-    if content_length:
-        text = content_length.strip()
-        if not (text.isascii() and text.isdigit()):
-            raise PageError(400, "Bad request", "the Content-Length header is not a number")
-        length = int(text)
+    try:
+        length = content_length_of(content_length)
+    except ApiError as exc:
+        raise PageError(400, "Bad request", exc.message) from None
     if length is None or length > MAX_FORM_BYTES:
         raise PageError(413, "Form too large",
                         f"a dashboard form is at most {MAX_FORM_BYTES} bytes")
