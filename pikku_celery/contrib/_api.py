@@ -379,8 +379,15 @@ class RunsApi:
     def start(self, workflow: str, body: Any) -> Response:
         fields = _fields(body, allowed=("input", "run_id"),
                          what="'input' (and optionally 'run_id')")
-        return 202, {"run_id": self.pikku.start(workflow, fields.get("input"),
-                                                run_id=fields.get("run_id"))}
+        try:
+            run_id = self.pikku.start(workflow, fields.get("input"),
+                                      run_id=fields.get("run_id"))
+        except WorkflowRunConflictError:
+            # Not which workflow owns it: a caller allowed to start may not read that run.
+            raise ApiError(409, "WorkflowRunConflictError",
+                           f"run id {fields.get('run_id')!r} is taken by a run of another "
+                           "workflow or with another input") from None
+        return 202, {"run_id": run_id}
 
     def cancel(self, run_id: str, body: Any) -> Response:
         reason = _fields(body, allowed=("reason",), what="an optional 'reason'").get("reason")

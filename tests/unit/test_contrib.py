@@ -339,6 +339,10 @@ def test_start_read_cancel_and_resume_over_http(web: Web) -> None:
     status, payload = call("POST", PREFIX + "/workflows/sum/runs",
                            {"input": {"a": 5, "b": 2}, "run_id": "http-1"})
     assert (status, payload["error"]) == (409, "WorkflowRunConflictError")
+    assert "'sum'" not in payload["message"]  # who owns it is not told to a starter
+    status, payload = call("POST", PREFIX + "/workflows/waits/runs",
+                           {"input": None, "run_id": "http-1"})
+    assert status == 409 and "'sum'" not in payload["message"]
 
     waiting = pikku.start("waits", None, inline=True)
     assert pikku.get_run(waiting).status == "suspended"
