@@ -60,7 +60,11 @@ class StepContext:
 
     @property
     def lease_lost(self) -> bool:
-        return self._held is not None and self._held.lost.is_set()
+        """Lost, or unconfirmed past its deadline: a renewal stuck in a slow call (the
+        heartbeat waits on MongoDB) does not keep a body running on a lapsed lease."""
+        held = self._held
+        return held is not None and (held.lost.is_set()
+                                     or time.monotonic() >= held.held_until)
 
     def check(self) -> None:
         """Raise ``LeaseLostError`` if this attempt lost its lease (superseded, cancelled,
@@ -73,7 +77,16 @@ class StepContext:
         if self._held is None:
             time.sleep(timeout_s)
             return False
-        return self._held.lost.wait(timeout_s)
+        held = self._held
+        until = time.monotonic() + timeout_s
+        while not self.lease_lost:
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            # Wake at the lease's unconfirmed deadline too: a stuck renewal sets no event.
+            if held.lost.wait(min(left, max(0.01, held.held_until - time.monotonic()))):
+                return True
+        return True
 
 
 @dataclass
@@ -107,8 +120,12 @@ def _holder(function: str | None) -> str:
 
 def serialize_error(exc: BaseException) -> dict[str, Any]:
     """The stored form of a step or run error: type, message and a bounded traceback."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    message = str(exc)
+    try:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        message = str(exc)
+    except Exception:  # an exception whose __str__ raises must still fail its attempt
+        tb = "".join(traceback.format_tb(exc.__traceback__))
+        message = f"<unprintable {type(exc).__name__}>"
     if len(message) > MAX_MESSAGE_CHARS:  # an error must always be storable
         message = message[:MAX_MESSAGE_CHARS] + f"... [{len(message)} characters]"
     return {"type": type(exc).__name__, "message": message, "traceback": tb[-4000:]}

@@ -399,6 +399,17 @@ class Engine:
             if claim.wake_run:  # it failed the step for good: its lease had lapsed
                 dispatcher.wake_run(run_id, step_name=step_name)
             return self._settled_outcome(run_id, step_name, task_id, dispatcher)
+        try:
+            return self._run_claimed(definition, claim, task_id, dispatcher)
+        finally:
+            # Whatever escaped (a settle that raised, an error whose message cannot be
+            # read, a time limit while the result was checked), the heartbeat must not keep
+            # renewing an attempt nothing runs: its lease lapses and the reaper takes the
+            # step back. After a settle this changes nothing (the settle let go already).
+            self.claimer.heartbeat.remove(claim.held)
+
+    def _run_claimed(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
+                     dispatcher: Dispatcher) -> StepOutcome:
         attempt = _AttemptReport(self, definition.name, claim, task_id)
         try:
             result = self._call_body(definition, claim)

@@ -139,8 +139,9 @@ class Heartbeat:
     def beat(self, held: list[HeldStep]) -> None:
         """Renew ``held`` now: one Redis call and one store write per lease length."""
         sent = time.monotonic()
-        redis_ok = self._renew_redis(held)
+        redis_ok, vanished = self._renew_redis(held)
         now_ms = self._clock.now_ms()
+        confirmed: set[int] = set()  # ids of steps whose store renewal was accepted
         by_lease: dict[int, list[HeldStep]] = {}
         for h in held:
             # A step given up just now (its Redis renewal failed past its last confirmed
@@ -162,30 +163,45 @@ class Heartbeat:
                     if not h.settling:
                         self._lose(h, "the store refused the renewal: the attempt was "
                                       "superseded")
-                elif redis_ok:
+                    continue
+                confirmed.add(id(h))
+                if redis_ok:
                     h.held_until = sent + lease_ms / 1000
+        for h in vanished:
+            # Only an attempt the store has just confirmed takes its Redis lease back: a
+            # superseded one (paused past its lease) must not hold it, even for a beat, or
+            # the retry delivery that needs it would find it taken and be dropped.
+            if id(h) in confirmed and not h.settling and not h.lost.is_set():
+                self._reacquire(h)
 
-    def _renew_redis(self, held: list[HeldStep]) -> bool:
+    def _renew_redis(self, held: list[HeldStep]) -> tuple[bool, list[HeldStep]]:
+        """Whether Redis answered, and the steps whose Redis lease had vanished."""
         sent = time.monotonic()
         try:
             renewed = self._leases.refresh_many([(h.lease, h.lease_ms) for h in held])
         except Exception as exc:
             log.warning("pikku heartbeat: lease renewal failed (%s)", exc)
             self._expire_unconfirmed(held)
-            return False
+            return False, []
+        vanished: list[HeldStep] = []
         for h, lease in zip(held, renewed, strict=True):
             if lease is not None:
                 h.lease = lease
                 self._clock.observe(lease.granted_at_ms, sent)
             elif not h.settling:  # a settle may just have released it: never re-grab that
-                self._reacquire(h)
-        return True
+                vanished.append(h)
+        return True, vanished
 
     def _reacquire(self, h: HeldStep) -> None:
-        # The Redis lease vanished (Redis restarted, or it lapsed while we were paused).
-        # The store is the authority: take the Redis lease back if it is free; if another
-        # holder has it, the store renewal will tell whether we were superseded.
-        lease = self._leases.acquire(h.lease.key, h.lease.holder, h.lease_ms)
+        # The Redis lease vanished (Redis restarted, or it lapsed while we were paused) and
+        # the store still says this attempt owns the step: take the Redis lease back if it
+        # is free. A failure is left to the next beat, never the end of this one.
+        try:
+            lease = self._leases.acquire(h.lease.key, h.lease.holder, h.lease_ms)
+        except Exception as exc:
+            log.warning("pikku heartbeat: could not take back the Redis lease of step %r "
+                        "of run %s (%s)", h.step_name, h.run_id, exc)
+            return
         if lease is not None:
             h.lease = lease
 

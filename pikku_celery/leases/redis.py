@@ -55,6 +55,7 @@ from redis.commands.core import Script
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
+from pikku_celery._fork import reset_in_forked_child
 from pikku_celery._urls import redact_url, reserved_in_userinfo
 from pikku_celery.keys import LEASE_HASH_FMT, LEASE_MARKS_FMT, LEASE_TOKEN_FMT, LEASE_WATCH_FMT
 from pikku_celery.leases.base import Lease, LeaseBusy
@@ -508,6 +509,14 @@ class _LazyCluster:
         self._kwargs = kwargs
         self._built: RedisCluster | None = None
         self._lock = threading.Lock()
+        reset_in_forked_child(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's reaper thread may hold the lock (it builds the client under it) at
+        # the instant the prefork pool forks; a child builds its own client, whose
+        # connections and locks are not the parent's.
+        self._lock = threading.Lock()
+        self._built = None
 
     @classmethod
     def from_url(cls, url: str) -> _LazyCluster:

@@ -228,6 +228,28 @@ def test_a_bound_body_sees_its_attempt_and_the_stable_invocation_id() -> None:
     assert unheld.wait_lost(0.01) is False and not unheld.lease_lost
 
 
+
+def test_a_body_is_told_its_lease_is_lost_once_unconfirmed_past_its_deadline() -> None:
+    """A renewal stuck in a slow store call sets no event; the body must still learn its
+    lease is gone once the last confirmed deadline passed (another worker may claim it)."""
+    import time
+
+    from pikku_celery.claims import StepContext
+
+    store = InMemoryWorkflowStore()
+    _, claimed = _claimed(store)
+    ctx = StepContext(claimed.state, claimed.held)
+    claimed.held.held_until = time.monotonic() + 0.05  # no renewal will confirm it
+    assert not ctx.lease_lost
+    started = time.monotonic()
+    assert ctx.wait_lost(30) is True  # wakes at the deadline, not after 30 s
+    assert time.monotonic() - started < 5
+    assert ctx.lease_lost
+    with pytest.raises(LeaseLostError):
+        ctx.check()
+    claimed.held.held_until = time.monotonic() + 60  # a renewal confirmed it again
+    assert not ctx.lease_lost and ctx.wait_lost(0.01) is False
+
 def test_a_failure_is_due_again_after_its_retry_delay() -> None:
     store = InMemoryWorkflowStore()
     claimer, claimed = _claimed(store)

@@ -144,6 +144,25 @@ def test_a_forked_child_gets_a_usable_heartbeat_without_the_parents_steps() -> N
     assert heartbeat.held() == []
 
 
+
+def test_a_child_forked_while_a_thread_builds_the_cluster_client_can_build_its_own() -> None:
+    """The lazy Redis Cluster client is built under a lock, by whichever thread first
+    calls Redis (the parent's reaper thread): a child forked meanwhile must not inherit
+    it held, nor the parent's client."""
+    from pikku_celery.leases.redis import _LazyCluster
+
+    lazy = _LazyCluster.from_url("redis+cluster://127.0.0.1:1,127.0.0.1:2")
+    lazy._built = object()  # type: ignore[assignment]  # the parent's client
+
+    def child() -> None:
+        assert lazy._built is None  # a child builds its own
+        assert lazy._lock.acquire(timeout=5), "the child inherited the parent's held lock"
+        lazy._lock.release()
+
+    with _held_by_another_thread(lazy._lock):
+        _in_forked_child(child)
+    assert lazy._built is not None  # the parent keeps its client
+
 # --- 16: nesting depth --------------------------------------------------------------------
 
 

@@ -185,3 +185,56 @@ def test_a_vanished_redis_lease_taken_by_another_is_left_to_the_store(rig: Rig) 
     thief = rig.redis_lease("a")
     assert thief is not None and thief.holder == "thief"  # not stolen back
     assert not held.lost.is_set()  # the store still says attempt 1 holds the step
+
+
+class _StepClock:
+    def __init__(self) -> None:
+        self.ms = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def observe(self, *args: Any) -> None:
+        pass
+
+
+def test_a_superseded_attempt_never_takes_the_redis_lease_back_from_a_retry() -> None:
+    """A pauses past its lease; B claims attempt 2, fails it and frees the Redis lease for
+    the retry. When A wakes, its beat must not re-grab that free lease before the store
+    tells it it was superseded: the retry delivered meanwhile would find it taken and be
+    dropped, and the step would wait for the reaper."""
+    clock = _StepClock()
+    leases = InMemoryLeaseService(clock_ms=clock)
+    during: dict[str, Any] = {}
+
+    class Store(InMemoryWorkflowStore):
+        def renew_leases(self, held: Any, now_ms: int, lease_ms: int) -> Any:
+            if "retry" in during:  # the retry is delivered while A's beat is in flight
+                during["claimed"] = during.pop("retry")()
+            return super().renew_leases(held, now_ms, lease_ms)
+
+    store = Store()
+
+    def claimer(host: str) -> Claimer:
+        return Claimer(store, leases, clock, Heartbeat(store, leases, clock),  # type: ignore[arg-type]
+                       host=host)
+
+    a, b, c = claimer("a"), claimer("b"), claimer("c")
+    store.create_run(NewRun("run", "wf", None), clock.ms)
+    store.insert_step(NewStep(run_id="run", step_name="s", function="f", max_attempts=4),
+                      clock.ms)
+    first = a.claim("run", "s", "f", 1_000)
+    assert isinstance(first, Claimed)
+    clock.ms += 1_500  # A is paused past its lease
+    second = b.claim("run", "s", "f", 1_000)
+    assert isinstance(second, Claimed) and second.state.attempt == 2
+    b.fail(second, {"type": "E", "message": "down"}, retry_delay_ms=100)
+    clock.ms += 200  # attempt 3 is due
+    during["retry"] = lambda: c.claim("run", "s", "f", 1_000)
+    a.heartbeat.beat(a.heartbeat.held())  # A wakes
+    assert isinstance(during["claimed"], Claimed) and during["claimed"].state.attempt == 3
+    assert first.held.lost.is_set()
+    assert leases.get(keys.step_lease_key("run", "s")).holder == during["claimed"].held.lease.holder  # type: ignore[union-attr]

@@ -1,0 +1,98 @@
+"""Whatever escapes a step delivery between its claim and its settle, the process stops
+renewing that attempt: its lease lapses and the reaper takes the step back (a hold left in
+the heartbeat kept the step ``running`` for as long as the worker process lived)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
+from tests.unit.test_engine import Recorder
+
+T0 = 1_700_000_000_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ms = T0
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def _pikku(clock: FakeClock) -> PikkuCelery:
+    pikku = PikkuCelery(Celery("claim-leaks", broker="memory://"),
+                        store=InMemoryWorkflowStore(),
+                        leases=InMemoryLeaseService(clock_ms=clock), step_lease=1.0,
+                        undispatched_after=30, stalled_after=30, worker_reaper=False)
+    pikku.engine.clock._resync_s = 0  # type: ignore[attr-defined]
+    pikku.engine.dispatcher = Recorder()
+    return pikku
+
+
+class Unprintable(Exception):
+    def __init__(self, code: int) -> None:  # no super().__init__: __str__ fails
+        self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.msg} ({self.code})"  # type: ignore[attr-defined]
+
+
+def test_an_error_whose_message_cannot_be_read_still_fails_its_attempt() -> None:
+    clock = FakeClock()
+    pikku = _pikku(clock)
+
+    @pikku.step(name="leaks.unprintable", retries=1, retry_delay=0)
+    def body(data: Any) -> Any:
+        raise Unprintable(42)
+
+    @pikku.workflow("leaks.one")
+    def flow(wf: Any, data: Any) -> Any:
+        return wf.do("s", body)
+
+    run_id = pikku.start("leaks.one", None)
+    pikku.engine.advance(run_id)
+    outcome = pikku.engine.execute_step(pikku.registry.steps["leaks.unprintable"], run_id, "s")
+    assert outcome.kind == "failed"
+    step = pikku.get_steps(run_id)[0]
+    assert step.status == "failed" and step.error is not None
+    assert step.error["type"] == "Unprintable"
+    assert step.error["message"] == "<unprintable Unprintable>"
+    assert pikku.engine.heartbeat.held() == []
+
+
+def test_an_exception_escaping_before_the_settle_lets_the_lease_lapse(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a soft time limit raised while the result is checked would: the step is
+    taken back once its lease lapses, not held for the life of the process."""
+    clock = FakeClock()
+    pikku = _pikku(clock)
+
+    @pikku.step(name="leaks.ok")
+    def body(data: Any) -> int:
+        return 1
+
+    @pikku.workflow("leaks.two")
+    def flow(wf: Any, data: Any) -> Any:
+        return wf.do("s", body)
+
+    run_id = pikku.start("leaks.two", None)
+    pikku.engine.advance(run_id)
+    definition = pikku.registry.steps["leaks.ok"]
+    real_succeed = pikku.engine.claimer.succeed
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("time limit while the result was checked")
+
+    monkeypatch.setattr(pikku.engine.claimer, "succeed", interrupted)
+    with pytest.raises(RuntimeError):
+        pikku.engine.execute_step(definition, run_id, "s")
+    assert pikku.engine.heartbeat.held() == []  # nothing renews it any more
+    monkeypatch.setattr(pikku.engine.claimer, "succeed", real_succeed)
+    clock.ms += 1_500  # past the 1 s lease
+    assert pikku.reap()["lapsed"] == 1
+    outcome = pikku.engine.execute_step(definition, run_id, "s")
+    assert outcome.kind == "succeeded" and outcome.attempt == 2
