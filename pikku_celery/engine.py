@@ -179,10 +179,7 @@ class Engine:
             # Steps the body left behind (a sleep the run did not wait for, a step of a
             # failed branch) would otherwise stay due forever and wake a finished run.
             if leftovers:
-                self.store.cancel_steps(run.run_id, {
-                    "type": "WorkflowRunEnded",
-                    "message": f"run {run.run_id} ended {status} before this step settled"},
-                    self.now_ms())
+                self.fence_leftovers(run.run_id, status)
             if run.parent_run_id is not None:
                 self.notify_parent(run.run_id, dispatcher or self.dispatcher)
             return status
@@ -193,6 +190,15 @@ class Engine:
         if current is not None and current.status == RUN_CANCELLED:
             self.cancel(run.run_id, None)
         return status if current is None else current.status
+
+    def fence_leftovers(self, run_id: str, status: str) -> None:
+        """Fence the steps an ended run left unsettled (guarded and idempotent: a pass that
+        finds the run ended does it again, in case the writer that ended it stopped
+        before it got here)."""
+        self.store.cancel_steps(run_id, {
+            "type": "WorkflowRunEnded",
+            "message": f"run {run_id} ended {status} before this step settled"},
+            self.now_ms())
 
     def _emit_finished(self, run: WorkflowRun, status: str, *, output: Any = None,
                        error: dict[str, Any] | None = None) -> None:
@@ -264,16 +270,19 @@ class Engine:
         if self.get_run(run_id).status not in _LIVE:
             return False
         now = self.now_ms()
-        opened = False
-        for step in self.store.list_steps(run_id):
-            if step.step_name.startswith(SUSPEND_PREFIX) and step.status == STEP_SCHEDULED:
-                opened |= self.store.settle_waiting_step(
-                    run_id, step.step_name, now, gate=True, result={"resumed_at_ms": now},
-                    wake_check_ms=self.wake_check_ms(now))
+        check = self.wake_check_ms(now)
+        opened = [step.step_name for step in self.store.list_steps(run_id)
+                  if step.step_name.startswith(SUSPEND_PREFIX)
+                  and step.status == STEP_SCHEDULED
+                  and self.store.settle_waiting_step(
+                      run_id, step.step_name, now, gate=True, result={"resumed_at_ms": now},
+                      wake_check_ms=check)]
         moved = self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now)
         if not (opened or moved):
             return False
         self.dispatcher.wake_run(run_id)
+        for gate in opened:  # moved and woken: the reaper has nothing to finish
+            self.store.clear_wake_check(run_id, gate, check)
         return True
 
     def approve(self, run_id: str, name: str, decision: Any, *, by: str | None = None
@@ -320,15 +329,16 @@ class Engine:
                     run_id, name, f"the decision does not match its schema: {where}: "
                                   f"{error.message}")
         now = self.now_ms()
+        check = self.wake_check_ms(now)
         if not self.store.settle_waiting_step(run_id, gate.step_name, now, gate=True,
-                                              result=decision, by=by,
-                                              wake_check_ms=self.wake_check_ms(now)):
+                                              result=decision, by=by, wake_check_ms=check):
             raise WorkflowApprovalError(
                 run_id, name, "it was decided or expired meanwhile")
         log.info("pikku: approval %r of run %s decided%s", name, run_id,
                  f" by {by}" if by is not None else "")
         self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, self.now_ms())
         self.dispatcher.wake_run(run_id, step_name=gate.step_name)
+        self.store.clear_wake_check(run_id, gate.step_name, check)  # nothing left to finish
         settled = self.store.get_step(run_id, gate.step_name)
         assert settled is not None
         return settled

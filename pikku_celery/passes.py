@@ -180,12 +180,16 @@ class Passes:
 
     def _ended(self, view: RunView, dispatcher: Dispatcher) -> None:
         """A pass found the run ended. A child makes sure its parent heard (idempotent: the
-        parent's step settles once). A cancelled run is fenced again: a pass that held the
-        lease while the cancel landed may have recorded steps after the cancel's fence."""
+        parent's step settles once). Steps it left unsettled are fenced again: a pass that
+        held the lease while a cancel landed may have recorded steps after the cancel's
+        fence, and the writer that completed or failed the run may have stopped between
+        that write and its fence."""
         engine = self._engine
         run = view.run
         if run.status == RUN_CANCELLED and view.unsettled:
             engine.cancel(run.run_id, None)
+        elif view.unsettled:
+            engine.fence_leftovers(run.run_id, run.status)
         if run.parent_run_id is not None:
             engine.notify_parent(run.run_id, dispatcher)
 
@@ -349,15 +353,17 @@ class _PassHost:
         if not _guarded(lambda: store.settle_waiting_step(run_id, gate, now, result=result,
                                                           wake_check_ms=check)):
             return False
-        self._view.put(dataclasses.replace(
-            self._view.steps[gate], status=STEP_SUCCEEDED, result=result, error=None,
-            due_at=datetime.fromtimestamp(check / 1000, tz=UTC), lease_expires_at=None,
-            updated_at=datetime.fromtimestamp(now / 1000, tz=UTC)))
         # The view's status may be stale (it is read on ALL marks only): the guarded
         # write decides, and moves only a suspended run.
         _guarded(lambda: store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now))
         if self._view.run.status == RUN_SUSPENDED:
             self._view.run = dataclasses.replace(self._view.run, status=RUN_RUNNING)
+        # This pass goes on past the gate: the reaper has nothing to finish.
+        _guarded(lambda: store.clear_wake_check(run_id, gate, check))
+        self._view.put(dataclasses.replace(
+            self._view.steps[gate], status=STEP_SUCCEEDED, result=result, error=None,
+            due_at=None, lease_expires_at=None,
+            updated_at=datetime.fromtimestamp(now / 1000, tz=UTC)))
         return True
 
     def should_redispatch(self, state: StepState) -> bool:

@@ -19,10 +19,11 @@ from pikku_celery.records import (
     RUN_SUSPENDED,
     STEP_PENDING,
     STEP_RUNNING,
+    STEP_SCHEDULED,
     STEP_SUCCEEDED,
     StepState,
 )
-from pikku_celery.replay import CHILD_PREFIX
+from pikku_celery.replay import APPROVAL_PREFIX, CHILD_PREFIX, SUSPEND_PREFIX
 
 if TYPE_CHECKING:
     from pikku_celery.engine import Dispatcher, Engine
@@ -88,11 +89,16 @@ class Reaper:
         moves: one that went on and stopped at a later gate passes it again and suspends
         there), wake it, and end the check."""
         store = self._engine.store
-        if store.transition_run(gate.run_id, [RUN_SUSPENDED], RUN_RUNNING, now):
-            log.warning("pikku: run %s was left suspended behind its opened gate %r "
-                        "(its opener stopped before it moved the run): moved and woken",
-                        gate.run_id, gate.step_name)
-        dispatcher.wake_run(gate.run_id, step_name=gate.step_name)
+        waiting_elsewhere = any(
+            step.function is None and step.status == STEP_SCHEDULED
+            and step.step_name.startswith((APPROVAL_PREFIX, SUSPEND_PREFIX))
+            for step in store.find_unsettled_steps([gate.run_id]))
+        if not waiting_elsewhere:  # suspended behind another gate: it stays
+            if store.transition_run(gate.run_id, [RUN_SUSPENDED], RUN_RUNNING, now):
+                log.warning("pikku: run %s was left suspended behind its opened gate %r "
+                            "(its opener stopped before it moved the run): moved and woken",
+                            gate.run_id, gate.step_name)
+            dispatcher.wake_run(gate.run_id, step_name=gate.step_name)
         assert gate.due_at is not None
         store.clear_wake_check(gate.run_id, gate.step_name,
                                round(gate.due_at.timestamp() * 1000))

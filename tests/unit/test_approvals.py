@@ -336,3 +336,85 @@ def test_a_decision_cannot_pass_itself_off_as_the_expiry(pikku: PikkuCelery) -> 
         pikku.approve(run_id, "manager", {"approved": False, "expired": True}, by="ann")
     assert gate(pikku, run_id).status == "scheduled"
     assert pikku.get_run(run_id).status == "suspended"
+
+
+def test_steps_a_run_left_are_fenced_by_the_next_pass_if_its_finisher_stopped_early(
+        pikku: PikkuCelery) -> None:
+    """``finish`` ends the run, then fences what it left unsettled (two writes). A writer
+    that stops in between left a step the reaper would dispatch and run after the run
+    ended; the next pass, finding the run ended, fences it."""
+    @pikku.step()
+    def background(data: Any) -> Any:
+        return data
+
+    @pikku.workflow()
+    def fire_and_forget(wf: Any, data: Any) -> Any:
+        wf.call("bg", background, 1)
+        return "done"
+
+    clock = _virtual_time(pikku)
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    store = pikku.engine.store
+    real = store.cancel_steps
+
+    def stops(*args: Any, **kwargs: Any) -> int:
+        store.cancel_steps = real  # type: ignore[method-assign]
+        raise ConnectionError("the finisher stopped here")
+
+    store.cancel_steps = stops  # type: ignore[method-assign]
+    run_id = pikku.start("fire_and_forget", None)
+    with pytest.raises(ConnectionError):
+        pikku.engine.advance(run_id)
+    assert pikku.get_run(run_id).status == "completed"
+    assert step_named(pikku, run_id, "bg").status == "pending"
+    pikku.engine.advance(run_id)  # the orchestrator message, redelivered
+    leftover = step_named(pikku, run_id, "bg")
+    assert leftover.status == "failed" and leftover.error is not None
+    assert leftover.error["type"] == "WorkflowRunEnded"
+    recorder.steps.clear()
+    clock.advance(pikku.engine.settings.undispatched_after_ms / 1000 + 1)
+    pikku.reap()
+    assert recorder.steps == []  # nothing of the ended run is dispatched again
+
+
+def step_named(pikku: PikkuCelery, run_id: str, name: str) -> Any:
+    return {s.step_name: s for s in pikku.get_steps(run_id)}[name]
+
+
+def test_a_wake_check_never_moves_a_run_suspended_behind_a_later_gate(
+        pikku: PikkuCelery, caplog: pytest.LogCaptureFixture) -> None:
+    """The opener moved and woke the run but stopped before it cleared its wake check; the
+    run went on and now waits at a second gate. The reaper's check must leave it there."""
+    @pikku.workflow()
+    def two_gates(wf: Any, data: Any) -> Any:
+        first = wf.approval("first")
+        second = wf.approval("second")
+        return [first, second]
+
+    clock = _virtual_time(pikku)
+    run_id = pikku.start("two_gates", None, inline=True)
+    store = pikku.engine.store
+    real = store.clear_wake_check
+
+    def stops(*args: Any, **kwargs: Any) -> bool:
+        store.clear_wake_check = real  # type: ignore[method-assign]
+        raise ConnectionError("the opener stopped before it cleared its check")
+
+    store.clear_wake_check = stops  # type: ignore[method-assign]
+    pikku.engine.dispatcher = Recorder()
+    with pytest.raises(ConnectionError):
+        pikku.approve(run_id, "first", "yes")
+    assert run_inline(pikku.engine, run_id).status == "suspended"  # at "second"
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    clock.advance(pikku.engine.settings.stalled_after_ms / 1000 + 1)
+    pikku.reap()
+    assert pikku.get_run(run_id).status == "suspended" and recorder.wakes == []
+    assert "left suspended" not in caplog.text
+    recorder.wakes.clear()
+    clock.advance("1h")
+    pikku.reap()
+    assert recorder.wakes == []  # the check was cleared
+    pikku.approve(run_id, "second", "also")
+    assert run_inline(pikku.engine, run_id).output == ["yes", "also"]
