@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from pikku_celery._fork import reset_in_forked_child
 from pikku_celery.clock import Clock
-from pikku_celery.leases.base import Lease, LeaseService
+from pikku_celery.leases.base import Lease, LeaseService, PartialRefreshError
 from pikku_celery.store.base import WorkflowStore
 
 log = logging.getLogger("pikku_celery.heartbeat")
@@ -139,7 +139,7 @@ class Heartbeat:
     def beat(self, held: list[HeldStep]) -> None:
         """Renew ``held`` now: one Redis call and one store write per lease length."""
         sent = time.monotonic()
-        redis_ok, vanished = self._renew_redis(held)
+        redis_ok, vanished = self._renew_redis(held)  # ids of steps Redis confirmed
         now_ms = self._clock.now_ms()
         confirmed: set[int] = set()  # ids of steps whose store renewal was accepted
         by_lease: dict[int, list[HeldStep]] = {}
@@ -165,7 +165,7 @@ class Heartbeat:
                                       "superseded")
                     continue
                 confirmed.add(id(h))
-                if redis_ok:
+                if id(h) in redis_ok:
                     h.held_until = sent + lease_ms / 1000
         for h in vanished:
             # Only an attempt the store has just confirmed takes its Redis lease back: a
@@ -174,23 +174,33 @@ class Heartbeat:
             if id(h) in confirmed and not h.settling and not h.lost.is_set():
                 self._reacquire(h)
 
-    def _renew_redis(self, held: list[HeldStep]) -> tuple[bool, list[HeldStep]]:
-        """Whether Redis answered, and the steps whose Redis lease had vanished."""
+    def _renew_redis(self, held: list[HeldStep]) -> tuple[set[int], list[HeldStep]]:
+        """The ids of the steps whose Redis renewal was answered, and the steps whose Redis
+        lease had vanished."""
         sent = time.monotonic()
+        unconfirmed: set[int] = set()
         try:
             renewed = self._leases.refresh_many([(h.lease, h.lease_ms) for h in held])
+        except PartialRefreshError as partial:  # one cluster node: only its steps wait
+            log.warning("pikku heartbeat: lease renewal failed in part (%s)", partial)
+            renewed, unconfirmed = partial.results, partial.unconfirmed
+            self._expire_unconfirmed([held[i] for i in sorted(unconfirmed)])
         except Exception as exc:
             log.warning("pikku heartbeat: lease renewal failed (%s)", exc)
             self._expire_unconfirmed(held)
-            return False, []
+            return set(), []
         vanished: list[HeldStep] = []
-        for h, lease in zip(held, renewed, strict=True):
+        answered: set[int] = set()
+        for i, (h, lease) in enumerate(zip(held, renewed, strict=True)):
+            if i in unconfirmed:
+                continue
+            answered.add(id(h))
             if lease is not None:
                 h.lease = lease
                 self._clock.observe(lease.granted_at_ms, sent)
             elif not h.settling:  # a settle may just have released it: never re-grab that
                 vanished.append(h)
-        return True, vanished
+        return answered, vanished
 
     def _reacquire(self, h: HeldStep) -> None:
         # The Redis lease vanished (Redis restarted, or it lapsed while we were paused) and

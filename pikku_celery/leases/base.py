@@ -39,6 +39,19 @@ class Lease:
     marks: tuple[str, ...] = ()
 
 
+class PartialRefreshError(Exception):
+    """``refresh_many`` got answers for some leases only (a Redis Cluster node that did not
+    answer): ``results`` as ``refresh_many`` returns them, and the positions of the leases
+    whose renewal is unconfirmed (their entries in ``results`` mean nothing)."""
+
+    def __init__(self, results: list[Lease | None], unconfirmed: set[int],
+                 cause: BaseException) -> None:
+        super().__init__(f"{len(unconfirmed)} of {len(results)} lease renewals "
+                         f"unconfirmed: {cause}")
+        self.results = results
+        self.unconfirmed = unconfirmed
+
+
 @dataclass(frozen=True)
 class LeaseBusy:
     """``acquire_or_mark`` found another holder's live lease and left the mark on the key.
@@ -67,7 +80,9 @@ class LeaseService(Protocol):
         ...
 
     def refresh_many(self, leases: Sequence[tuple[Lease, int]]) -> list[Lease | None]:
-        """Refresh many ``(lease, ttl_ms)`` pairs in one round trip, results in order."""
+        """Refresh many ``(lease, ttl_ms)`` pairs in one round trip, results in order.
+        Raises ``PartialRefreshError`` when only some of them could be asked (a Redis
+        Cluster node down), with the answers of the others."""
         ...
 
     def release(self, lease: Lease) -> bool:

@@ -58,7 +58,7 @@ from redis.exceptions import RedisClusterException
 from pikku_celery._fork import reset_in_forked_child
 from pikku_celery._urls import redact_url, reserved_in_userinfo
 from pikku_celery.keys import LEASE_HASH_FMT, LEASE_MARKS_FMT, LEASE_TOKEN_FMT, LEASE_WATCH_FMT
-from pikku_celery.leases.base import Lease, LeaseBusy
+from pikku_celery.leases.base import Lease, LeaseBusy, PartialRefreshError
 from pikku_celery.leases.memory import (
     WATCH_SLACK_MS,
     check_holder,
@@ -367,10 +367,21 @@ class RedisLeaseService:
             slot = key_slot(self.lease_hash_key(lease.key).encode())
             by_slot.setdefault(slot, []).append(i)
         out: list[Lease | None] = [None] * len(leases)
+        unconfirmed: set[int] = set()
+        failure: Exception | None = None
         for indexes in by_slot.values():
-            renewed = self._refresh_group([leases[i] for i in indexes])
+            try:
+                renewed = self._refresh_group([leases[i] for i in indexes])
+            except Exception as exc:  # that slot's node: the others' answers still count
+                unconfirmed.update(indexes)
+                failure = exc
+                continue
             for i, result in zip(indexes, renewed, strict=True):
                 out[i] = result
+        if failure is not None:
+            if len(unconfirmed) == len(leases):
+                raise failure
+            raise PartialRefreshError(out, unconfirmed, failure)
         return out
 
     def _refresh_group(self, leases: Sequence[tuple[Lease, int]]) -> list[Lease | None]:

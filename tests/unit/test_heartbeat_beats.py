@@ -238,3 +238,45 @@ def test_a_superseded_attempt_never_takes_the_redis_lease_back_from_a_retry() ->
     assert isinstance(during["claimed"], Claimed) and during["claimed"].state.attempt == 3
     assert first.held.lost.is_set()
     assert leases.get(keys.step_lease_key("run", "s")).holder == during["claimed"].held.lease.holder  # type: ignore[union-attr]
+
+
+def test_one_cluster_node_down_costs_only_the_steps_whose_leases_it_holds(
+        redis_client: Any, key_prefix: str) -> None:
+    """On a Redis Cluster the renewals go one call per slot; a node that does not answer
+    must leave the other slots' answers standing: those steps keep their leases, and only
+    the ones on the silent node wait for their last confirmed deadline."""
+    import redis as redis_lib
+
+    from pikku_celery.leases.redis import RedisLeaseService
+    from pikku_celery.store.base import NewRun, NewStep
+
+    class OneNodeDown(RedisLeaseService):
+        def _refresh_group(self, leases: Any) -> Any:
+            if any(lease.key.startswith("workflow-step:run-bad:") for lease, _ in leases):
+                raise redis_lib.ConnectionError("the node of this slot is failing over")
+            return super()._refresh_group(leases)
+
+    leases = OneNodeDown(redis_client, key_prefix=key_prefix)
+    leases._cluster = True  # one call per slot, as on a cluster
+    store = InMemoryWorkflowStore()
+    clock = ServerClock(leases)
+    heartbeat = Heartbeat(store, leases, clock)
+    claimer = Claimer(store, leases, clock, heartbeat, host="a")
+    held = {}
+    for run in ("run-good", "run-bad"):
+        store.create_run(NewRun(run, "wf", None), leases.now_ms())
+        store.insert_step(NewStep(run_id=run, step_name="s", function="f", max_attempts=3),
+                          leases.now_ms())
+        claimed = claimer.claim(run, "s", "f", 60_000)
+        assert isinstance(claimed, Claimed)
+        held[run] = claimed.held
+    heartbeat.stop()
+    for h in heartbeat.held():  # the last confirmed deadline has just passed
+        h.held_until = time.monotonic() - 0.001
+    heartbeat.beat(heartbeat.held())
+    good, bad = held["run-good"], held["run-bad"]
+    assert not good.lost.is_set() and good.held_until > time.monotonic() + 30
+    assert leases.get(good.lease.key) is not None
+    assert bad.lost.is_set()
+    for h in (good, bad):
+        heartbeat.remove(h)
