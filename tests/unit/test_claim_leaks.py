@@ -11,16 +11,7 @@ from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
 from tests.unit.test_engine import Recorder
-
-T0 = 1_700_000_000_000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.ms = T0
-
-    def __call__(self) -> int:
-        return self.ms
+from tests.unit.test_hardening import FakeClock
 
 
 def _pikku(clock: FakeClock) -> PikkuCelery:
