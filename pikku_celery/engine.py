@@ -271,12 +271,13 @@ class Engine:
             return False
         now = self.now_ms()
         check = self.wake_check_ms(now)
-        opened = [step.step_name for step in self.store.list_steps(run_id)
-                  if step.step_name.startswith(SUSPEND_PREFIX)
-                  and step.status == STEP_SCHEDULED
-                  and self.store.settle_waiting_step(
-                      run_id, step.step_name, now, gate=True, result={"resumed_at_ms": now},
-                      wake_check_ms=check)]
+        opened: list[str] = []
+        for step in self.store.list_steps(run_id):
+            if step.step_name.startswith(SUSPEND_PREFIX) and step.status == STEP_SCHEDULED \
+                    and self.store.settle_waiting_step(run_id, step.step_name, now, gate=True,
+                                                       result={"resumed_at_ms": now},
+                                                       wake_check_ms=check):
+                opened.append(step.step_name)
         moved = self.store.transition_run(run_id, [RUN_SUSPENDED], RUN_RUNNING, now)
         if not (opened or moved):
             return False

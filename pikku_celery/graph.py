@@ -276,11 +276,9 @@ def run_graph(graph: Graph, wf: WorkflowContext, data: Any) -> dict[str, Any]:
     while True:
         progress = False
         for node in graph.order:
-            if node in p.calls or node in p.skipped or not _settled(graph, node, p.results,
-                                                                     p.skipped):
+            if node in p.calls or node in p.skipped or not _settled(graph, node, p):
                 continue
-            start = _node_data(graph, node, data, p.results, p.skipped, p.handled, p.inputs,
-                               p.fired)
+            start = _node_data(graph, node, data, p)
             if start is _WAIT:
                 continue
             if start is _SKIP:
@@ -344,10 +342,16 @@ def _loop_back(graph: Graph, target: str, source: dict[str, Any], p: _Pass) -> N
         p.skipped.discard(n)
     p.fired[target] = source  # what the back-edge brings
 
+
+def _visit_name(node: str, count: int) -> str:
+    """The step of a node's visit ``count``: ``node``, then ``node#2``, ``node#3``..."""
+    return node if count == 1 else f"{node}#{count}"
+
+
 def _step_names(graph: Graph, node: str, count: int, items: Any) -> list[str] | None:
     """The steps of a node's visit ``count``; ``None`` when they cannot be named yet (a
     for_each over a value that is not a list: starting it fails the run)."""
-    base = node if count == 1 else f"{node}#{count}"
+    base = _visit_name(node, count)
     if node not in graph.for_each:
         return [base]
     if not isinstance(items, list):
@@ -369,9 +373,8 @@ def _fired_by_another(graph: Graph, wf: WorkflowContext, source: str, target: st
     """Was the target's next visit already started by another back-edge? Its recorded
     data says which source fired it (``from``): the first firing is durable, so every
     later pass follows it, whichever sources have finished since."""
-    count = p.visit.get(target, 1) + (1 if target in p.calls else 0)
-    names = _step_names(graph, target, count, [None])
-    recorded = wf._recorded(names[0]) if names else None
+    first = _visit_name(target, p.visit.get(target, 1) + (1 if target in p.calls else 0))
+    recorded = wf._recorded(f"{first}[0]" if target in graph.for_each else first)
     came = recorded.data.get("from") if recorded is not None and isinstance(
         recorded.data, dict) else None
     return isinstance(came, dict) and source not in came
@@ -382,23 +385,23 @@ _NO_LIST = object()  # a for_each node's list predecessor has no result
 _SKIP = object()
 
 
-def _node_data(graph: Graph, node: str, data: Any, results: dict[str, Any],
-               skipped: set[str], handled: dict[str, StepCall], inputs: dict[str, Any],
-               fired: dict[str, dict[str, Any]]) -> Any:
+def _node_data(graph: Graph, node: str, data: Any, p: _Pass) -> Any:
     """What a settled node starts with this pass: its data, or _SKIP, or _WAIT."""
+    results, skipped, handled, fired = p.results, p.skipped, p.handled, p.fired
     preds = graph.predecessors[node]
     source = graph.handled_by.get(node)
     over = graph.for_each.get(node)
     if source is not None:  # an error handler: starts only on its node's failure
         if source in handled:
-            return {"error": handled[source].error, "input": inputs[source]}
+            return {"error": handled[source].error, "input": p.inputs[source]}
         return _SKIP if source in results or source in skipped else _WAIT
     if node not in fired and (
-            (preds and not any(node in _chosen(graph, p, results) for p in preds
-                               if p in results)) or (over is not None and over not in results)):
+            (preds and not any(node in _chosen(graph, pred, results) for pred in preds
+                               if pred in results))
+            or (over is not None and over not in results)):
         return _SKIP
-    return {"input": data, "from": {**{p: results[p] for p in preds if p in results},
-                                    **fired.get(node, {})}}
+    return {"input": data, "from": {**{pred: results[pred] for pred in preds
+                                       if pred in results}, **fired.get(node, {})}}
 
 
 def _start(graph: Graph, wf: WorkflowContext, node: str, count: int, data: Any,
@@ -409,7 +412,7 @@ def _start(graph: Graph, wf: WorkflowContext, node: str, count: int, data: Any,
         raise WorkflowRunFailedError(
             f"graph {graph.name!r}: node {node!r} would run a {count}th time, over "
             f"its max_visits of {graph.limit(node)} (a loop that does not end?)")
-    step_name = node if count == 1 else f"{node}#{count}"
+    step_name = _visit_name(node, count)
     if items is _NO_LIST:
         raise InvalidInputError(
             f"graph {graph.name!r}: a loop started for_each node {node!r} again, but "
@@ -493,8 +496,8 @@ def _write_state(wf: WorkflowContext, call: StepCall) -> bool:
     return True
 
 
-def _settled(graph: Graph, node: str, results: dict[str, Any], skipped: set[str]) -> bool:
-    return all(p in results or p in skipped for p in graph.predecessors[node])
+def _settled(graph: Graph, node: str, p: _Pass) -> bool:
+    return all(pred in p.results or pred in p.skipped for pred in graph.predecessors[node])
 
 
 def _chosen(graph: Graph, node: str, results: dict[str, Any]) -> set[str]:

@@ -139,7 +139,7 @@ class Heartbeat:
     def beat(self, held: list[HeldStep]) -> None:
         """Renew ``held`` now: one Redis call and one store write per lease length."""
         sent = time.monotonic()
-        redis_ok, vanished = self._renew_redis(held)  # ids of steps Redis confirmed
+        answered, vanished = self._renew_redis(held)
         now_ms = self._clock.now_ms()
         confirmed: set[int] = set()  # ids of steps whose store renewal was accepted
         by_lease: dict[int, list[HeldStep]] = {}
@@ -165,7 +165,7 @@ class Heartbeat:
                                       "superseded")
                     continue
                 confirmed.add(id(h))
-                if id(h) in redis_ok:
+                if id(h) in answered:  # Redis renewed it too
                     h.held_until = sent + lease_ms / 1000
         for h in vanished:
             # Only an attempt the store has just confirmed takes its Redis lease back: a

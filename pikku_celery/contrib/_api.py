@@ -248,24 +248,27 @@ def import_authorize(value: Any, setting: str) -> Authorize | str:
     path of one (``"myproj.auth.can_use_pikku"`` or ``"myproj.auth:can_use_pikku"``)."""
     if value == ALLOW_LOCAL:
         return ALLOW_LOCAL
-    if isinstance(value, str):
-        value = import_dotted(value, setting)
-    if not callable(value):
-        raise TypeError(f"{setting} must be a callable (request, action, run_id) -> bool, "
-                        f"a dotted path to one, or {ALLOW_LOCAL!r}; got {value!r}")
-    authorize: Authorize = value
+    authorize: Authorize = _callable_setting(
+        value, setting, f"a callable (request, action, run_id) -> bool, a dotted path to "
+                        f"one, or {ALLOW_LOCAL!r}")
     return authorize
 
 
 def import_identify(value: Any, setting: str) -> Identify:
     """``PIKKU_IDENTIFY`` as a callable: a callable, or the dotted path of one."""
+    identify: Identify = _callable_setting(
+        value, setting, "a callable (request) -> the caller's name (str) or None, or a "
+                        "dotted path to one")
+    return identify
+
+
+def _callable_setting(value: Any, setting: str, expected: str) -> Any:
+    """A setting that is a callable or the dotted path of one."""
     if isinstance(value, str):
         value = import_dotted(value, setting)
     if not callable(value):
-        raise TypeError(f"{setting} must be a callable (request) -> the caller's name "
-                        f"(str) or None, or a dotted path to one; got {value!r}")
-    identify: Identify = value
-    return identify
+        raise TypeError(f"{setting} must be {expected}; got {value!r}")
+    return value
 
 
 def caller_of(identify: Identify | None, request: Any, setting: str) -> str | None:

@@ -536,10 +536,10 @@ class _LazyCluster:
         userinfo, _, hosts = parts.netloc.rpartition("@")
         nodes = [_host_port(item, url) for item in hosts.split(",") if item]
         if not nodes:
-            raise ValueError(f"invalid Redis Cluster URL {_redacted(url)!r}: no host")
+            raise ValueError(f"invalid Redis Cluster URL {redact_url(url)!r}: no host")
         if parts.path not in ("", "/", "/0") or parts.query:
             raise ValueError(
-                f"invalid Redis Cluster URL {_redacted(url)!r}: a cluster has only database 0 "
+                f"invalid Redis Cluster URL {redact_url(url)!r}: a cluster has only database 0 "
                 "and this URL takes no options (pass a redis.cluster.RedisCluster for more)")
         kwargs: dict[str, Any] = {}
         if userinfo:
@@ -588,11 +588,8 @@ def _host_port(item: str, url: str) -> tuple[str, int]:
     host = host.strip("[]")
     if not host or not port.isdigit():
         if reserved_in_userinfo(url):  # the "node" is a piece of the password: not shown
-            raise ValueError(f"invalid Redis Cluster URL {_redacted(url)!r}: its user name or "
+            raise ValueError(f"invalid Redis Cluster URL {redact_url(url)!r}: its user name or "
                              "password holds '/', '?', '#' or '@': percent-encode them")
-        raise ValueError(f"invalid Redis Cluster URL {_redacted(url)!r}: bad node {item!r}")
+        raise ValueError(f"invalid Redis Cluster URL {redact_url(url)!r}: bad node {item!r}")
     return host, int(port)
 
-
-def _redacted(url: str) -> str:
-    return redact_url(url)
