@@ -1,5 +1,7 @@
-"""Shared fixtures: real Redis, the nx-27017 wire stand-in, mongomock, and real MongoDB
-when ``PIKKU_TEST_MONGO_URL`` is set. A missing service fails the test; it never skips."""
+"""Shared fixtures: real Redis, a real MongoDB (a ``mongod`` replica set started here, or
+``PIKKU_TEST_MONGO_URL``'s server), the nx-27017 wire stand-in and mongomock where they
+still add something (tests/README.md says where). A missing service fails the test; it never
+skips."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import redis
 
 from pikku_celery.heartbeat import Heartbeat
 from tests.support import mongomock_compat
+from tests.support.mongod import ExternalMongo, MongodReplicaSet, describe, mongo_target
 from tests.support.nx import NxServer
 from tests.support.redis_cluster import RedisClusterServer
 
@@ -30,12 +33,34 @@ def pytest_configure(config: pytest.Config) -> None:
                             "error::pytest.PytestUnhandledThreadExceptionWarning")
 
 
+_MONGO_TESTED: list[str] = []
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    # Printed even with -q: a green run without real MongoDB must say what it did not test.
-    if not REAL_MONGO_URL:
-        terminalreporter.write_line(
-            "pikku: real MongoDB NOT tested (PIKKU_TEST_MONGO_URL is unset): the stores ran "
-            "on memory, mongomock and the nx-27017 wire stand-in only")
+    # Printed even with -q: a green run must say which MongoDB it proved the store on.
+    if _MONGO_TESTED:
+        terminalreporter.write_line("pikku: real MongoDB tested: " + "; ".join(_MONGO_TESTED))
+    else:
+        terminalreporter.write_line("pikku: no test of this run used a real MongoDB")
+
+
+@pytest.fixture(scope="session")
+def mongo_server() -> Iterator[MongodReplicaSet | ExternalMongo]:
+    """The real MongoDB of this test session: a single-node ``mongod`` replica set started
+    once (torn down by PID at the end), or the server ``PIKKU_TEST_MONGO_URL`` names."""
+    with mongo_target() as target:
+        _MONGO_TESTED.append(describe(target))
+        yield target
+
+
+@pytest.fixture(scope="session")
+def mongod_replset3() -> Iterator[MongodReplicaSet]:
+    """A real three-node replica set (election timeout 2 s) for the failover tests; each
+    test that kills or pauses a node must leave all three up again."""
+    replset = MongodReplicaSet(3).start()
+    _MONGO_TESTED.append(describe(replset))
+    yield replset
+    replset.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -105,15 +130,16 @@ def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
         redis_client.delete(*keys)
 
 
-def mongo_database(kind: str, nx: NxServer | None) -> tuple[pymongo.database.Database, object]:
-    """A fresh database of the given kind and a handle to drop it with."""
+def mongo_database(kind: str, server: Any = None) -> tuple[pymongo.database.Database, object]:
+    """A fresh database of the given kind (``mongomock``, or ``mongod``/``wire`` on the
+    server given: the session's ``mongo_server`` or ``nx_server``) and a handle to drop it
+    with."""
     name = f"pikku_test_{uuid.uuid4().hex[:12]}"
     if kind == "mongomock":
         import mongomock
 
         client = mongomock.MongoClient()
         return client[name], client
-    url = nx.url if kind == "wire" and nx is not None else REAL_MONGO_URL
-    assert url, "real MongoDB requested without PIKKU_TEST_MONGO_URL"
-    client = pymongo.MongoClient(url, serverSelectionTimeoutMS=5000)
+    assert server is not None, f"a {kind} database needs its server fixture"
+    client = pymongo.MongoClient(server.url, serverSelectionTimeoutMS=5000)
     return client[name], client
