@@ -1,7 +1,7 @@
 """Shared fixtures: real Redis, a real MongoDB (a ``mongod`` replica set started here, or
-``PIKKU_TEST_MONGO_URL``'s server), the nx-27017 wire stand-in and mongomock where they
-still add something (tests/README.md says where). A missing service fails the test; it never
-skips."""
+``PIKKU_TEST_MONGO_URL``'s server) for every MongoDB test of the suite, and a real Redis
+Cluster. tests/README.md says which MongoDB each tier uses and where a stand-in remains. A
+missing service fails the test; it never skips."""
 
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ import redis
 from pikku_celery.heartbeat import Heartbeat
 from tests.support import mongomock_compat
 from tests.support.mongod import ExternalMongo, MongodReplicaSet, describe, mongo_target
-from tests.support.nx import NxServer
 from tests.support.redis_cluster import RedisClusterServer
 
 mongomock_compat.install()  # $unionWith, which the store's reads use (MongoDB 4.4+)
 
 REDIS_URL = os.environ.get("PIKKU_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-REAL_MONGO_URL = os.environ.get("PIKKU_TEST_MONGO_URL")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -44,13 +42,34 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line("pikku: no test of this run used a real MongoDB")
 
 
+_OWN_MONGO: list[MongodReplicaSet] = []  # the session's mongod, once a test started it
+_SYSTEM_DATABASES = {"admin", "config", "local"}
+
+
 @pytest.fixture(scope="session")
 def mongo_server() -> Iterator[MongodReplicaSet | ExternalMongo]:
     """The real MongoDB of this test session: a single-node ``mongod`` replica set started
     once (torn down by PID at the end), or the server ``PIKKU_TEST_MONGO_URL`` names."""
     with mongo_target() as target:
         _MONGO_TESTED.append(describe(target))
+        if isinstance(target, MongodReplicaSet):
+            _OWN_MONGO.append(target)
         yield target
+        _OWN_MONGO.clear()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_database_outlives_its_module() -> Iterator[None]:
+    """Every test drops the databases it made; this catches what one left behind (a test
+    failing half-way, a worker's result backend) so the session's ``mongod`` does not grow
+    a collection per test. Only on the server this process started: an external server
+    (``PIKKU_TEST_MONGO_URL``) may hold other users' databases, and a module-scoped fixture's
+    databases live until the module ends, so the sweep runs then, not after each test."""
+    yield
+    for server in _OWN_MONGO:
+        with pymongo.MongoClient(server.url, serverSelectionTimeoutMS=5000) as client:
+            for name in set(client.list_database_names()) - _SYSTEM_DATABASES:
+                client.drop_database(name)
 
 
 @pytest.fixture(scope="session")
@@ -98,13 +117,6 @@ def _celery_join_flag_restored() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def nx_server() -> Iterator[NxServer]:
-    server = NxServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterServer]:
     """A real three-node Redis Cluster on loopback ports, for this session only."""
     server = RedisClusterServer().start()
@@ -131,9 +143,8 @@ def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
 
 
 def mongo_database(kind: str, server: Any = None) -> tuple[pymongo.database.Database, object]:
-    """A fresh database of the given kind (``mongomock``, or ``mongod``/``wire`` on the
-    server given: the session's ``mongo_server`` or ``nx_server``) and a handle to drop it
-    with."""
+    """A fresh database of the given kind (``mongomock``, or ``mongod`` on the server given:
+    the session's ``mongo_server``) and a handle to drop it with."""
     name = f"pikku_test_{uuid.uuid4().hex[:12]}"
     if kind == "mongomock":
         import mongomock

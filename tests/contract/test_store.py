@@ -1,7 +1,6 @@
-"""One store contract suite, run on every store: in-memory, MongoDB on mongomock
-(single-threaded semantics), MongoDB over the wire on nx-27017, and real MongoDB when
-``PIKKU_TEST_MONGO_URL`` is set. Numbers in test names refer to the upstream scenarios of
-section 7 of ``shared/reference/upstream-semantics.md``.
+"""One store contract suite, run on every store: in-memory, and a real MongoDB (id ``mongod``:
+the session's ``mongod`` replica set, or ``PIKKU_TEST_MONGO_URL``'s server). Numbers in test
+names refer to the upstream scenarios of section 7 of ``shared/reference/upstream-semantics.md``.
 
 Time is passed explicitly (``now_ms``), as the engine passes the lease service's clock, so
 lapses are exact and the suite never sleeps.
@@ -28,11 +27,11 @@ from pikku_celery.keys import HistoryField as H
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
-from tests.conftest import REAL_MONGO_URL, mongo_database
+from tests.conftest import mongo_database
 from tests.support.raw import drop_entries, drop_run_state_fields, raw_history
 from tests.support.threads import race
 
-KINDS = ["memory", "mongomock", "wire"] + (["real"] if REAL_MONGO_URL else [])
+KINDS = ["memory", "mongod"]
 T0 = 1_700_000_000_000
 LEASE = 60_000
 FN = "charge:card"
@@ -43,10 +42,10 @@ def store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
     yield from _make_store(request)
 
 
-@pytest.fixture(params=[k for k in KINDS if k != "mongomock"])
+@pytest.fixture(params=KINDS)
 def atomic_store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
-    """Stores whose writes are atomic across threads: mongomock's are not
-    (test-infrastructure.md), so thread races never run on it."""
+    """Stores whose writes are atomic across threads (every store here is: races never run
+    on mongomock, whose writes are not, test-infrastructure.md)."""
     yield from _make_store(request)
 
 
@@ -54,8 +53,7 @@ def _make_store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
     if request.param == "memory":
         yield InMemoryWorkflowStore()
         return
-    nx = request.getfixturevalue("nx_server") if request.param == "wire" else None
-    db, client = mongo_database(request.param, nx)
+    db, client = mongo_database(request.param, request.getfixturevalue("mongo_server"))
     yield MongoWorkflowStore(db)
     client.drop_database(db.name)  # type: ignore[attr-defined]
 
@@ -768,9 +766,9 @@ def test_paging_keeps_runs_created_in_the_same_millisecond(store: WorkflowStore)
     assert seen == [f"same-{i}" for i in (4, 3, 2, 1, 0)]
 
 
-def test_a_result_too_large_as_bson_is_refused_as_bad_input(nx_server: object) -> None:
+def test_a_result_too_large_as_bson_is_refused_as_bad_input(mongo_server: object) -> None:
     """JSON of 2M zeros is 4 MB; as BSON (every array index is a key) it is over 16 MB."""
-    db, client = mongo_database("wire", nx_server)  # type: ignore[arg-type]
+    db, client = mongo_database("mongod", mongo_server)
     try:
         store = MongoWorkflowStore(db)
         run_id = new_run(store)
@@ -784,7 +782,7 @@ def test_a_result_too_large_as_bson_is_refused_as_bad_input(nx_server: object) -
         client.drop_database(db.name)  # type: ignore[attr-defined]
 
 
-def test_from_url_opens_no_connection(nx_server: object) -> None:
+def test_from_url_opens_no_connection() -> None:
     store = MongoWorkflowStore.from_url("mongodb://127.0.0.1:1/never?directConnection=true")
     assert store.db.client._topology._opened is False  # nothing to inherit across a fork
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,17 +88,18 @@ def test_read_run_returns_the_named_steps_and_those_recorded_after_a_token(
 
 
 def test_read_run_of_an_unknown_run_finds_nothing(store: WorkflowStore) -> None:
-    # A run first: the nx-27017 stand-in fails a ``$unionWith`` of a collection that does
-    # not exist yet (MongoDB reads it as empty), and a store's collections exist from its
-    # first run on.
+    # Before the store's collections exist (MongoDB reads a missing collection as empty,
+    # ``$unionWith`` too) and after.
+    read = store.read_run("no-such-run", step_names=["a"])
+    assert read.run is None and read.steps == []
     new_run(store)
     read = store.read_run("no-such-run", step_names=["a"])
     assert read.run is None and read.steps == []
 
 
-def test_read_run_is_one_command_and_asking_for_nothing_is_none(nx_server: Any) -> None:
-    client, mongo = counting_mongo(nx_server.url)
-    db = client["pikku_test_read_run"]
+def test_read_run_is_one_command_and_asking_for_nothing_is_none(mongo_server: Any) -> None:
+    client, mongo = counting_mongo(mongo_server.url)
+    db = client[f"pikku_test_read_run_{uuid.uuid4().hex[:8]}"]
     try:
         store = MongoWorkflowStore(db)
         run_id = new_run(store)

@@ -9,7 +9,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import mongomock
 import pytest
 from celery import Celery
 from click.testing import CliRunner, Result
@@ -25,7 +24,8 @@ from pikku_celery import cli as cli_module
 from pikku_celery.cli import pikku as pikku_group
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import INDEXES
-from tests.support.nx import free_port
+from tests.conftest import mongo_database
+from tests.support.mongod import free_port
 from tests.support.operate import ADD, LEASE_MS, now_ms, superseded_run
 from tests.unit.test_contrib import make_pikku
 from tests.unit.test_contrib_flask import CeleryCLIContext
@@ -298,10 +298,12 @@ def _pikku_on(store: Any, leases: Any) -> PikkuCelery:
 
 
 @pytest.fixture
-def mongomock_store() -> Iterator[MongoWorkflowStore]:
-    client: Any = mongomock.MongoClient()
-    yield MongoWorkflowStore(client["check_db"], create_indexes=False)
-    client.drop_database("check_db")
+def mongo_store(mongo_server: Any) -> Iterator[MongoWorkflowStore]:
+    """A store without its indexes, on a database of its own on the real MongoDB."""
+    db, client = mongo_database("mongod", mongo_server)
+    yield MongoWorkflowStore(db, create_indexes=False)
+    client.drop_database(db.name)  # type: ignore[attr-defined]
+    client.close()  # type: ignore[attr-defined]
 
 
 def test_check_passes_and_lists_what_is_registered(pikku: PikkuCelery) -> None:
@@ -318,8 +320,8 @@ def test_check_passes_and_lists_what_is_registered(pikku: PikkuCelery) -> None:
 
 
 def test_check_names_missing_indexes_and_creates_them(
-        mongomock_store: MongoWorkflowStore, redis_client: Any, key_prefix: str) -> None:
-    pikku = _pikku_on(mongomock_store, RedisLeaseService(redis_client, key_prefix=key_prefix))
+        mongo_store: MongoWorkflowStore, redis_client: Any, key_prefix: str) -> None:
+    pikku = _pikku_on(mongo_store, RedisLeaseService(redis_client, key_prefix=key_prefix))
     checked = run_cli(pikku, "check")
     assert checked.exit_code == 1
     problems = [line for line in checked.output.splitlines() if line.startswith("problem:")]

@@ -28,7 +28,7 @@ from pikku_celery import (
     RedisLeaseService,
 )
 from tests.conftest import REDIS_URL
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 
 
 def _app(name: str | None = None) -> Celery:
@@ -48,10 +48,10 @@ def _bind_workflow(pikku: PikkuCelery, prefix: str) -> str:
 
 
 @pytest.fixture
-def mongo_url(nx_server: NxServer) -> Iterator[str]:
+def mongo_url(mongo_server: MongoTarget) -> Iterator[str]:
     database = f"pikku_cfg_{uuid.uuid4().hex[:10]}"
-    yield nx_server.url_for(database)
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(nx_server.url)
+    yield mongo_server.url_for(database)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo_server.url)
     client.drop_database(database)
     client.close()
 

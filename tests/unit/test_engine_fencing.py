@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import mongomock
 import pytest
 from celery import Celery
 
@@ -20,6 +19,7 @@ from pikku_celery import (
     MongoWorkflowStore,
     PikkuCelery,
 )
+from tests.conftest import mongo_database
 from tests.unit.test_engine import Recorder
 
 T0 = 1_700_000_000_000
@@ -49,14 +49,15 @@ def _pikku(clock: FakeClock, store: Any) -> PikkuCelery:
     return pikku
 
 
-@pytest.fixture(params=["memory", "mongomock"])
+@pytest.fixture(params=["memory", "mongod"])
 def pikku(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[PikkuCelery]:
     if request.param == "memory":
         yield _pikku(clock, InMemoryWorkflowStore())
         return
-    client: Any = mongomock.MongoClient()
-    yield _pikku(clock, MongoWorkflowStore(client[f"fencing_{uuid.uuid4().hex[:8]}"]))
-    client.close()
+    db, client = mongo_database("mongod", request.getfixturevalue("mongo_server"))
+    yield _pikku(clock, MongoWorkflowStore(db))
+    client.drop_database(db.name)  # type: ignore[attr-defined]
+    client.close()  # type: ignore[attr-defined]
 
 
 def _recorder(pikku: PikkuCelery) -> Recorder:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
-import mongomock
 import pytest
 from celery import Celery
 from pymongo.errors import OperationFailure
@@ -32,6 +31,7 @@ from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.store._docs import written_entries
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.tasks import WorkerReaper
+from tests.conftest import mongo_database
 from tests.unit.test_engine import Recorder
 
 T0 = 1_700_000_000_000
@@ -55,8 +55,13 @@ def _pikku(store: Any, clock: FakeClock | None = None, **options: Any) -> PikkuC
     return pikku
 
 
-def _mongomock_store() -> MongoWorkflowStore:
-    return MongoWorkflowStore(mongomock.MongoClient()[f"h_{uuid.uuid4().hex[:8]}"])
+@pytest.fixture
+def mongo_store(mongo_server: Any) -> Iterator[MongoWorkflowStore]:
+    """A store on a database of its own on the session's real MongoDB, dropped afterwards."""
+    db, client = mongo_database("mongod", mongo_server)
+    yield MongoWorkflowStore(db)
+    client.drop_database(db.name)  # type: ignore[attr-defined]
+    client.close()  # type: ignore[attr-defined]
 
 
 class _Proxy:
@@ -75,10 +80,11 @@ class _Proxy:
 # --- 1: a settle that can never land ---------------------------------------------------------
 
 
-def test_1_an_outcome_mongodb_refuses_fails_the_attempt_at_once() -> None:
+def test_1_an_outcome_mongodb_refuses_fails_the_attempt_at_once(
+        mongo_store: MongoWorkflowStore) -> None:
     """Real MongoDB refuses an update whose resulting document passes 16 MiB (17419) though
     each field passed its own check: no retry can help, so the attempt fails for good now."""
-    store = _mongomock_store()
+    store = mongo_store
 
     def refuse_success(inner: Any, guard: Any, update: Any, **kw: Any) -> Any:
         if update.get("$set", {}).get("status") == "succeeded":
@@ -269,9 +275,11 @@ def test_4_a_cancel_between_a_pass_read_and_its_finish_fences_what_it_dispatched
 # --- 5: cancel_steps never rewrites a settled attempt ---------------------------------------
 
 
-@pytest.fixture(params=["memory", "mongomock"])
+@pytest.fixture(params=["memory", "mongod"])
 def any_store(request: pytest.FixtureRequest) -> Any:
-    return InMemoryWorkflowStore() if request.param == "memory" else _mongomock_store()
+    if request.param == "memory":
+        return InMemoryWorkflowStore()
+    return request.getfixturevalue("mongo_store")
 
 
 def _history(store: Any, step_id: str) -> dict[int, dict[str, Any]]:
@@ -296,8 +304,9 @@ def test_5_a_failed_attempt_waiting_for_its_retry_keeps_its_history(any_store: A
     assert entry["status"] == "failed" and entry["error"]["type"] == "Boom"
 
 
-def test_5_a_step_settled_between_the_cancel_read_and_write_keeps_its_outcome() -> None:
-    store = _mongomock_store()
+def test_5_a_step_settled_between_the_cancel_read_and_write_keeps_its_outcome(
+        mongo_store: MongoWorkflowStore) -> None:
+    store = mongo_store
     store.create_run(NewRun("r5b", "wf", None), T0)
     for name in ("won", "lost"):
         store.insert_step(NewStep("r5b", name, "f", max_attempts=1), T0)

@@ -44,7 +44,7 @@ from pikku_celery.store.mongo import MongoUnreachableError
 from pikku_celery.tasks import OutageLog
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH, check_value
 from tests.conftest import mongo_database
-from tests.support.nx import free_port
+from tests.support.mongod import free_port
 from tests.support.query_recorder import record_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,14 +174,15 @@ def nested(levels: int, leaf: Any = 1) -> Any:
     return value
 
 
-@pytest.fixture(params=["memory", "mongomock"])
+@pytest.fixture(params=["memory", "mongod"])
 def any_store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
     if request.param == "memory":
         yield InMemoryWorkflowStore()
         return
-    db, client = mongo_database("mongomock", None)
+    db, client = mongo_database("mongod", request.getfixturevalue("mongo_server"))
     yield MongoWorkflowStore(db)
     client.drop_database(db.name)  # type: ignore[attr-defined]
+    client.close()  # type: ignore[attr-defined]
 
 
 def test_the_deepest_value_a_document_can_hold_is_stored_one_more_level_is_refused(
@@ -365,8 +366,8 @@ def unserved(record: dict[str, Any], indexes: dict[str, list[list[tuple[str, int
     return problems
 
 
-def declared_indexes() -> dict[str, list[list[tuple[str, int]]]]:
-    db, client = mongo_database("mongomock", None)
+def declared_indexes(server: Any) -> dict[str, list[list[tuple[str, int]]]]:
+    db, client = mongo_database("mongod", server)
     store = MongoWorkflowStore(db)
     store.create_indexes()
     found: dict[str, list[list[tuple[str, int]]]] = {}
@@ -378,12 +379,13 @@ def declared_indexes() -> dict[str, list[list[tuple[str, int]]]]:
 
 
 def _record_contract_suite(tmp_path: Path) -> list[dict[str, Any]]:
-    """Run the store contract suites on mongomock with every query recorded."""
+    """Run the store contract suites on the real MongoDB with every query recorded (the
+    subprocess starts its own ``mongod``, or uses PIKKU_TEST_MONGO_URL's server)."""
     log = tmp_path / "queries.jsonl"
     suites = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "contract").glob(
         "test_store*.py"))
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", *suites, "-q", "-k", "mongomock", "-p",
+        [sys.executable, "-m", "pytest", *suites, "-q", "-k", "mongod and not memory", "-p",
          "tests.support.query_recorder", "-p", "no:cacheprovider", "-x"],
         cwd=ROOT, env={**os.environ, "PIKKU_QUERY_LOG": str(log)}, capture_output=True,
         text=True, timeout=600)
@@ -391,10 +393,10 @@ def _record_contract_suite(tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
-def _record_listings() -> list[dict[str, Any]]:
+def _record_listings(server: Any) -> list[dict[str, Any]]:
     """Every shape of ``list_runs``: each filter, with and without a page cursor."""
     records: list[dict[str, Any]] = []
-    db, client = mongo_database("mongomock", None)
+    db, client = mongo_database("mongod", server)
     store = MongoWorkflowStore(db)
     record_store(store, records.append)
     for i in range(3):
@@ -410,9 +412,10 @@ def _record_listings() -> list[dict[str, Any]]:
     return records
 
 
-def test_every_store_query_is_served_by_a_declared_index(tmp_path: Path) -> None:
-    records = _record_contract_suite(tmp_path) + _record_listings()
-    indexes = declared_indexes()
+def test_every_store_query_is_served_by_a_declared_index(tmp_path: Path,
+                                                        mongo_server: Any) -> None:
+    records = _record_contract_suite(tmp_path) + _record_listings(mongo_server)
+    indexes = declared_indexes(mongo_server)
     issued_by = {r["method"] for r in records}
     public = {name for name in vars(MongoWorkflowStore)
               if not name.startswith("_") and name not in ("from_url", "create_indexes")}
@@ -424,17 +427,17 @@ def test_every_store_query_is_served_by_a_declared_index(tmp_path: Path) -> None
     assert problems == [], "\n".join(problems)
 
 
-def test_the_index_check_is_not_vacuous() -> None:
+def test_the_index_check_is_not_vacuous(mongo_server: Any) -> None:
     listing = {"collection": "workflow_runs", "op": "find", "method": "list_runs",
                "filter": {"workflow": "order", "status": {"$in": ["running", "failed"]}},
                "sort": [["created_ms", -1], ["run_id", -1]]}
     before = {"workflow_runs": [[("status", 1), ("updated_ms", 1)],  # the indexes of issue 8
                                 [("workflow", 1), ("created_ms", -1)], [("created_ms", -1)]]}
     assert unserved(listing, before)
-    assert not unserved(listing, declared_indexes())
+    assert not unserved(listing, declared_indexes(mongo_server))
     scan = {"collection": "workflow_steps", "op": "find", "method": "x",
             "filter": {"worker": "w"}, "sort": None}
-    assert unserved(scan, declared_indexes())
+    assert unserved(scan, declared_indexes(mongo_server))
 
 
 # --- 21: what the distribution ships --------------------------------------------------------

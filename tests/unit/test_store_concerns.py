@@ -1,8 +1,8 @@
 """The MongoDB store's write and read concerns (issue 12): majority by default, settable
 through ``MongoWorkflowStore.from_url``, the URL, client options and the ``pikku_*`` Celery
 settings, and what reaches the server: every collection the store writes carries them, and
-the commands sent (seen by a pymongo command listener on the nx-27017 wire stand-in) name
-them. Nothing here needs a replica set: the plumbing is the same on one."""
+the commands sent (seen by a pymongo command listener on the session's real MongoDB, a
+single-node replica set) name them, and the server accepts them."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 from pikku_celery import MongoWorkflowStore, PikkuCelery, keys
+from pikku_celery.store._concerns import DEFAULT_WTIMEOUT_MS
 from pikku_celery.store.base import NewRun
 from tests.conftest import REDIS_URL
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 
 NOWHERE = "mongodb://127.0.0.1:1/pikku_concerns"  # never connected: connect=False
 
@@ -45,20 +46,28 @@ def concerns(store: MongoWorkflowStore) -> set[Pair]:
     return found
 
 
+MAJORITY = WriteConcern(w="majority", wtimeout=DEFAULT_WTIMEOUT_MS)
+
+
 def test_majority_writes_and_reads_by_default() -> None:
+    """With a ``wtimeout`` (10 s): a set that cannot reach its majority must not hold a
+    write (a worker's settle, its heartbeat) forever."""
+    assert DEFAULT_WTIMEOUT_MS == 10_000
     store = MongoWorkflowStore.from_url(NOWHERE)
-    assert concerns(store) == pair(WriteConcern(w="majority"), ReadConcern("majority"))
+    assert concerns(store) == pair(MAJORITY, ReadConcern("majority"))
     assert store.db.client.options.retry_writes  # pymongo's default, kept
 
 
 @pytest.mark.parametrize(("given", "expected"), [
-    ("majority", WriteConcern(w="majority")),
-    (2, WriteConcern(w=2)),
-    ("3", WriteConcern(w=3)),  # environment-fed settings are strings
+    ("majority", MAJORITY),
+    (2, WriteConcern(w=2, wtimeout=DEFAULT_WTIMEOUT_MS)),
+    ("3", WriteConcern(w=3, wtimeout=DEFAULT_WTIMEOUT_MS)),  # environment-fed: strings
     ({"w": "majority", "wtimeout": 5000, "j": True},
      WriteConcern(w="majority", wtimeout=5000, j=True)),
-    ({"w": "2"}, WriteConcern(w=2)),
-    (WriteConcern(w=1, j=True), WriteConcern(w=1, j=True)),
+    ({"w": "majority", "wtimeout": 0}, WriteConcern(w="majority", wtimeout=0)),  # forever
+    ({"w": "2"}, WriteConcern(w=2, wtimeout=DEFAULT_WTIMEOUT_MS)),
+    ({"j": True}, WriteConcern(w="majority", wtimeout=DEFAULT_WTIMEOUT_MS, j=True)),
+    (WriteConcern(w=1, j=True), WriteConcern(w=1, j=True)),  # w=1 waits for no copy
 ])
 def test_a_given_write_concern_is_on_every_collection(given: Any,
                                                       expected: WriteConcern) -> None:
@@ -70,7 +79,7 @@ def test_a_given_write_concern_is_on_every_collection(given: Any,
 def test_a_given_read_concern_is_on_every_collection(level: str) -> None:
     for given in (level, ReadConcern(level)):
         store = MongoWorkflowStore.from_url(NOWHERE, read_concern=given)
-        assert concerns(store) == pair(WriteConcern(w="majority"), ReadConcern(level))
+        assert concerns(store) == pair(MAJORITY, ReadConcern(level))
 
 
 def test_concerns_in_the_url_or_client_options_are_kept() -> None:
@@ -80,10 +89,27 @@ def test_concerns_in_the_url_or_client_options_are_kept() -> None:
     assert concerns(MongoWorkflowStore.from_url(url)) == pair(WriteConcern(w=1),
                                                               ReadConcern("local"))
     options = MongoWorkflowStore.from_url(NOWHERE, w=2, readConcernLevel="local")
-    assert concerns(options) == pair(WriteConcern(w=2), ReadConcern("local"))
+    assert concerns(options) == pair(WriteConcern(w=2, wtimeout=DEFAULT_WTIMEOUT_MS),
+                                     ReadConcern("local"))
     explicit = MongoWorkflowStore.from_url(url, write_concern="majority",
                                            read_concern="majority")
-    assert concerns(explicit) == pair(WriteConcern(w="majority"), ReadConcern("majority"))
+    assert concerns(explicit) == pair(MAJORITY, ReadConcern("majority"))
+
+
+def test_each_write_concern_option_comes_from_the_setting_else_the_url_else_the_default(
+        ) -> None:
+    """The URL's ``wtimeoutMS`` (or ``journal``) is kept under a ``w`` given as a setting;
+    a ``wtimeout`` given as a setting wins over the URL's."""
+    url = NOWHERE + "?w=2&wtimeoutMS=2500&journal=true"
+    assert concerns(MongoWorkflowStore.from_url(url)) == pair(
+        WriteConcern(w=2, wtimeout=2500, j=True), ReadConcern("majority"))
+    assert concerns(MongoWorkflowStore.from_url(url, write_concern="majority")) == pair(
+        WriteConcern(w="majority", wtimeout=2500, j=True), ReadConcern("majority"))
+    assert concerns(MongoWorkflowStore.from_url(
+        url, write_concern={"w": "majority", "wtimeout": 700})) == pair(
+        WriteConcern(w="majority", wtimeout=700, j=True), ReadConcern("majority"))
+    assert concerns(MongoWorkflowStore.from_url(NOWHERE + "?wtimeoutMS=300")) == pair(
+        WriteConcern(w="majority", wtimeout=300), ReadConcern("majority"))
 
 
 @pytest.mark.parametrize(("option", "value", "match"), [
@@ -126,10 +152,10 @@ class Commands(monitoring.CommandListener):
 
 
 @pytest.fixture
-def database(nx_server: NxServer) -> Iterator[tuple[str, str]]:
+def database(mongo_server: MongoTarget) -> Iterator[tuple[str, str]]:
     name = f"pikku_concerns_{uuid.uuid4().hex[:10]}"
-    yield nx_server.url_for(name), name
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(nx_server.url)
+    yield mongo_server.url_for(name), name
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo_server.url)
     client.drop_database(name)
     client.close()
 
@@ -155,7 +181,8 @@ def test_writes_and_reads_carry_the_concerns_to_the_server(
         inserts = _sent(listener, "insert")
         finds = _sent(listener, "find")
         assert inserts and finds
-        assert all(c.get("writeConcern") == {"w": "majority"} for c in inserts), inserts
+        assert all(c.get("writeConcern") == {"w": "majority", "wtimeout": 10_000}
+                   for c in inserts), inserts
         assert all(c.get("readConcern") == {"level": "majority"} for c in finds), finds
     finally:
         store.db.client.close()
@@ -195,7 +222,7 @@ def test_unset_or_empty_settings_keep_the_defaults() -> None:
     for conf in ({}, {"pikku_write_concern": "", "pikku_read_concern": ""}):
         store = PikkuCelery(_app(**conf)).engine.store
         assert isinstance(store, MongoWorkflowStore)
-        assert concerns(store) == pair(WriteConcern(w="majority"), ReadConcern("majority"))
+        assert concerns(store) == pair(MAJORITY, ReadConcern("majority"))
 
 
 @pytest.mark.parametrize(("setting", "value"), [
