@@ -36,6 +36,7 @@ from pikku_celery.errors import (
 from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import StepState
+from pikku_celery.store._concerns import deadline
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.validate import as_stored, check_step_document
 from pikku_celery.views import settled_for_good
@@ -226,13 +227,16 @@ class Claimer:
         impossible (``InvalidInputError``: a document MongoDB refuses) is not retried."""
         held = claimed.held
         held.settling = True  # a beat racing the write must not call the refusal a loss
-        deadline = held.held_until
+        deadline_s = held.held_until
         delay_s, retried = 0.1, False
         release = True
         try:
             while True:
                 try:
-                    state: StepState = write(self.clock.now_ms())
+                    # Each try ends by the lease's deadline (a stalled primary must not
+                    # hold the worker); a try that timed out is retried like an outage.
+                    with deadline(deadline_s - time.monotonic()):
+                        state: StepState = write(self.clock.now_ms())
                     # Settled for good, the step can never be claimed again: its Redis
                     # lease is left to lapse by itself (a Redis command saved per step; a
                     # duplicate delivery meanwhile stops at it, as it would at the store).
@@ -248,7 +252,7 @@ class Claimer:
                 except (InvalidInputError, LeaseLostError):
                     raise
                 except Exception:
-                    if held.lost.is_set() or time.monotonic() + delay_s >= deadline:
+                    if held.lost.is_set() or time.monotonic() + delay_s >= deadline_s:
                         raise
                     time.sleep(delay_s)
                     delay_s, retried = min(delay_s * 2, 2.0), True
@@ -268,7 +272,8 @@ class Claimer:
                 ) -> StepState | None:
         """After a retried write was refused: did our earlier try land after all? Compared
         with the value as stored (a tuple comes back a list)."""
-        state = self.store.get_step(claimed.state.run_id, claimed.state.step_name)
+        with deadline(claimed.held.held_until - time.monotonic()):
+            state = self.store.get_step(claimed.state.run_id, claimed.state.step_name)
         if state is not None and state.attempt == claimed.state.attempt and landed(state):
             return state
         return None

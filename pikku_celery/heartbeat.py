@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pikku_celery._fork import reset_in_forked_child
 from pikku_celery.clock import Clock
 from pikku_celery.leases.base import Lease, LeaseService, PartialRefreshError
+from pikku_celery.store._concerns import deadline
 from pikku_celery.store.base import WorkflowStore
 
 log = logging.getLogger("pikku_celery.heartbeat")
@@ -151,8 +152,12 @@ class Heartbeat:
                 by_lease.setdefault(h.lease_ms, []).append(h)
         for lease_ms, group in by_lease.items():
             try:
-                refused = self._store.renew_leases(
-                    [(h.run_id, h.step_name, h.attempt) for h in group], now_ms, lease_ms)
+                # Bounded by one interval: a stuck call (a stalled primary, a set waiting
+                # for its majority) must not hold the next renewal back past the lease.
+                with deadline(lease_ms / 3000):
+                    refused = self._store.renew_leases(
+                        [(h.run_id, h.step_name, h.attempt) for h in group], now_ms,
+                        lease_ms)
             except Exception as exc:
                 log.warning("pikku heartbeat: store renewal failed (%s); leases kept until "
                             "their last confirmed deadline", exc)

@@ -20,19 +20,72 @@ a claim then counts as not made (its store lease lapses and the reaper dispatche
 again: no body ran), and a settle is retried by the worker until its lease's deadline, a
 retry finding the step already holding exactly what it wrote recognising its own write
 (``pikku_celery.claims``).
+
+Why a default ``wtimeout`` of 10 s (``DEFAULT_WTIMEOUT_MS``): a majority write waits for a
+majority of the set's data-bearing members to copy it. A set that has a primary but cannot
+reach that majority (a primary-secondary-arbiter set with its secondary down, two of three
+secondaries lagging far behind) keeps accepting writes that never get their majority, and
+without a ``wtimeout`` each one blocks its caller until the set heals: a worker's settle,
+its heartbeat, a reaper's sweep, a web request's ``start``. Healthy replication takes
+milliseconds and a restarted secondary catches up in seconds; 10 s rides that out and is
+well under the default leases (a step's 60 s, a run's 30 s), so a settle that met one
+timeout can still retry inside its lease. A write that timed out waiting for its majority
+(``WTimeoutError``) *was applied on the primary* and may yet become majority-committed
+(the set heals) or be rolled back (the primary fails first): its outcome is unknown, and
+the store never reports it as done. The callers treat it so: a settle retries its fenced
+write until its lease's deadline (a retry also waits for the majority, since the server
+makes even a write that matches nothing wait for the client's last write; once the set
+heals, the retry is refused by the fence and the worker finds its own outcome recorded,
+once); when the deadline passes first, the settle raises, the worker gives the attempt up,
+and the step is left as the set decides: settled (the stalled-run sweep wakes its run) or
+still running under a lease that lapses (the reaper claims the next attempt). A claim or a
+run transition that timed out is not acted on (no body runs on it); its guard keeps a second
+claimer or transition from landing twice. ``wtimeout`` is per option: the URL's
+``wtimeoutMS`` or a ``wtimeout`` in ``write_concern`` wins, ``0`` waits forever (MongoDB's
+meaning), and ``w=1`` (which waits for no replication) gets none.
+
+Why a deadline around the heartbeat's renewal and the settle (``deadline``, pymongo's
+client-side operation timeout): ``wtimeout`` bounds the wait for replication, not a call to
+a primary that stopped answering (SIGSTOPped, a VM paused, a network partition that drops
+packets): pymongo then waits on the socket until its monitor gives the server up (about 20
+s with the default ``connectTimeoutMS``) and the retryable write is sent again. Inside a
+``deadline`` every call (server selection, the command, its wait for the majority: the
+driver sends ``maxTimeMS`` in place of ``wtimeout``) ends by then, with a timeout error
+whose outcome is unknown as above. The heartbeat gives each renewal a third of the lease
+(its interval; at least 1 s), so a stuck renewal never holds the next one back past the
+lease; a settle gives each write what is left of the lease it holds (at least 1 s).
+
+Why majority reads are enough, and no causal session: a read at ``majority`` returns only
+writes a majority has, which no failover rolls back, so no pass acts on a write that
+vanishes (a ``local`` read on the primary would: it sees a write still waiting for its
+majority, as after a ``WTimeoutError``). Such a read may be *stale* right after a failover
+(a new primary serves majority reads from its commit point, which catches up with its first
+write of the term), never wrong: every decision the engine makes from a read is a guarded
+write that repeats what it read, so a stale read loses its write's guard (the claim, the
+settle and the transitions are refused, nothing is recorded twice) and a pass that saw too
+little is woken again by the settle's own wake or by the stalled-run sweep. A causally
+consistent session would only order one process's reads after its own writes; the wakes
+that matter cross processes (a worker settles, another passes), where only the guards
+help. Reads go to the primary: pymongo's default read preference, which the store leaves
+alone (a URL's ``readPreference=secondary`` makes passes read further behind, still safe by
+the same guards, only slower to converge).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import pymongo
 from pymongo.errors import ConfigurationError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
 DEFAULT_WRITE_CONCERN = "majority"
 DEFAULT_READ_CONCERN = "majority"
+DEFAULT_WTIMEOUT_MS = 10_000
+MIN_DEADLINE_S = 1.0
 READ_CONCERN_LEVELS = ("local", "majority", "linearizable")
 _WRITE_CONCERN_KEYS = {"w", "wtimeout", "j", "fsync"}
 
@@ -68,6 +121,33 @@ def write_concern(value: WriteConcernLike) -> WriteConcern:
         raise ValueError(f"invalid write_concern: {value!r} is unacknowledged (w=0); the "
                          "store needs every write's result")
     return concern
+
+
+def resolve_write_concern(url_concern: WriteConcern, given: WriteConcernLike | None
+                          ) -> WriteConcern:
+    """The store's write concern, option by option: ``given`` (the argument or setting),
+    else the URL's or client options' (``url_concern``: ``w=``, ``wtimeoutMS=``,
+    ``journal=``), else the default: ``w="majority"``, and ``wtimeout``
+    ``DEFAULT_WTIMEOUT_MS`` unless ``w`` is 1 (no replication to wait for)."""
+    options = dict(url_concern.document)
+    if given is not None:
+        options.update(write_concern(given).document)
+    options.setdefault("w", DEFAULT_WRITE_CONCERN)
+    if options["w"] != 1:
+        options.setdefault("wtimeout", DEFAULT_WTIMEOUT_MS)
+    return write_concern(options)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Every MongoDB call made inside ends within ``seconds`` (at least
+    ``MIN_DEADLINE_S``), raising a pymongo timeout error (``PyMongoError.timeout`` is
+    true) whose outcome is unknown: see the module's docstring. Nested, the nearer deadline
+    wins. Stores that are not MongoDB ignore it."""
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError(f"deadline: {seconds!r} is not a number of seconds")
+    with pymongo.timeout(max(MIN_DEADLINE_S, seconds)):
+        yield
 
 
 def read_concern(value: ReadConcernLike) -> ReadConcern:

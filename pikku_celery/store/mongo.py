@@ -44,9 +44,11 @@ same atomic write: the claim opens the attempt's entry (and a reclaim closes the
 the attempt it fences out), the settle closes it. A step in steady state costs two
 commands: the claim (one optimistic ``find_one_and_update``) and the settle.
 
-Concerns: ``from_url`` writes with ``w="majority"`` and reads with ``readConcern
-"majority"`` unless told otherwise, and pymongo's retryable writes stay on: see
-``pikku_celery.store._concerns`` for why and for what a failover does to a claim or settle.
+Concerns: ``from_url`` writes with ``w="majority"`` (``wtimeout`` 10 s) and reads with
+``readConcern "majority"`` unless told otherwise, and pymongo's retryable writes stay on:
+see ``pikku_celery.store._concerns`` for why, for what a failover or a set without its
+majority does to a claim or settle, and for the deadline the heartbeat and settles put on
+their calls.
 
 Indexes: every query's filter and sort is served by an index whose fields are the query's
 equality fields, then its sort, then its range (``tests/unit/test_hardening_infra.py``
@@ -149,9 +151,11 @@ class MongoWorkflowStore:
 
         ``write_concern`` (a ``WriteConcern``, a mapping of its options, or ``w``) and
         ``read_concern`` (a ``ReadConcern`` or its level) apply to every collection of the
-        store; each defaults to ``majority`` unless the URL or ``client_options`` set it
-        (``w=``, ``readConcernLevel=``). Why majority: ``pikku_celery.store._concerns``.
-        Other keyword arguments go to ``MongoClient``."""
+        store. Each write concern option comes from ``write_concern``, else the URL or
+        ``client_options`` (``w=``, ``wtimeoutMS=``, ``journal=``), else the default
+        ``w="majority"`` with a ``wtimeout`` of 10 s (none for ``w=1``); the read concern
+        is ``majority`` unless given or set by the URL (``readConcernLevel=``). Why:
+        ``pikku_celery.store._concerns``. Other keyword arguments go to ``MongoClient``."""
         # connect=False: no connection and no monitor thread until first use, so a store
         # built in a Celery app module is safe across the prefork pool's fork.
         options: dict[str, Any] = {"connect": False, **client_options}
@@ -163,13 +167,18 @@ class MongoWorkflowStore:
                                    else server_selection_timeout,
                                    what="server_selection_timeout")
             options["serverSelectionTimeoutMS"] = max(1, round(timeout_s * 1000))
-        if write_concern is None and "w" not in given:
-            write_concern = _concerns.DEFAULT_WRITE_CONCERN
         if read_concern is None and "readconcernlevel" not in given:
             read_concern = _concerns.DEFAULT_READ_CONCERN
-        writes = None if write_concern is None else _concerns.write_concern(write_concern)
+        # Checked before a client exists: a bad setting makes none.
+        if write_concern is not None:
+            _concerns.write_concern(write_concern)
         reads = None if read_concern is None else _concerns.read_concern(read_concern)
         client: MongoClient[Doc] = MongoClient(url, **options)
+        try:
+            writes = _concerns.resolve_write_concern(client.write_concern, write_concern)
+        except ValueError:
+            client.close()
+            raise
         return cls(client.get_default_database(default=keys.DEFAULT_DATABASE,
                                                write_concern=writes, read_concern=reads))
 

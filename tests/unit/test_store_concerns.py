@@ -232,3 +232,16 @@ def test_a_bad_concern_setting_is_a_value_error_naming_it(setting: str, value: s
     pikku = PikkuCelery(_app(**{setting: value}))
     with pytest.raises(ValueError, match=setting):
         pikku.engine  # noqa: B018
+
+
+def test_an_unacknowledged_url_is_refused_too() -> None:
+    with pytest.raises(ValueError, match="unacknowledged"):
+        MongoWorkflowStore.from_url(NOWHERE + "?w=0")
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf")])
+def test_a_deadline_that_is_no_number_of_seconds_is_refused(seconds: float) -> None:
+    from pikku_celery.store._concerns import deadline
+
+    with pytest.raises(ValueError, match="deadline"), deadline(seconds):
+        pass  # pragma: no cover
