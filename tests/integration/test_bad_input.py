@@ -28,13 +28,13 @@ from pikku_celery.claims import Claimer
 from pikku_celery.clock import ServerClock
 from pikku_celery.heartbeat import Heartbeat
 from tests.conftest import REDIS_URL
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 from tests.unit.test_engine import Recorder
 
 
 @pytest.fixture
-def env(nx_server: NxServer, key_prefix: str) -> Iterator[dict[str, Any]]:
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(nx_server.url)
+def env(mongo_server: MongoTarget, key_prefix: str) -> Iterator[dict[str, Any]]:
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_server.url)
     db = client[f"pikku_bad_{uuid.uuid4().hex[:10]}"]
     pikku = PikkuCelery(Celery(f"bad-{key_prefix}", broker="memory://"),
                         store=MongoWorkflowStore(db),

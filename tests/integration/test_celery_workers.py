@@ -1,6 +1,6 @@
 """The Celery layer on real brokers (Redis, RabbitMQ) and real ``celery -A ... worker``
-subprocesses (threads and prefork pools), with the nx-27017 MongoDB wire stand-in as the
-store and real Redis leases.
+subprocesses (threads and prefork pools), with the session's real MongoDB (a ``mongod``
+replica set) as the store and real Redis leases.
 
 Each test gets its own broker queue, Redis key prefix (broker keys included, through kombu's
 ``global_keyprefix``) and MongoDB database; workers run in their own process groups so a
@@ -33,7 +33,7 @@ from celery.worker import WorkController
 from pikku_celery import PikkuCelery, StepAttempt
 from tests.conftest import REDIS_URL
 from tests.integration import workerapp as wa
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 from tests.support.raw import entries
 from tests.support.redis_cluster import RedisClusterServer
 
@@ -204,7 +204,7 @@ class Cluster:
 
 
 @pytest.fixture
-def make_cluster(nx_server: NxServer, redis_client: redis.Redis, key_prefix: str,
+def make_cluster(mongo_server: MongoTarget, redis_client: redis.Redis, key_prefix: str,
                  tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
@@ -215,7 +215,7 @@ def make_cluster(nx_server: NxServer, redis_client: redis.Redis, key_prefix: str
             **os.environ,
             wa.ENV_BROKER: BROKERS[broker],
             wa.ENV_REDIS: REDIS_URL,
-            wa.ENV_MONGO: nx_server.url_for(db_name),
+            wa.ENV_MONGO: mongo_server.url_for(db_name),
             wa.ENV_PREFIX: key_prefix,
             wa.ENV_QUEUE: f"pikku-it-{uuid.uuid4().hex[:10]}",
             wa.ENV_STEP_LEASE: str(STEP_LEASE_S),
@@ -235,7 +235,7 @@ def make_cluster(nx_server: NxServer, redis_client: redis.Redis, key_prefix: str
             cluster.stop_all()
         finally:
             cluster.close()
-            client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(nx_server.url)
+            client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_server.url)
             with contextlib.suppress(Exception):
                 client.drop_database(cluster.db_name)
             client.close()
@@ -643,10 +643,10 @@ def test_cancel_fences_a_running_step_and_celery_records_it_quietly(
 # so an app finalized later in the same process got the FIRST app's tasks (whose closures
 # call the first PikkuCelery's engine) and Celery warned DuplicateTaskNameWarning.
 def test_each_app_in_one_process_runs_its_own_engine(
-        nx_server: NxServer, key_prefix: str, redis_client: redis.Redis) -> None:
+        mongo_server: MongoTarget, key_prefix: str, redis_client: redis.Redis) -> None:
     def env(tag: str) -> dict[str, str]:
         return {wa.ENV_BROKER: REDIS_URL, wa.ENV_REDIS: REDIS_URL,
-                wa.ENV_MONGO: nx_server.url_for(f"pikku_it_{tag}_{uuid.uuid4().hex[:8]}"),
+                wa.ENV_MONGO: mongo_server.url_for(f"pikku_it_{tag}_{uuid.uuid4().hex[:8]}"),
                 wa.ENV_PREFIX: f"{key_prefix}:{tag}",
                 wa.ENV_QUEUE: f"pikku-it-{uuid.uuid4().hex[:10]}"}
 

@@ -16,11 +16,11 @@ from pikku_celery.clock import ServerClock
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.store.base import NewRun, NewStep
 from tests.conftest import REDIS_URL
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 
 
-def _claimer(nx: NxServer, db: str, prefix: str) -> tuple[Claimer, MongoWorkflowStore]:
-    store = MongoWorkflowStore(pymongo.MongoClient(nx.url)[db])
+def _claimer(mongo: MongoTarget, db: str, prefix: str) -> tuple[Claimer, MongoWorkflowStore]:
+    store = MongoWorkflowStore(pymongo.MongoClient(mongo.url)[db])
     leases = RedisLeaseService.from_url(REDIS_URL, key_prefix=prefix)
     clock = ServerClock(leases)
     return Claimer(store, leases, clock, Heartbeat(store, leases, clock)), store
@@ -34,10 +34,10 @@ def test_a_fast_clock_reads_server_time(key_prefix: str) -> None:
     assert skew_ms < 1000
 
 
-def test_a_worker_an_hour_ahead_cannot_steal_or_over_hold(nx_server: NxServer,
+def test_a_worker_an_hour_ahead_cannot_steal_or_over_hold(mongo_server: MongoTarget,
                                                           key_prefix: str) -> None:
     db = f"pikku_skew_{uuid.uuid4().hex[:10]}"
-    honest, store = _claimer(nx_server, db, key_prefix)
+    honest, store = _claimer(mongo_server, db, key_prefix)
     now = honest.leases.now_ms()
     store.create_run(NewRun("run", "wf", None), now)
     store.insert_step(NewStep(run_id="run", step_name="s", function="f", max_attempts=3), now)
@@ -45,7 +45,7 @@ def test_a_worker_an_hour_ahead_cannot_steal_or_over_hold(nx_server: NxServer,
     held = honest.claim("run", "s", "f", 2_000)
     assert isinstance(held, Claimed)
     with time_machine.travel(time.time() + timedelta(hours=1).total_seconds(), tick=True):
-        skewed, _ = _claimer(nx_server, db, key_prefix)
+        skewed, _ = _claimer(mongo_server, db, key_prefix)
         # Cannot steal: to its clock the honest lease lapsed an hour ago.
         assert isinstance(skewed.claim("run", "s", "f", 2_000), NotClaimed)
         mine = skewed.claim("run", "t", "f", 2_000)

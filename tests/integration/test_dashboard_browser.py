@@ -32,7 +32,7 @@ from werkzeug.serving import make_server
 
 from pikku_celery import PikkuCelery, WorkflowContext
 from pikku_celery.contrib.flask import PikkuFlask
-from tests.support.nx import free_port
+from tests.support.mongod import free_port
 from tests.support.operate import now_ms, showcase_run, superseded_run
 from tests.unit.test_contrib import authorize, make_pikku
 

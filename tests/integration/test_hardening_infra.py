@@ -30,7 +30,7 @@ from pikku_celery.leases.redis import COUNTER_TTL_FLOOR_MS, counter_ttl_ms
 from tests.conftest import REDIS_URL
 from tests.integration import outage_app as oa
 from tests.integration.test_celery_workers import ROOT, Worker, wait_for
-from tests.support.nx import NxServer, free_port
+from tests.support.mongod import MongoTarget, free_port
 from tests.unit.test_engine import Recorder
 
 HUGE = "x" * 500_000
@@ -250,12 +250,12 @@ def test_a_worker_names_each_unreachable_service_once_not_every_sweep(
 
 
 def test_a_worker_logs_once_when_redis_answers_again(
-        outage_worker: Callable[..., Worker], nx_server: NxServer, redis_client: redis.Redis,
+        outage_worker: Callable[..., Worker], mongo_server: MongoTarget, redis_client: redis.Redis,
         key_prefix: str) -> None:
     redis_host = redis_client.connection_pool.connection_kwargs
     forwarder = _Forwarder((redis_host["host"], int(redis_host["port"])))
     try:
-        worker = outage_worker(nx_server.url_for(f"pikku_outage_{uuid.uuid4().hex[:8]}"),
+        worker = outage_worker(mongo_server.url_for(f"pikku_outage_{uuid.uuid4().hex[:8]}"),
                                f"redis://127.0.0.1:{forwarder.port}/"
                                f"{redis_host.get('db', 0)}")
         _wait_for_sweeps(worker, "is unreachable", 1)

@@ -19,7 +19,7 @@ from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.store.base import NewRun, NewStep
 from tests.conftest import REDIS_URL
 from tests.support.counting import CountingRedis, counting_mongo
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 
 LEASE_MS = 30_000
 
@@ -30,8 +30,8 @@ def manual_beats(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Heartbeat, "_ensure_thread", lambda self: None)
 
 
-def _claim_many(n: int, nx: NxServer, prefix: str) -> tuple[list[Claimed], Any, Any, Any]:
-    client, mongo = counting_mongo(nx.url)
+def _claim_many(n: int, server: MongoTarget, prefix: str) -> tuple[list[Claimed], Any, Any, Any]:
+    client, mongo = counting_mongo(server.url)
     store = MongoWorkflowStore(client[f"pikku_hb_{uuid.uuid4().hex[:10]}"])
     redis_client = CountingRedis.from_url(REDIS_URL)
     leases = RedisLeaseService(redis_client, key_prefix=prefix)
@@ -52,9 +52,9 @@ def _claim_many(n: int, nx: NxServer, prefix: str) -> tuple[list[Claimed], Any, 
 
 @pytest.mark.parametrize("n", [1, 10, 100])
 def test_one_beat_costs_the_same_round_trips_for_any_number_of_leases(
-        n: int, nx_server: NxServer, key_prefix: str,
+        n: int, mongo_server: MongoTarget, key_prefix: str,
         manual_beats: None) -> None:
-    _claimed, heartbeat, redis_client, mongo = _claim_many(n, nx_server, key_prefix)
+    _claimed, heartbeat, redis_client, mongo = _claim_many(n, mongo_server, key_prefix)
     held = heartbeat.held()
     assert len(held) == n
     redis_client.commands.clear()
@@ -66,9 +66,9 @@ def test_one_beat_costs_the_same_round_trips_for_any_number_of_leases(
 
 
 def test_a_superseded_attempt_is_told_and_dropped(
-        nx_server: NxServer, key_prefix: str,
+        mongo_server: MongoTarget, key_prefix: str,
         manual_beats: None) -> None:
-    claimed, heartbeat, _, _ = _claim_many(2, nx_server, key_prefix)
+    claimed, heartbeat, _, _ = _claim_many(2, mongo_server, key_prefix)
     victim: HeldStep = claimed[0].held
     store = heartbeat._store  # the test reaches in to cancel one step behind its back
     store.cancel_steps("run", {"type": "WorkflowCancelledError"}, victim.lease.granted_at_ms)
@@ -91,9 +91,9 @@ class FlakyStore:
 
 
 def test_an_unreachable_store_is_tolerated_until_the_confirmed_deadline(
-        nx_server: NxServer, key_prefix: str,
+        mongo_server: MongoTarget, key_prefix: str,
         manual_beats: None) -> None:
-    claimed, heartbeat, _, _ = _claim_many(1, nx_server, key_prefix)
+    claimed, heartbeat, _, _ = _claim_many(1, mongo_server, key_prefix)
     held = claimed[0].held
     flaky = FlakyStore(heartbeat._store)
     heartbeat._store = flaky
@@ -105,13 +105,13 @@ def test_an_unreachable_store_is_tolerated_until_the_confirmed_deadline(
     assert held.lost.is_set() and "deadline" in (held.lost_reason or "")
 
 
-def test_the_heartbeat_thread_keeps_a_short_lease_alive(nx_server: NxServer,
+def test_the_heartbeat_thread_keeps_a_short_lease_alive(mongo_server: MongoTarget,
                                                         key_prefix: str) -> None:
     """A 1.5 s lease renewed every 0.5 s by the thread alone outlives its first deadline
     twice over (a thread starved for up to a second still keeps it)."""
     from pikku_celery.claims import NotClaimed
 
-    client, _ = counting_mongo(nx_server.url)
+    client, _ = counting_mongo(mongo_server.url)
     store = MongoWorkflowStore(client[f"pikku_hb_{uuid.uuid4().hex[:10]}"])
     leases = RedisLeaseService(CountingRedis.from_url(REDIS_URL), key_prefix=key_prefix)
     clock = ServerClock(leases)
@@ -156,9 +156,9 @@ class DownLeases:
 
 
 def test_an_unreachable_redis_is_tolerated_until_the_confirmed_deadline(
-        nx_server: NxServer, key_prefix: str,
+        mongo_server: MongoTarget, key_prefix: str,
         manual_beats: None) -> None:
-    claimed, heartbeat, _, _ = _claim_many(1, nx_server, key_prefix)
+    claimed, heartbeat, _, _ = _claim_many(1, mongo_server, key_prefix)
     held = claimed[0].held
     heartbeat._leases = DownLeases(heartbeat._leases)
     heartbeat.beat([held])

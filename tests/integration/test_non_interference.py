@@ -1,7 +1,7 @@
 """Bound to an app, pikku changes nothing its ordinary tasks feel (issue 14).
 
-An ordinary Celery app (``plainapp.py``: plain tasks, Celery's MongoDB result backend over
-the nx-27017 stand-in) runs on a real, plain ``celery -A tests.integration.plainapp worker``
+An ordinary Celery app (``plainapp.py``: plain tasks, Celery's MongoDB result backend on
+the session's real MongoDB) runs on a real, plain ``celery -A tests.integration.plainapp worker``
 (prefork, no ``-Q``) on RabbitMQ and on Redis, once alone and once with a ``PikkuCelery``
 bound with default options. Every test runs in both modes and asserts Celery's documented
 behaviour, so a difference pikku makes fails in the ``pikku`` mode only: ``expires`` ends
@@ -39,7 +39,7 @@ from celery.exceptions import TaskRevokedError
 
 from tests.conftest import REDIS_URL
 from tests.integration import plainapp as pa
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -89,7 +89,7 @@ class Worker:
 class Cluster:
     """One app (alone or bound), its settings, and the plain workers that run it."""
 
-    def __init__(self, broker: str, bound: bool, nx: NxServer, logdir: Path, *,
+    def __init__(self, broker: str, bound: bool, mongo: MongoTarget, logdir: Path, *,
                  pikku_queue: bool = False, **env: str) -> None:
         self.broker = broker
         self.bound = bound
@@ -101,13 +101,13 @@ class Cluster:
             env[pa.ENV_QUEUE] = self.pikku_queue
         self.env = {**os.environ,
                     pa.ENV_BROKER: BROKERS[broker],
-                    pa.ENV_BACKEND: nx.url_for(f"ni_{self.tag}"),
+                    pa.ENV_BACKEND: mongo.url_for(f"ni_{self.tag}"),
                     pa.ENV_TAG: self.tag,
                     pa.ENV_BIND: "1" if bound else "0",
-                    pa.ENV_MONGO: nx.url_for(f"ni_{self.tag}_pikku"),
+                    pa.ENV_MONGO: mongo.url_for(f"ni_{self.tag}_pikku"),
                     pa.ENV_REDIS: REDIS_URL,
                     **env}
-        self.nx = nx
+        self.mongo = mongo
         self.app: Celery = pa.build(self.env)
         self.workers: list[Worker] = []
 
@@ -158,7 +158,7 @@ class Cluster:
             self.app.close()
         with contextlib.suppress(Exception):
             self.app.pikku.engine.store.db.client.close()
-        client = pymongo.MongoClient(self.nx.url, serverSelectionTimeoutMS=5000)
+        client = pymongo.MongoClient(self.mongo.url, serverSelectionTimeoutMS=5000)
         for db in (f"ni_{self.tag}", f"ni_{self.tag}_pikku"):
             with contextlib.suppress(Exception):
                 client.drop_database(db)
@@ -186,11 +186,11 @@ MODES = [(broker, mode) for broker in ("rabbitmq", "redis") for mode in ("celery
 
 
 @pytest.fixture(scope="module", params=MODES, ids=[f"{b}-{m}" for b, m in MODES])
-def plain(request: pytest.FixtureRequest, nx_server: NxServer,
+def plain(request: pytest.FixtureRequest, mongo_server: MongoTarget,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Worker]]:
     """A plain worker (no -Q) of the app, alone or with pikku bound."""
     broker, mode = request.param
-    cluster = Cluster(broker, mode == "pikku", nx_server, tmp_path_factory.mktemp("ni"))
+    cluster = Cluster(broker, mode == "pikku", mongo_server, tmp_path_factory.mktemp("ni"))
     try:
         worker = cluster.start()
         cluster.wait_ready(worker)
@@ -300,11 +300,11 @@ def test_revoke(plain: tuple[Cluster, Worker]) -> None:
 
 
 @pytest.fixture
-def make_cluster(nx_server: NxServer, tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+def make_cluster(mongo_server: MongoTarget, tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
     def make(broker: str, **env: str) -> Cluster:
-        cluster = Cluster(broker, True, nx_server, tmp_path, pikku_queue=True, **env)
+        cluster = Cluster(broker, True, mongo_server, tmp_path, pikku_queue=True, **env)
         made.append(cluster)
         return cluster
     yield make

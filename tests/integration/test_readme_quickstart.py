@@ -1,7 +1,7 @@
 """The README's Quickstart, as written, on a real ``celery -A proj worker``: the app module
-is the README's ``proj.py`` with only its service URLs pointed at this test's MongoDB
-(nx-27017) and Redis, and this test's own queue and key prefixes added at the end of the
-module, after ``PikkuCelery(app)`` (pikku reads its settings at first use, so they apply)."""
+is the README's ``proj.py`` with only its service URLs pointed at this test's MongoDB (a
+database on the session's mongod) and Redis, and this test's own queue and key prefixes added
+at the end of the module, after ``PikkuCelery(app)`` (pikku reads its settings at first use, so they apply)."""
 
 from __future__ import annotations
 
@@ -21,18 +21,18 @@ import pymongo
 import pytest
 
 from tests.conftest import REDIS_URL
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 from tests.support.readme import readme_example
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 @pytest.fixture
-def quickstart(tmp_path: Path, nx_server: NxServer, key_prefix: str) -> Iterator[Path]:
+def quickstart(tmp_path: Path, mongo_server: MongoTarget, key_prefix: str) -> Iterator[Path]:
     database = f"pikku_quickstart_{uuid.uuid4().hex[:10]}"
     code = readme_example("proj.py")
     assert "mongodb://127.0.0.1:27017/proj" in code and "redis://127.0.0.1:6379/0" in code
-    code = code.replace("mongodb://127.0.0.1:27017/proj", nx_server.url_for(database))
+    code = code.replace("mongodb://127.0.0.1:27017/proj", mongo_server.url_for(database))
     code = code.replace("redis://127.0.0.1:6379/0", REDIS_URL)
     code += (f"\n# test isolation, set after PikkuCelery(app): read at first use\n"
              f"app.conf.task_default_queue = {key_prefix + '-q'!r}\n"
@@ -41,7 +41,7 @@ def quickstart(tmp_path: Path, nx_server: NxServer, key_prefix: str) -> Iterator
              f"app.conf.pikku_key_prefix = {key_prefix!r}\n")
     (tmp_path / "proj.py").write_text(code)
     yield tmp_path
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(nx_server.url)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo_server.url)
     client.drop_database(database)
     client.close()
 

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import pymongo
 import pytest
 from celery import Celery, signals
 from celery.app.task import Context
@@ -15,18 +16,19 @@ from celery.contrib.testing.worker import start_worker
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
 from pikku_celery.backend import PikkuResultBackend, record_attempt
 from tests.conftest import REDIS_URL
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 
 
 @pytest.fixture
-def backend_url(nx_server: NxServer) -> Iterator[str]:
+def backend_url(mongo_server: MongoTarget) -> Iterator[str]:
     database = f"pikku_results_{uuid.uuid4().hex[:10]}"
-    yield f"pikku+mongodb://127.0.0.1:{nx_server.port}/{database}"
+    yield mongo_server.url_for(database, "pikku+mongodb")
+    with pymongo.MongoClient(mongo_server.url, serverSelectionTimeoutMS=5000) as client:
+        client.drop_database(database)
 
 
 def _app(backend_url: str, broker: str = "memory://") -> tuple[Celery, PikkuCelery]:
     app = Celery(f"results-{uuid.uuid4().hex[:6]}", broker=broker, backend=backend_url)
-    app.conf.mongodb_backend_settings = {"options": {"directConnection": True}}
     pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
                         worker_reaper=False)
     return app, pikku

@@ -1,7 +1,7 @@
 """The round trips of a step, whole system (issue 11): a regression fails here, not in a
 benchmark nobody reads. Counts, not time: the same on every machine.
 
-``benchmarks.step_cost`` runs a workflow on the nx-27017 stand-in and the real Redis with
+``benchmarks.step_cost`` runs a workflow on the session's real MongoDB and Redis with
 every message delivered in order, counting MongoDB commands and the documents they return,
 Redis commands and broker messages of the workers and the orchestrator together.
 
@@ -30,16 +30,16 @@ def messages(result: Result) -> float:
 
 
 def test_a_sequential_step_costs_at_most_4_mongodb_and_3_redis_commands(
-        nx_server: Any) -> None:
-    result = measure("sequential", 20, REDIS_URL, nx_server.url, in_place=True)
+        mongo_server: Any) -> None:
+    result = measure("sequential", 20, REDIS_URL, mongo_server.url, in_place=True)
     assert per_step(result, "mongo") <= 4.0, result
     assert per_step(result, "redis") <= 3.0 + 2 / 20, result  # + the first pass's 2
     assert per_step(result, "documents") <= 3.0, result
     assert messages(result) <= 1.0, result  # the step's own message: no orchestrator's
 
 
-def test_with_a_message_per_settle_the_orchestrator_adds_one_read(nx_server: Any) -> None:
-    result = measure("sequential", 20, REDIS_URL, nx_server.url, in_place=False)
+def test_with_a_message_per_settle_the_orchestrator_adds_one_read(mongo_server: Any) -> None:
+    result = measure("sequential", 20, REDIS_URL, mongo_server.url, in_place=False)
     assert per_step(result, "mongo") <= 4.0 + 2 / 20, result
     assert per_step(result, "redis") <= 3.0 + 2 / 20, result
     assert per_step(result, "documents") <= 3.0 + 2 / 20, result
@@ -47,8 +47,8 @@ def test_with_a_message_per_settle_the_orchestrator_adds_one_read(nx_server: Any
 
 
 @pytest.mark.parametrize("in_place", [True, False])
-def test_a_fan_out_reads_each_settled_step_once(nx_server: Any, in_place: bool) -> None:
-    result = measure("fanout", 100, REDIS_URL, nx_server.url, in_place=in_place)
+def test_a_fan_out_reads_each_settled_step_once(mongo_server: Any, in_place: bool) -> None:
+    result = measure("fanout", 100, REDIS_URL, mongo_server.url, in_place=in_place)
     # Claim and settle per step, one more read per step without continue_in_place; the
     # run's first read, the batch insert and the final write spread over the 100 steps.
     assert per_step(result, "mongo") <= (2.05 if in_place else 3.05), result

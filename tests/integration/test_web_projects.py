@@ -9,7 +9,7 @@ The projects configure pikku only through their settings (``CELERY_PIKKU_*`` in 
 registered there: Django's by pikku's app autodiscovering ``orders/workflows.py`` when
 Celery's Django fix-up sets Django up in the worker; Flask's by ``shared_step`` and
 ``shared_workflow`` binding to the ``PikkuCelery`` the factory made. Each test has its own
-MongoDB database (nx-27017), Redis key prefix (broker keys too) and queue.
+MongoDB database (on the session's mongod), Redis key prefix (broker keys too) and queue.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pikku_celery import PikkuCelery
 from tests.conftest import REDIS_URL
 from tests.integration.test_celery_workers import READY_TIMEOUT_S, Worker, wait_for
 from tests.support import django_project
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -43,12 +43,12 @@ RUN_TIMEOUT_S = 30
 
 
 @pytest.fixture
-def services(nx_server: NxServer, key_prefix: str) -> Iterator[dict[str, str]]:
+def services(mongo_server: MongoTarget, key_prefix: str) -> Iterator[dict[str, str]]:
     """This test's MongoDB database, Redis key prefix and queue (dropped afterwards)."""
     db = f"pikku_web_{uuid.uuid4().hex[:12]}"
-    yield {"mongo": nx_server.url_for(db), "redis": REDIS_URL, "prefix": key_prefix,
+    yield {"mongo": mongo_server.url_for(db), "redis": REDIS_URL, "prefix": key_prefix,
            "queue": f"pikku-web-{uuid.uuid4().hex[:10]}"}
-    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(nx_server.url)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(mongo_server.url)
     with contextlib.suppress(Exception):
         client.drop_database(db)
     client.close()

@@ -1,6 +1,7 @@
-"""Claim races between real processes over the MongoDB wire protocol (nx-27017; real MongoDB
-with PIKKU_TEST_MONGO_URL). Eight processes claim the same step, round after round, started
-together by a barrier: every round must have exactly one winner."""
+"""Claim races between real processes over the MongoDB wire protocol, on the real MongoDB (the
+session's ``mongod`` replica set, or PIKKU_TEST_MONGO_URL's server). Eight processes claim the
+same step, round after round, started together by a barrier: every round must have exactly one
+winner."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from pikku_celery.errors import WorkflowStepSupersededError
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import MongoWorkflowStore
-from tests.conftest import REAL_MONGO_URL
+from tests.support.mongod import MongoTarget
 
 PROCESSES = 8
 ROUNDS = 200
@@ -33,12 +34,9 @@ def _claimer(url: str, db_name: str, run_ids: list[str], now_ms: int, barrier: A
             wins.put((index, state.attempt))
 
 
-@pytest.fixture(params=["wire"] + (["real"] if REAL_MONGO_URL else []))
-def wire_url(request: pytest.FixtureRequest) -> str:
-    if request.param == "real":
-        assert REAL_MONGO_URL
-        return REAL_MONGO_URL
-    return str(request.getfixturevalue("nx_server").url)
+@pytest.fixture
+def wire_url(mongo_server: MongoTarget) -> str:
+    return mongo_server.url
 
 
 def _prepare(store: MongoWorkflowStore, kind: str) -> tuple[list[str], int]:

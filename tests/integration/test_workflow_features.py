@@ -25,7 +25,7 @@ from tests.integration.test_celery_workers import (  # noqa: F401 (a fixture)
     make_cluster,
     wait_for,
 )
-from tests.support.nx import NxServer
+from tests.support.mongod import MongoTarget
 
 
 def test_an_approval_suspends_the_run_until_a_valid_decision(
@@ -63,14 +63,13 @@ def test_an_approval_expiry_wakes_the_run_with_expired(
 
 
 def test_a_duplicate_of_a_settled_step_reports_its_recorded_outcome_under_its_task_id(
-        nx_server: NxServer, key_prefix: str) -> None:
+        mongo_server: MongoTarget, key_prefix: str) -> None:
     """A re-dispatch (new task id) of a step that already settled runs nothing and stores the
     recorded outcome under its own task id: the same SUCCESS value, the same FAILURE type
     and message. A duplicate of a step a live worker holds stores nothing at all."""
     database = f"pikku_results_{uuid.uuid4().hex[:10]}"
     app = Celery(f"dup-{uuid.uuid4().hex[:6]}", broker=REDIS_URL,
-                 backend=f"pikku+mongodb://127.0.0.1:{nx_server.port}/{database}")
-    app.conf.mongodb_backend_settings = {"options": {"directConnection": True}}
+                 backend=mongo_server.url_for(database, "pikku+mongodb"))
     app.conf.task_default_queue = f"{key_prefix}-dup"
     pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
                         worker_reaper=False)
