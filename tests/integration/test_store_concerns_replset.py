@@ -69,9 +69,9 @@ class PSA:
                 node.start()
         self.primary()
         until = time.monotonic() + 60
-        client: pymongo.MongoClient[dict[str, Any]]
-        with pymongo.MongoClient(self.replset.url, w="majority", wtimeoutMS=2000,
-                                 serverSelectionTimeoutMS=5000) as client:
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+            self.replset.url, w="majority", wtimeoutMS=2000, serverSelectionTimeoutMS=5000)
+        with client:
             while True:
                 try:
                     client.pikku_probe.heal.insert_one({"at": time.time()})
