@@ -1,7 +1,8 @@
 """The README's Quickstart, as written, on a real ``celery -A proj worker``: the app module
 is the README's ``proj.py`` with only its service URLs pointed at this test's MongoDB (a
 database on the session's mongod) and Redis, and this test's own queue and key prefixes added
-at the end of the module, after ``PikkuCelery(app)`` (pikku reads its settings at first use, so they apply)."""
+at the end of the module, after ``PikkuCelery(app)`` (pikku reads its settings at first use,
+so they apply)."""
 
 from __future__ import annotations
 
