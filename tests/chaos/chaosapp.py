@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Collection
 from typing import Any
 
 from celery import Celery
@@ -22,10 +21,10 @@ from pikku_celery import (
     PikkuCelery,
     RedisLeaseService,
     StepContext,
-    StepState,
     WorkflowContext,
+    signals,
 )
-from pikku_celery.store.base import NewRun, RunRead
+from pikku_celery.store.base import NewRun
 
 ENV = os.environ
 if ENV.get("CHAOS_SKEW_S"):  # a worker whose wall clock is off by minutes
@@ -65,30 +64,6 @@ class ChaosStore(MongoWorkflowStore):
                 raise AutoReconnect("chaos: connection lost while creating a child run")
         return super().create_run(run, now_ms)
 
-    def read_run(self, run_id: str, *, run: bool = True, input: bool = True,
-                 all_steps: bool = False, step_names: Collection[str] = (),
-                 recorded_after: int | None = None) -> RunRead:
-        """With ``CHAOS_SPLIT_READS=1`` (the full profile), one find per part instead of the
-        store's one command: nx-27017 evaluates the ``$unionWith`` aggregate and a ``$or``
-        filter in Python over the whole steps collection, which a 500-run profile cannot
-        afford (real MongoDB serves every part from an index). The same documents, in a
-        round trip or two more."""
-        if ENV.get("CHAOS_SPLIT_READS") != "1":
-            return super().read_run(run_id, run=run, input=input, all_steps=all_steps,
-                                    step_names=step_names, recorded_after=recorded_after)
-        head = self.get_run(run_id) if run else None
-        if all_steps:
-            return RunRead(head, super().read_run(run_id, run=False, all_steps=True).steps)
-        found: dict[str, StepState] = {}
-        if step_names:
-            for step in super().read_run(run_id, run=False, step_names=step_names).steps:
-                found[step.step_name] = step
-        if recorded_after is not None:
-            for step in super().read_run(run_id, run=False,
-                                         recorded_after=recorded_after).steps:
-                found[step.step_name] = step
-        return RunRead(head, list(found.values()))
-
 
 pikku = PikkuCelery(
     app,
@@ -120,6 +95,16 @@ def ledger(event: str, ctx: StepContext | None, **fields: Any) -> None:
         os.write(fd, line)  # one small O_APPEND write: whole lines even across threads
     finally:
         os.close(fd)
+
+
+def _settled(sender: Any, run_id: str, step_name: str, attempt: int, status: str,
+             **kwargs: Any) -> None:
+    """Sent after the store recorded the attempt's outcome: when steps settle again after a
+    MongoDB fault (no ``invocation``: the checker's body bookkeeping skips it)."""
+    ledger("settled", None, run=run_id, step=step_name, attempt=attempt, status=status)
+
+
+signals.step_attempt_finished.connect(_settled)
 
 
 class Fatal(Exception):

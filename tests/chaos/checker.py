@@ -13,9 +13,9 @@ What must hold:
   ``retries + 1``;
 * one history entry per attempt, written in the raw step document, each matching the step;
 * every attempt exists for a reason: the one before it failed in its body, or lost its
-  lease to a fault (its process was killed, crashed or paused, or Redis or MongoDB
-  restarted meanwhile). An attempt with no such reason means a live worker was robbed
-  (contract invariant 3);
+  lease to a fault (its process was killed, crashed or paused, Redis restarted, or the
+  MongoDB replica set restarted, lost, stepped down or stalled its primary meanwhile). An
+  attempt with no such reason means a live worker was robbed (contract invariant 3);
 * every body that ended (or raised) in an attempt whose outcome is not the recorded one was
   refused: a ``WorkflowStepSupersededError`` line names its run, step and attempt, unless a
   fault killed it before it could write;
@@ -44,7 +44,10 @@ LEASE_EXPIRED = "WorkflowStepLeaseExpiredError"
 CANCEL_ERRORS = ("WorkflowCancelledError", "WorkflowRunEnded")
 PID_FAULTS = ("kill_worker", "kill_child", "kill_orchestrator", "pause_worker", "stale_write",
               "worker_crash")
-RESTART_FAULTS = ("restart_redis", "restart_mongo")
+# Faults of a service every worker shares: any holder may lose a lease to them while they
+# last (from the fault to ``end_t``: a primary writable again, a stalled one woken).
+MONGO_FAULTS = ("restart_mongo", "kill_primary", "step_down_primary", "stall_primary")
+RESTART_FAULTS = ("restart_redis", *MONGO_FAULTS)
 WINDOW_SLACK_MS = 1_500
 REFUSED = re.compile(r"WorkflowStepSupersededError: step '(?P<step>.+?)' of run "
                      r"(?P<run>\S+?): attempt (?P<attempt>\d+) was")
@@ -73,6 +76,12 @@ class Report:
     exhausted: int = 0
     pass_recovery_s: list[float] = field(default_factory=list)
     attempts_by_reason: Counter[str] = field(default_factory=Counter)
+    # MongoDB fault kind -> seconds until a primary was writable again / until the next
+    # step outcome was recorded (a ``settled`` ledger line, sent after the store's write)
+    primary_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    settle_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    rollbacks: int = 0  # rollbacks the mongod nodes logged, and the operations reverted
+    rolled_back: Counter[str] = field(default_factory=Counter)
 
     def recovery_summary(self, values: list[float] | None = None) -> str:
         values = sorted(self.recovery_s if values is None else values)
@@ -104,6 +113,12 @@ class Report:
             f"(bodies executed {self.compensation_executions})",
             f"recovery after a kill: {self.recovery_summary()}",
             f"next pass after an orchestrator kill: {self.recovery_summary(self.pass_recovery_s)}",
+            *(f"after {kind}: writable primary {self.recovery_summary(self.primary_s[kind])}; "
+              f"next step settled {self.recovery_summary(self.settle_s[kind])}"
+              for kind in MONGO_FAULTS if self.faults[kind]),
+            f"mongod rollbacks {self.rollbacks} (unacknowledged operations undone: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.rolled_back.items())) or "none")
+            + ")",
             f"violations {len(self.violations)}",
         ]
         return "\n".join(lines + [f"  ! {v}" for v in self.violations[:40]])
@@ -169,6 +184,7 @@ def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
     _ran_twice(ledger, report)
     _recovery(ledger, faults, recovery_bound_s, report)
     _pass_recovery(ledger, faults, pass_bound_s, report)
+    _mongo_recovery(ledger, faults, report)
     if require_fence:
         _exercised(report)
     return report
@@ -347,7 +363,9 @@ def _fault_reason(pid: int | None, from_ms: int | None, to_ms: int | None,
         at = int((fault.t + ev.wall_offset_s) * 1000)
         if fault.kind in PID_FAULTS and pid in fault.pids and lo <= at <= hi:
             return fault.kind
-        if fault.kind in RESTART_FAULTS and lo <= at <= hi:
+        # A shared service's fault lasts from its start to ``end_t``: overlapping windows.
+        until = int(((fault.end_t or fault.t) + ev.wall_offset_s) * 1000)
+        if fault.kind in RESTART_FAULTS and lo <= until and at <= hi:
             return fault.kind
     if pid is not None and pid not in ev.alive_pids:
         return "process died"  # a kill or crash the fault list names by worker, not pid
@@ -490,3 +508,18 @@ def _pass_recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent], bound
                 if took > bound_s:
                     report.violations.append(f"run {run_id} had its next pass {took:.1f}s "
                                              f"after its orchestrator was killed")
+
+
+def _mongo_recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent],
+                    report: Report) -> None:
+    """How long after each MongoDB fault a primary took writes again (the harness timed
+    it) and the next step outcome was recorded (the first ``settled`` line after it)."""
+    settled = sorted(e["t"] for e in ledger if e["event"] == "settled")
+    for fault in faults:
+        if fault.kind not in MONGO_FAULTS:
+            continue
+        if fault.new_primary_s is not None:
+            report.primary_s[fault.kind].append(fault.new_primary_s)
+        later = next((t for t in settled if t > fault.t), None)
+        if later is not None:
+            report.settle_s[fault.kind].append(later - fault.t)

@@ -1,10 +1,12 @@
-"""Real processes for a chaos run: a private Redis (so it can be restarted), the nx-27017
-MongoDB stand-in on a file database (so it survives ``kill -9`` and restarts), a broker,
-and ``celery -A tests.chaos.chaosapp`` workers, each in its own process group."""
+"""Real processes for a chaos run: a private Redis (so it can be restarted), a real 3-node
+``mongod`` replica set (MongoDB 6.0.5 from tests/support/mongod.py, election timeout 2 s, so
+its primary can be killed, stepped down or stalled), a broker, and
+``celery -A tests.chaos.chaosapp`` workers, each in its own process group."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -12,16 +14,18 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import kombu
 import pymongo
+import pymongo.errors
 import redis
+from kombu.connection import Connection
 
-from tests.support.nx import free_port
+from tests.support.mongod import MongodNode, MongodReplicaSet, free_port
 
-NX = str(Path(sys.executable).with_name("nx-27017"))
+MONGO_MEMBERS = 3
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
 
@@ -65,12 +69,10 @@ class Cluster:
         self.workdir = workdir
         self.broker_kind = broker
         self.redis_port = free_port()
-        self.mongo_port = free_port()
+        self.replset = MongodReplicaSet(MONGO_MEMBERS)
         self.tag = uuid.uuid4().hex[:8]
         (workdir / "ledger").mkdir(parents=True, exist_ok=True)
-        (workdir / "mongo").mkdir(exist_ok=True)
         self.redis_proc: subprocess.Popen[bytes] | None = None
-        self.mongo_proc: subprocess.Popen[bytes] | None = None
         self.workers: list[Worker] = []
         self._count = 0
 
@@ -82,7 +84,7 @@ class Cluster:
 
     @property
     def mongo_url(self) -> str:
-        return f"mongodb://127.0.0.1:{self.mongo_port}/chaos?directConnection=true"
+        return self.replset.url_for("chaos")
 
     @property
     def broker_url(self) -> str:
@@ -104,16 +106,7 @@ class Cluster:
         _wait(client.ping, "redis")
 
     def start_mongo(self) -> None:
-        pid_file = self.workdir / "nx.pid"
-        pid_file.unlink(missing_ok=True)  # a stale pid file blocks a restart
-        self.mongo_proc = subprocess.Popen(
-            [NX, "--data-dir", str(self.workdir / "mongo"), "--port", str(self.mongo_port),
-             "--pid-file", str(pid_file), "--log-file", str(self.workdir / "nx.log")],
-            cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client: pymongo.MongoClient[dict[str, object]] = pymongo.MongoClient(
-            self.mongo_url, serverSelectionTimeoutMS=300)
-        _wait(lambda: client.admin.command("ping"), "nx-27017")
-        client.close()
+        self.replset.start()
 
     def restart_redis(self) -> None:
         assert self.redis_proc is not None
@@ -122,10 +115,63 @@ class Cluster:
         self.start_redis()
 
     def restart_mongo(self) -> None:
-        assert self.mongo_proc is not None
-        self.mongo_proc.kill()
-        self.mongo_proc.wait()
-        self.start_mongo()
+        """A power cut of the whole set: SIGKILL every node at once, start them again on
+        their ports and data, and wait for a primary (majority writes were journaled on a
+        majority, so none is lost)."""
+        for node in self.replset.nodes:
+            node.kill()
+        for node in self.replset.nodes:
+            node.start()
+        self.replset.wait_for_primary(60)
+
+    def primary(self, timeout_s: float = 10.0) -> MongodNode:
+        return self.replset.wait_for_primary(timeout_s)
+
+    def wait_for_new_primary(self, old: MongodNode, timeout_s: float = 60.0) -> MongodNode:
+        """A primary other than ``old`` (which may be dead, stalled or stepped down)."""
+        return self.replset.wait_for_primary(timeout_s, not_node=old)
+
+    def step_down(self, node: MongodNode, seconds: int = 5) -> None:
+        """``replSetStepDown`` on ``node`` (the primary); it closes its connections as it
+        steps down."""
+        with node.client(serverSelectionTimeoutMS=2000) as client, contextlib.suppress(
+                pymongo.errors.AutoReconnect):
+            client.admin.command("replSetStepDown", seconds, secondaryCatchUpPeriodSecs=2)
+
+    def mongo_healthy(self) -> bool:
+        """Every node up, one PRIMARY and the others SECONDARY (caught up enough to vote and
+        to count towards a majority write)."""
+        if not all(node.alive() for node in self.replset.nodes):
+            return False
+        try:
+            primary = self.replset.wait_for_primary(1.0)
+            with primary.client(serverSelectionTimeoutMS=1000) as client:
+                status = client.admin.command("replSetGetStatus")
+        except (RuntimeError, pymongo.errors.PyMongoError):
+            return False
+        states = [m["stateStr"] for m in status["members"]]
+        return states.count("PRIMARY") == 1 and states.count("SECONDARY") == len(states) - 1
+
+    def rollbacks(self) -> tuple[int, Counter[str]]:
+        """How many rollbacks the nodes went through (an ex-primary, or a secondary that
+        copied from it, undoing writes the new primary never had) and the operations they
+        reverted, from the nodes' logs. None of those writes was majority-acknowledged: the
+        checker shows whether the store lost one it acted on."""
+        count, reverted = 0, Counter[str]()
+        for node in self.replset.nodes:
+            with contextlib.suppress(OSError):
+                for line in node.log.read_text(errors="replace").splitlines():
+                    if '"Rollback reverted command counts"' not in line:
+                        continue
+                    count += 1
+                    with contextlib.suppress(ValueError, KeyError):
+                        reverted.update(json.loads(line)["attr"])
+        return count, reverted
+
+    def keep_mongo_logs(self) -> None:
+        for node in self.replset.nodes:
+            with contextlib.suppress(OSError):
+                shutil.copy(node.log, self.workdir / f"mongod-{node.port}.log")
 
     # --- workers ------------------------------------------------------------------------
 
@@ -174,12 +220,12 @@ class Cluster:
                 worker.proc.wait(10)
             except subprocess.TimeoutExpired:
                 worker.signal(signal.SIGKILL)
-        for proc in (self.redis_proc, self.mongo_proc):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            self.redis_proc.kill()
+            self.redis_proc.wait()
+        self.replset.stop()
         if self.broker_kind == "amqp":  # the RabbitMQ server is shared: leave no queue behind
-            with contextlib.suppress(Exception), kombu.Connection(RABBIT_URL) as conn:
+            with contextlib.suppress(Exception), Connection(RABBIT_URL) as conn:  # type: ignore[no-untyped-call]
                 channel = conn.channel()
                 channel.queue_delete(f"chaos-{self.tag}")
                 channel.exchange_delete(f"chaos-{self.tag}")

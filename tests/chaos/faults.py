@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,13 @@ KINDS = {  # kind -> weight
     "duplicate_step": 3,
     "duplicate_orchestrate": 2,
     "restart_redis": 1,
-    "restart_mongo": 1,
+    "restart_mongo": 1,  # every node of the replica set killed and started again
+    # The replica set's primary: SIGKILL (restarted a few seconds later, so the set heals),
+    # replSetStepDown, and SIGSTOP past the 2 s election timeout, then SIGCONT (an
+    # ex-primary that wakes up believing it is primary).
+    "kill_primary": 1,
+    "step_down_primary": 1,
+    "stall_primary": 1,
     # Inputs that probe issue 8's fixes: each starts runs of its own (``extra_specs``).
     "oversized_result": 1,
     "child_create_error": 1,
@@ -36,12 +43,11 @@ KINDS = {  # kind -> weight
 # Every profile applies these at least once (the first injections try them in turn): a
 # run that never paused a worker mid-step, say, proves nothing about the fence.
 REQUIRED = ("stale_write", "pause_worker", "oversized_result", "child_create_error",
-            "colliding_run_ids")
+            "colliding_run_ids", "kill_primary", "step_down_primary", "stall_primary")
 OVERSIZED_MB = 8  # data and result each 8 MiB: each passes, together over 16 MiB
-# Each oversized run leaves an 8 MiB step document, and nx-27017 decodes every document in
-# Python for some queries (``$or``, sorts): a dozen of them slowed a 500-run profile to two
-# runs a minute. Two show the fix as well as twelve.
-MAX_TIMES = {"oversized_result": 2}
+MONGO_FAULTS = ("restart_mongo", "kill_primary", "step_down_primary", "stall_primary")
+STALL_S = (4.0, 7.0)  # a primary's SIGSTOP: past the 2 s election timeout and the election
+KILLED_PRIMARY_DOWN_S = (3.0, 8.0)  # after the new primary is elected
 
 
 @dataclass
@@ -50,6 +56,10 @@ class FaultEvent:
     t: float
     pids: set[int] = field(default_factory=set)
     detail: str = ""
+    # When the fault's effect ended (a MongoDB fault: a primary accepted writes again; a
+    # stall: the SIGCONT too), set from a background thread; None while it lasts.
+    end_t: float | None = None
+    new_primary_s: float | None = None  # a MongoDB fault: until a primary was writable
 
 
 class FaultInjector:
@@ -69,25 +79,33 @@ class FaultInjector:
         self.extra_specs: dict[str, dict[str, Any]] = {}  # runs the faults started
         self._required = list(REQUIRED)
         self._why = ""
+        self._mongo_busy = threading.Event()  # a MongoDB fault is still healing
+        # A node is restarted from this one thread, alive for the whole run: a node gets
+        # SIGTERM when the *thread* that started it ends (PR_SET_PDEATHSIG), so a node
+        # started from a short-lived healing thread died with it.
+        self._node_starter = ThreadPoolExecutor(1, thread_name_prefix="chaos-mongod")
 
     def inject(self, run_ids: list[str]) -> FaultEvent | None:
         """Apply one fault; one that cannot be applied is recorded in ``not_applied`` (and
         a required one is tried again next time), never silently dropped."""
-        if self._required:  # a required kind that does not apply goes to the back
-            kind = self._required.pop(0)
+        healing = self._mongo_busy.is_set()  # no MongoDB fault is a candidate meanwhile
+        ready = [k for k in self._required if not (healing and k in MONGO_FAULTS)]
+        if ready:  # a required kind that does not apply goes to the back
+            kind = ready[0]
+            self._required.remove(kind)
             event = self._apply(kind, run_ids)
             if event is not None:
                 return event
             self._required.append(kind)
         allowed = {kind: weight for kind, weight in KINDS.items()
-                   if self.counts[kind] < MAX_TIMES.get(kind, self.counts[kind] + 1)}
+                   if not (healing and kind in MONGO_FAULTS)}
         kinds, weights = zip(*allowed.items(), strict=True)
         return self._apply(self.rng.choices(kinds, weights)[0], run_ids)
 
     def _apply(self, kind: str, run_ids: list[str]) -> FaultEvent | None:
         self._why = "no suitable target"
         try:
-            event = getattr(self, f"_{kind}")(run_ids)
+            event: FaultEvent | None = getattr(self, f"_{kind}")(run_ids)
         except Exception as exc:
             event, self._why = None, f"raised {exc!r}"
         if event is None:
@@ -104,8 +122,8 @@ class FaultInjector:
 
     @property
     def paused(self) -> bool:
-        """Is any worker still stopped by a pause fault?"""
-        return bool(self._paused)
+        """Is any worker still stopped by a pause fault (or a MongoDB node healing)?"""
+        return bool(self._paused) or self._mongo_busy.is_set()
 
     # --- faults ---------------------------------------------------------------------------
 
@@ -222,9 +240,111 @@ class FaultInjector:
         self.cluster.restart_redis()
         return FaultEvent("restart_redis", time.monotonic())
 
+    # --- the MongoDB replica set -----------------------------------------------------------
+
+    def _set_ready(self) -> bool:
+        """One MongoDB fault at a time, on a whole set: a second node down would leave no
+        majority, which is an outage of the set, not a failover (restart_mongo is that)."""
+        if self._mongo_busy.is_set():
+            self._why = "the replica set is still healing from the last MongoDB fault"
+            return False
+        if not self.cluster.mongo_healthy():
+            self._why = "the replica set is not whole (a member is not PRIMARY/SECONDARY)"
+            return False
+        return True
+
+    def _heal(self, event: FaultEvent, old: Any, after_primary: Any = None) -> None:
+        """In the background: time the new primary (the fault's effect ends there, unless
+        ``after_primary`` moves ``end_t`` later), run ``after_primary`` (a restart, a
+        SIGCONT: always, even if no primary came), then wait for the set to be whole again
+        before the next MongoDB fault."""
+        self._mongo_busy.set()
+
+        def heal() -> None:
+            try:
+                try:
+                    self.cluster.wait_for_new_primary(old)
+                    event.new_primary_s = time.monotonic() - event.t
+                    event.end_t = time.monotonic()
+                finally:
+                    if after_primary is not None:
+                        after_primary()
+                give_up = time.monotonic() + 120
+                while not self.cluster.mongo_healthy() and time.monotonic() < give_up:
+                    time.sleep(0.5)
+                if not self.cluster.mongo_healthy():
+                    self.not_applied.append(f"{event.kind}: the set was not whole again "
+                                            "120 s after the new primary")
+            except Exception as exc:  # reported: a set that did not heal
+                self.not_applied.append(f"{event.kind}: the set did not heal: {exc!r}")
+            finally:
+                self._mongo_busy.clear()
+
+        threading.Thread(target=heal, daemon=True).start()
+
     def _restart_mongo(self, run_ids: list[str]) -> FaultEvent | None:
+        if not self._set_ready():
+            return None
+        t = time.monotonic()
         self.cluster.restart_mongo()
-        return FaultEvent("restart_mongo", time.monotonic())
+        primary = self.cluster.primary()
+        return FaultEvent("restart_mongo", t, detail=f"all {len(self.cluster.replset.nodes)} "
+                          f"nodes; primary again on port {primary.port}",
+                          end_t=time.monotonic(), new_primary_s=time.monotonic() - t)
+
+    def _kill_primary(self, run_ids: list[str]) -> FaultEvent | None:
+        """SIGKILL the primary (a crashed machine); start it again some seconds after the
+        set elected another, on its port and data, so the set heals (it rolls back what it
+        alone had, which no majority write is)."""
+        if not self._set_ready():
+            return None
+        old = self.cluster.primary()
+        down_s = self.rng.uniform(*KILLED_PRIMARY_DOWN_S)
+        old.kill()
+        event = FaultEvent("kill_primary", time.monotonic(),
+                           detail=f"port {old.port}, restarted {down_s:.1f}s after the "
+                           "election")
+
+        def restart() -> None:
+            time.sleep(down_s)
+            self._node_starter.submit(old.start).result()
+
+        self._heal(event, old, restart)
+        return event
+
+    def _step_down_primary(self, run_ids: list[str]) -> FaultEvent | None:
+        if not self._set_ready():
+            return None
+        old = self.cluster.primary()
+        t = time.monotonic()
+        self.cluster.step_down(old)
+        event = FaultEvent("step_down_primary", t, detail=f"port {old.port}")
+        self._heal(event, old)
+        return event
+
+    def _stall_primary(self, run_ids: list[str]) -> FaultEvent | None:
+        """SIGSTOP the primary past the election timeout, SIGCONT it once another node is
+        primary and the stall has lasted: it wakes up believing it is primary, with
+        requests half-served, until it learns of the newer term and steps down."""
+        if not self._set_ready():
+            return None
+        old = self.cluster.primary()
+        stall_s = self.rng.uniform(*STALL_S)
+        old.signal(signal.SIGSTOP)
+        event = FaultEvent("stall_primary", time.monotonic(), detail=f"port {old.port} for "
+                           f"{stall_s:.1f}s")
+
+        def resume() -> None:
+            time.sleep(max(0.0, event.t + stall_s - time.monotonic()))
+            old.signal(signal.SIGCONT)
+            event.end_t = time.monotonic()  # its half-served requests go on from here
+
+        try:
+            self._heal(event, old, resume)
+        except BaseException:
+            old.signal(signal.SIGCONT)
+            raise
+        return event
 
     # --- a stale write that lands while the newer attempt still runs ----------------------
 

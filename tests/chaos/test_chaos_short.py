@@ -1,6 +1,6 @@
 """The short chaos profile, in CI on every change: same harness and checker as the full run
-(docs/reliability.md), fewer runs and faults. Runs in a subprocess so its environment and
-processes are its own."""
+(docs/reliability.md), fewer runs and faults, on a real 3-node mongod replica set. Runs in a
+subprocess so its environment and processes are its own."""
 
 from __future__ import annotations
 
@@ -32,3 +32,10 @@ def test_short_chaos_profile_finds_no_violation(broker: str) -> None:
                         r"settled: (\d+)\)", out)
     assert refused and int(refused[1]) > 0, out[-3000:]
     assert re.search(r"(pause_worker|stale_write) [1-9]", out), out[-3000:]
+    # The replica set lost its primary each way (killed, stepped down, stalled past the
+    # election timeout), and a writable primary came back every time.
+    faults = re.search(r"^faults \d+: (.*)$", out, re.M)
+    assert faults, out[-3000:]
+    for kind in ("kill_primary", "step_down_primary", "stall_primary"):
+        assert re.search(rf"\b{kind} [1-9]", faults[1]), out[-3000:]
+        assert re.search(rf"^after {kind}: writable primary n=[1-9]", out, re.M), out[-3000:]
