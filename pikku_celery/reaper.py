@@ -54,7 +54,9 @@ class Reaper:
                 counts["lapsed"] += 1
         due = engine.store.find_due_steps(now, now - s.undispatched_after_ms, s.sweep_limit,
                                           after=self._cursor.get("due"))
-        self._advance("due", due, lambda step: step.updated_at)
+        # The store's order (``due_sweep_key``): pending steps by dispatch, others by due time.
+        self._advance("due", due, lambda step: step.updated_at if step.status == STEP_PENDING
+                      or step.due_at is None else step.due_at)
         for step in due:
             if not self._first_in("due", step, now, s.undispatched_after_ms):
                 continue

@@ -19,7 +19,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from pikku_celery.records import RUN_TERMINAL, StepAttempt, StepState, WorkflowRun
+from pikku_celery.records import (
+    RUN_TERMINAL,
+    STEP_PENDING,
+    StepAttempt,
+    StepState,
+    WorkflowRun,
+)
 
 
 @dataclass(frozen=True)
@@ -279,8 +285,9 @@ class WorkflowStore(Protocol):
         """Steps that should be running but nobody picked up: ``pending`` since before
         ``dispatched_before_ms``, ``scheduled`` or retryable ``failed`` whose due time passed,
         and settled gates whose wake check is due (``succeeded``, see
-        ``settle_waiting_step``); in ``(updated, invocation id)`` order, starting after
-        ``after`` when given."""
+        ``settle_waiting_step``); in ``due_sweep_key`` order (a pending step by when it was
+        dispatched, any other by when it fell due), starting after ``after`` (a step's
+        key) when given."""
         ...
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
@@ -318,3 +325,14 @@ class WorkflowStore(Protocol):
         take its id while it exists, so the steps deleted are its own; a crash between the
         two deletes leaves ended runs that the next purge finds again."""
         ...
+
+
+def due_sweep_key(step: StepState) -> tuple[int, str]:
+    """Where ``step`` stands in ``find_due_steps``' order (what its ``after`` takes): a
+    ``pending`` step by when it was dispatched (``updated_at``), any other by when it fell
+    due (``due_at``), then by invocation id. Each part is what an index orders, so the
+    MongoDB store reads each page in order instead of sorting the backlog in memory."""
+    pending = step.status == STEP_PENDING or step.due_at is None
+    when = step.updated_at if pending else step.due_at
+    assert when is not None
+    return round(when.timestamp() * 1000), step.invocation_id

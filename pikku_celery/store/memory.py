@@ -38,7 +38,7 @@ from pikku_celery.records import (
 )
 from pikku_celery.store import _docs, _retention
 from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
-from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead
+from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead, due_sweep_key
 from pikku_celery.validate import (
     as_stored,
     check_listing,
@@ -353,7 +353,9 @@ class InMemoryWorkflowStore:
                     if (d[S.STATUS] == STEP_PENDING and d[S.UPDATED] < dispatched_before_ms)
                     or (d[S.STATUS] in (STEP_SCHEDULED, STEP_FAILED, STEP_SUCCEEDED)
                         and is_due(d, now_ms))]
-            return self._page(docs, S.UPDATED, after, limit)
+            keyed = sorted((due_sweep_key(_docs.step_from_doc(d)), d) for d in docs)
+            page = [d for key, d in keyed if after is None or key > after][:limit]
+            return [_docs.step_from_doc(copy.deepcopy(d)) for d in page]
 
     @staticmethod
     def _page(docs: list[Doc], field: str, after: tuple[int, str] | None,

@@ -26,10 +26,12 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
                     one entry per attempt), ``created_ms``, ``updated_ms``.
                     Indexes: ``(run_id, created_ms, step_name)`` for a run's steps in
                     order (``_id`` already makes a step unique); ``(status,
-                    lease_expires_ms)`` for the lapsed sweep, ``(status, updated_ms)`` and
-                    ``(status, due_ms)`` for the due sweep. Each sweep's range bounds the
-                    scan to its backlog (lapsed, undispatched or due steps, the few the
-                    reaper has not handled yet), which is then ordered in memory for paging.
+                    lease_expires_ms, _id)`` for the lapsed sweep, ``(status, updated_ms,
+                    _id)`` (undispatched) and ``(status, due_ms, _id)`` (due) for the due
+                    sweep, which reads each branch with a query of its own. Each sweep's
+                    range bounds the scan to its backlog (lapsed, undispatched or due
+                    steps, the few the reaper has not handled yet), read in its paging
+                    order from the index: nothing is sorted in memory.
 ``workflow_step_history``  written by earlier versions only (one document per attempt,
                     ``_id`` ``<step id>:<attempt>``, ``step_id``, ``run_id``, ...): read for
                     a step whose document has no ``attempts``, deleted with its run. Index:
@@ -52,19 +54,25 @@ their calls.
 
 Indexes: every query's filter and sort is served by an index whose fields are the query's
 equality fields, then its sort, then its range (``tests/unit/test_hardening_infra.py``
-checks every query the store issues against them). Each index costs on every write that
-changes its keys, so there are no others. A database created by an earlier version keeps
-the indexes it had; the ones no longer declared (``(created_ms)`` and ``(workflow,
-created_ms)`` on runs, ``(run_id, step_name)`` on steps, ``(step_id, attempt)`` on
-history) can be dropped. Its runs have no ``run_id`` copy: they sort last among runs of the
-same millisecond.
+checks every query the store issues against them, and
+``tests/contract/test_store_indexes.py`` has a real ``mongod`` explain each: no collection
+scan, no sort in memory). Each index
+costs on every write that changes its keys, so there are no others. A database created by
+an earlier version keeps the indexes it had (``pikku check`` names the ones it lacks,
+``pikku check --create-indexes`` makes them); the ones no longer declared (``(created_ms)``
+and ``(workflow, created_ms)`` on runs; ``(run_id, step_name)``, ``(status,
+lease_expires_ms)``, ``(status, updated_ms)`` and ``(status, due_ms)`` on steps, each a
+prefix of its successor; ``(step_id, attempt)`` on history) can be dropped. Its runs
+have no ``run_id`` copy: they sort last among runs of the same millisecond.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import inspect
+import itertools
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
@@ -115,7 +123,7 @@ from pikku_celery.store._decide import (
     guard_for,
     running_fields,
 )
-from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead
+from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead, due_sweep_key
 from pikku_celery.validate import check_listing, check_name, check_state_write, check_value
 
 Doc = dict[str, Any]
@@ -551,6 +559,7 @@ class MongoWorkflowStore:
 
     def find_lapsed_steps(self, now_ms: int, limit: int,
                           after: tuple[int, str] | None = None) -> list[StepState]:
+        # (status, lease_expires_ms, _id) serves the range and the order: no sort in memory.
         query: Doc = {S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None, "$lt": now_ms}}
         query.update(_page_after(S.LEASE, after))
         cursor = self._steps.find(query).sort([(S.LEASE, ASCENDING), (S.ID, ASCENDING)])
@@ -558,14 +567,21 @@ class MongoWorkflowStore:
 
     def find_due_steps(self, now_ms: int, dispatched_before_ms: int, limit: int,
                        after: tuple[int, str] | None = None) -> list[StepState]:
-        due: Doc = {"$or": [
-            {S.STATUS: STEP_PENDING, S.UPDATED: {"$lt": dispatched_before_ms}},
+        # One query per branch, each read in order from its own index ((status, updated_ms,
+        # _id) for undispatched steps, (status, due_ms, _id) for due ones, one sorted scan
+        # per status merged by the server), then the two pages merged here: one query with
+        # an $or had to sort the whole backlog in memory (no index orders both branches).
+        undispatched = self._steps.find(
+            {S.STATUS: STEP_PENDING, S.UPDATED: {"$lt": dispatched_before_ms},
+             **_page_after(S.UPDATED, after)}
+        ).sort([(S.UPDATED, ASCENDING), (S.ID, ASCENDING)]).limit(limit)
+        due = self._steps.find(
             {S.STATUS: {"$in": [STEP_SCHEDULED, STEP_FAILED, STEP_SUCCEEDED]},
-             S.DUE: {"$ne": None, "$lte": now_ms}},
-        ]}
-        query = {"$and": [due, _page_after(S.UPDATED, after)]} if after else due
-        cursor = self._steps.find(query).sort([(S.UPDATED, ASCENDING), (S.ID, ASCENDING)])
-        return [_docs.step_from_doc(d) for d in cursor.limit(limit)]
+             S.DUE: {"$ne": None, "$lte": now_ms}, **_page_after(S.DUE, after)}
+        ).sort([(S.DUE, ASCENDING), (S.ID, ASCENDING)]).limit(limit)
+        merged = heapq.merge([_docs.step_from_doc(d) for d in undispatched],
+                             [_docs.step_from_doc(d) for d in due], key=due_sweep_key)
+        return list(itertools.islice(merged, limit))
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
         cursor = self._runs.find({R.STATUS: RUN_RUNNING, R.UPDATED: {"$lt": idle_since_ms}})
@@ -654,7 +670,7 @@ INDEXES: dict[str, list[list[tuple[str, int]]]] = {
                 [(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *_NEWEST_FIRST]],
     keys.STEPS: [[(S.RUN, ASCENDING), (S.CREATED, ASCENDING), (S.NAME, ASCENDING)],
                  [(S.RUN, ASCENDING), (S.SEQ, ASCENDING)],
-                 *([(S.STATUS, ASCENDING), (field, ASCENDING)]
+                 *([(S.STATUS, ASCENDING), (field, ASCENDING), (S.ID, ASCENDING)]
                    for field in (S.LEASE, S.UPDATED, S.DUE))],
     keys.HISTORY: [[(H.RUN, ASCENDING)]],
 }

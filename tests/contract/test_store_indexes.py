@@ -1,0 +1,300 @@
+"""Indexes on a real ``mongod`` (issue 20, item 8): ``pikku check`` passes after the first
+start and after ``--create-indexes``, and every query the store makes is served by an index.
+
+The second is proven by the server itself: the store's operations run on a database holding
+a few hundred runs and steps in every status, every find, update, delete, count and
+aggregate ``$match`` they send is recorded (``tests.support.query_recorder``), and each is
+``explain``ed on the real server: the winning plan may not scan the collection
+(``COLLSCAN``) nor sort in memory (a ``SORT`` stage; ``SORT_MERGE`` of sorted index scans
+is fine). The emulator-era check in ``tests/unit/test_hardening_infra.py`` reasoned about
+index shapes instead; this one asks MongoDB's planner.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+import pytest
+from celery import Celery
+from pymongo.database import Database
+
+from pikku_celery import InMemoryWorkflowStore, MongoWorkflowStore, PikkuCelery
+from pikku_celery._checks import run_checks
+from pikku_celery.store.base import NewRun, NewStep, due_sweep_key
+from pikku_celery.store.mongo import INDEXES
+from tests.conftest import REDIS_URL
+from tests.support.mongod import MongoTarget
+from tests.support.query_recorder import record_store
+
+Doc = dict[str, Any]
+T0 = 1_800_000_000_000
+LEASE = 60_000
+RUNS = 120  # enough documents that the planner's choice is the one a deployment gets
+
+
+@pytest.fixture
+def database(mongo_server: MongoTarget) -> Iterator[tuple[str, Database[Doc]]]:
+    name = f"pikku_idx_{uuid.uuid4().hex[:10]}"
+    client: pymongo.MongoClient[Doc] = pymongo.MongoClient(mongo_server.url,
+                                                            serverSelectionTimeoutMS=5000)
+    try:
+        yield mongo_server.url_for(name), client[name]
+    finally:
+        client.drop_database(name)
+        client.close()
+
+
+# --- pikku check ---------------------------------------------------------------------------
+
+
+def _app(url: str) -> PikkuCelery:
+    celery = Celery(f"idx-{uuid.uuid4().hex[:8]}", broker="memory://")
+    celery.conf.update(pikku_mongo_url=url, pikku_redis_url=REDIS_URL)
+    pikku = PikkuCelery(celery)
+
+    @pikku.workflow("wf")
+    def wf(ctx: Any, data: Any) -> Any:
+        return data
+
+    return pikku
+
+
+def test_pikku_check_passes_after_the_first_start_and_after_create_indexes(
+        database: tuple[str, Database[Doc]]) -> None:
+    url, db = database
+    pikku = _app(url)
+    # A database nothing has touched: check names every missing index, and fails.
+    fresh = run_checks(pikku)
+    assert len(fresh.problems) == sum(len(i) for i in INDEXES.values()), fresh.problems
+    # The first start creates them: check passes.
+    pikku.start("wf", {"x": 1}, run_id="first")
+    assert run_checks(pikku).problems == []
+    # An index dropped by hand is named; --create-indexes restores it, and check passes.
+    db["workflow_steps"].drop_index([(f, d) for f, d in INDEXES["workflow_steps"][-1]])
+    assert len(run_checks(pikku).problems) == 1
+    repaired = run_checks(pikku, create_indexes=True)
+    assert repaired.problems == [], repaired.problems
+    assert run_checks(pikku).problems == []
+
+
+def test_create_indexes_alone_makes_pikku_check_pass(
+        database: tuple[str, Database[Doc]]) -> None:
+    url, _ = database
+    report = run_checks(_app(url), create_indexes=True)
+    assert report.problems == [], report.problems
+
+
+# --- every query served by an index --------------------------------------------------------
+
+
+def _populate(store: MongoWorkflowStore) -> None:
+    """Runs of three workflows in every status, with steps pending, scheduled, running
+    (live and lapsed), succeeded, failed with a retry due and failed for good, parked on a
+    child, and gates with and without wake checks."""
+    for i in range(RUNS):
+        run_id = f"run-{i:04d}"
+        now = T0 + i * 10
+        store.create_run(NewRun(run_id, f"wf-{i % 3}", {"i": i}), now)
+        store.insert_steps([
+            NewStep(run_id=run_id, step_name="a", function="f", max_attempts=3),
+            NewStep(run_id=run_id, step_name="b", function="f", max_attempts=1),
+            NewStep(run_id=run_id, step_name="nap", function=None, status="scheduled",
+                    due_ms=now + (i % 5) * 1000),
+            NewStep(run_id=run_id, step_name="gate", function=None, status="scheduled",
+                    due_ms=None if i % 2 else now + 50_000),
+        ], now, seq=i)
+        kind = i % 6
+        store.claim_step(run_id, "a", "f", now, LEASE, worker="w")
+        if kind == 0:
+            store.set_result(run_id, "a", 1, {"ok": i}, now + 1)
+            store.transition_run(run_id, ["running"], "completed", now + 2)
+        elif kind == 1:
+            store.set_error(run_id, "a", 1, {"type": "E", "message": "m"}, now + 1,
+                            retry_at_ms=now + 5000)
+        elif kind == 2:
+            store.claim_step(run_id, "b", "f", now, LEASE, worker="w")
+            store.set_error(run_id, "b", 1, {"type": "E", "message": "m"}, now + 1)
+            store.transition_run(run_id, ["running"], "failed", now + 2)
+        elif kind == 3:
+            store.settle_waiting_step(run_id, "gate", now + 3, result={"ok": True},
+                                      gate=True, by="me", wake_check_ms=now + 60_000)
+        elif kind == 4:
+            store.transition_run(run_id, ["running"], "suspended", now + 2)
+        # kind 5: "a" keeps running; its lease lapses for the sweeps' "now" below
+
+
+def _exercise(store: MongoWorkflowStore) -> None:
+    """Every public store method, in the shapes the engine, reaper, web API and CLI use."""
+    late = T0 + RUNS * 10 + 2 * LEASE
+    one, two = "run-0005", "run-0011"
+    store.create_run(NewRun(one, "wf-2", {"i": 5}), late)  # taken: the duplicate path
+    store.get_run(one)
+    store.transition_run(two, ["suspended"], "running", late)
+    store.write_run_state(one, "writer", {"k": 1}, 0, late)
+    store.touch_run(one, late)
+    for workflow in (None, "wf-1"):
+        for status in (None, "running"):
+            page = store.list_runs(workflow=workflow, status=status, limit=5)
+            store.list_runs(workflow=workflow, status=status, limit=5,
+                            created_before_ms=T0 + 500)
+            if page:
+                last = page[-1]
+                store.list_runs(workflow=workflow, status=status, limit=5,
+                                before_run_id=last.run_id,
+                                created_before_ms=round(last.created_at.timestamp() * 1000))
+    store.insert_step(NewStep(run_id=one, step_name="a", function="f"), late)  # taken
+    store.insert_step(NewStep(run_id=one, step_name="extra", function="f"), late)
+    store.insert_steps([NewStep(run_id=two, step_name="a", function="f"),
+                        NewStep(run_id=two, step_name="more", function="f")], late, seq=999)
+    for options in ({}, {"input": False}, {"all_steps": True}, {"step_names": ["a", "b"]},
+                    {"recorded_after": 3}, {"step_names": ["a"], "recorded_after": 3},
+                    {"run": False, "step_names": ["a"]}, {"run": False, "all_steps": True}):
+        store.read_run(one, **options)
+    store.get_step(one, "a")
+    store.list_steps(one)
+    store.claim_step("run-0001", "a", "f", late, LEASE)  # a failed step's retry, due
+    store.claim_step(one, "a", "f", late, LEASE)  # a lapsed lease: reclaim
+    store.claim_step("run-0002", "b", "f", late, LEASE)  # settled for good: nothing
+    store.claim_step("run-0017", "a", "f", T0 + 1, LEASE)  # a live lease: nothing
+    store.set_result(one, "a", 2, "done", late)
+    store.claim_step("run-0023", "a", "f", late, LEASE)
+    store.set_error("run-0023", "a", 2, {"type": "E", "message": "m"}, late,
+                    retry_at_ms=late + 10)
+    store.claim_step("run-0029", "a", "f", late, LEASE)
+    store.set_error("run-0029", "a", 2, {"type": "E", "message": "m"}, late, final=True)
+    store.renew_leases([("run-0035", "a", 1), ("run-0041", "a", 1), ("run-0047", "a", 2)],
+                       late, LEASE)
+    store.release_lease("run-0035", "a", 1)
+    store.settle_waiting_step("run-0007", "nap", late, result=None)
+    store.settle_waiting_step("run-0013", "gate", late, result={"ok": 1}, gate=True, by="x")
+    store.clear_wake_check("run-0003", "gate", T0 + 30 + 60_000)
+    store.cancel_steps("run-0053", {"type": "Cancelled", "message": "c"}, late)
+    store.get_history(one)
+    store.record_version("wf-0", "v1", "src", late)
+    store.get_version("wf-0", "v1")
+    for after in (None, (T0 + 50 + LEASE, "z")):
+        store.find_lapsed_steps(late, 10, after=after)
+    for after in (None, (T0 + 50, "z")):
+        store.find_due_steps(late, late - 30_000, 10, after=after)
+    stalled = store.find_stalled_runs(late, 20)
+    store.touch_runs([r.run_id for r in stalled], late)
+    store.find_unsettled_steps([r.run_id for r in stalled])
+    store.count_runs(status="running")
+    store.count_runs(status="running", workflow="wf-1")
+    store.count_runs(status="completed", updated_before_ms=late)
+    store.purge_runs(T0 + 200, limit=5)
+
+
+def _stages(plan: Any) -> list[str]:
+    """Every stage of an explain plan tree (classic or slot-based engine)."""
+    found: list[str] = []
+    if isinstance(plan, dict):
+        if "stage" in plan:
+            found.append(str(plan["stage"]))
+        for key in ("inputStage", "queryPlan", "winningPlan"):
+            found += _stages(plan.get(key))
+        for child in plan.get("inputStages", []):
+            found += _stages(child)
+    return found
+
+
+def _plan(db: Database[Doc], record: Doc) -> list[str]:
+    find: Doc = {"find": record["collection"], "filter": record["filter"]}
+    if record.get("sort"):
+        find["sort"] = {field: direction for field, direction in record["sort"]}
+    explained = db.command("explain", find, verbosity="queryPlanner")
+    return _stages(explained["queryPlanner"]["winningPlan"])
+
+
+def test_every_query_the_store_makes_is_served_by_an_index(
+        database: tuple[str, Database[Doc]]) -> None:
+    url, db = database
+    store = MongoWorkflowStore.from_url(url)
+    try:
+        _populate(store)
+        records: list[Doc] = []
+        record_store(store, records.append)
+        _exercise(store)
+        issued_by = {r["method"] for r in records}
+        public = {name for name in vars(MongoWorkflowStore) if not name.startswith("_")}
+        # Every public method that selects documents was exercised.
+        assert public - issued_by <= {"from_url", "create_indexes", "check_indexes",
+                                      "record_version", "describe", "ping"}, (
+            public - issued_by)
+        problems: dict[str, Doc] = {}
+        for record in records:
+            assert record["op"] != "aggregate", f"an unrecorded pipeline stage: {record}"
+            stages = _plan(db, record)
+            bad = sorted({"COLLSCAN", "SORT"} & set(stages))
+            if bad:
+                shape = json.dumps({k: record[k] for k in ("method", "collection", "sort")})
+                problems.setdefault(shape, {"bad": bad, "stages": stages,
+                                            "filter": record["filter"]})
+        assert problems == {}, "\n".join(f"{shape}: {why}" for shape, why in problems.items())
+    finally:
+        store.db.client.close()
+
+
+# --- the sweeps' pages, in the order their indexes read -------------------------------------
+
+
+@pytest.fixture(params=["memory", "mongod"])
+def any_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "memory":
+        yield InMemoryWorkflowStore()
+        return
+    _, db = request.getfixturevalue("database")
+    yield MongoWorkflowStore(db)
+
+
+def test_the_due_sweep_pages_through_its_backlog_once_in_its_key_order(any_store: Any
+                                                                       ) -> None:
+    """Pending steps nobody picked up (by dispatch time) and due sleeps and retries (by due
+    time) come in one order, ``due_sweep_key``; paging with the last step's key visits each
+    once, whatever the page size."""
+    store = any_store
+    store.create_run(NewRun("run", "wf", None), T0)
+    for i in range(6):  # pending since T0 + i, due at T0 + 10 + i: interleaved keys
+        store.insert_steps([NewStep(run_id="run", step_name=f"p{i}", function="f")], T0 + i)
+        store.insert_steps([NewStep(run_id="run", step_name=f"d{i}", function=None,
+                                    status="scheduled", due_ms=T0 + 3 + i)], T0)
+    everything = store.find_due_steps(T0 + 100, T0 + 100, 100)
+    keys = [due_sweep_key(s) for s in everything]
+    assert keys == sorted(keys) and len(keys) == 12
+    for size in (1, 2, 5):
+        seen: list[str] = []
+        after = None
+        while True:
+            page = store.find_due_steps(T0 + 100, T0 + 100, size, after=after)
+            seen += [s.step_name for s in page]
+            if len(page) < size:
+                break
+            after = due_sweep_key(page[-1])
+        assert seen == [s.step_name for s in everything], size
+
+
+def test_the_lapsed_sweep_pages_through_steps_of_one_deadline(any_store: Any) -> None:
+    """Many leases renewed by one write share a deadline: the page's tie-break (the
+    invocation id, the index's last key) keeps each once."""
+    store = any_store
+    store.create_run(NewRun("run", "wf", None), T0)
+    names = [f"s{i}" for i in range(7)]
+    store.insert_steps([NewStep(run_id="run", step_name=n, function="f") for n in names], T0)
+    for name in names:
+        store.claim_step("run", name, "f", T0, LEASE)
+    store.renew_leases([("run", n, 1) for n in names], T0 + 1, LEASE)
+    seen: list[str] = []
+    after = None
+    while True:
+        page = store.find_lapsed_steps(T0 + 2 * LEASE, 3, after=after)
+        seen += [s.step_name for s in page]
+        if len(page) < 3:
+            break
+        last = page[-1]
+        assert last.lease_expires_at is not None
+        after = (round(last.lease_expires_at.timestamp() * 1000), last.invocation_id)
+    assert sorted(seen) == names and len(seen) == len(names)
