@@ -19,7 +19,8 @@ setting                                   default
 ``pikku_redis_url``                       required unless ``leases=`` is given
 ``pikku_key_prefix``                      the Celery app's main name
 ``pikku_server_selection_timeout``        5 s (``MongoWorkflowStore.from_url``)
-``pikku_write_concern``                   ``"majority"`` unless the URL sets ``w``
+``pikku_write_concern``                   ``"majority"``, ``wtimeout`` 10 s, per option
+                                          unless the URL sets it (``w``, ``wtimeoutMS``)
 ``pikku_read_concern``                    ``"majority"`` unless the URL sets it
 ``pikku_step_lease``                      60 s
 ``pikku_run_lease``                       30 s
