@@ -162,8 +162,13 @@ class Claimer:
             return NotClaimed()
         self.clock.observe(lease.granted_at_ms, sent)
         try:
-            outcome = self.store.claim_step(run_id, step_name, function, lease.granted_at_ms,
-                                            lease_ms, worker=self.worker, task_id=task_id)
+            # Within the lease it would grant: a claim stuck on a primary that stopped
+            # answering would hold the worker slot until pymongo gives the node up. A claim
+            # that timed out and landed all the same lapses, and the step is claimed again.
+            with deadline(lease_ms / 1000):
+                outcome = self.store.claim_step(run_id, step_name, function,
+                                                lease.granted_at_ms, lease_ms,
+                                                worker=self.worker, task_id=task_id)
         except BaseException:
             self.leases.release(lease)
             raise

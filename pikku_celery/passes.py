@@ -56,6 +56,7 @@ from pikku_celery.records import (
 )
 from pikku_celery.replay import PassInterrupted, Pause, WorkflowContext
 from pikku_celery.store import _docs
+from pikku_celery.store._concerns import deadline
 from pikku_celery.store.base import NewStep
 from pikku_celery.validate import check_name
 from pikku_celery.views import ALL, RunView, Views
@@ -108,8 +109,13 @@ class Passes:
         marks = set(got.marks) | {mark}
         with hold_granted(engine.leases, got, ttl_ms, requested) as held:
             while True:
-                status, view, again = self._once(run_id, got.token, view, marks, settled,
-                                                 dispatcher)
+                # Every MongoDB call of a pass ends within the run lease: the lease is
+                # renewed while the pass runs, so a call stuck on a primary that stopped
+                # answering (paused, or cut off without a reset) would hold the run from
+                # every other pass until pymongo gives the node up.
+                with deadline(ttl_ms / 1000):
+                    status, view, again = self._once(run_id, got.token, view, marks,
+                                                     settled, dispatcher)
                 settled = None
                 if again:  # the view lacked steps the store has: replay with them
                     marks = set()

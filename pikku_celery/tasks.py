@@ -32,6 +32,7 @@ from pikku_celery.errors import (
     WorkflowRunNotFoundError,
     WorkflowStepSupersededError,
 )
+from pikku_celery.store._concerns import deadline
 from pikku_celery.validate import check_name
 
 if TYPE_CHECKING:
@@ -332,7 +333,8 @@ class WorkerReaper:
             if describe is None or ping is None:
                 continue  # in-memory: nothing to reach
             try:
-                ping()
+                with deadline(self.interval_s):  # a stalled primary must not hold the loop
+                    ping()
                 found[describe()] = None
             except Exception as exc:
                 found[describe()] = str(exc)
@@ -352,7 +354,10 @@ class WorkerReaper:
         if lease is None:
             return None
         try:
-            counts = engine.reap()
+            # A sweep stuck on a primary that stopped answering would stop this worker's
+            # reaper until pymongo gives the node up (every worker's, all stuck on it).
+            with deadline(self.interval_s):
+                counts = engine.reap()
         except BaseException:
             self._stand_aside = True
             with contextlib.suppress(Exception):  # unreleased, it lapses within the interval
