@@ -25,7 +25,9 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
                     ``{"<attempt>": {status, error, started_ms, ended_ms, worker, task_id}}``,
                     one entry per attempt), ``created_ms``, ``updated_ms``.
                     Indexes: ``(run_id, created_ms, step_name)`` for a run's steps in
-                    order (``_id`` already makes a step unique); ``(status,
+                    order (``_id`` already makes a step unique); ``(run_id, status, seq)``
+                    for the steps a pass recorded since its token and the unsettled steps
+                    of the runs the stalled sweep found; ``(status,
                     lease_expires_ms, _id)`` for the lapsed sweep, ``(status, updated_ms,
                     _id)`` (undispatched) and ``(status, due_ms, _id)`` (due) for the due
                     sweep, which reads each branch with a query of its own. Each sweep's
@@ -60,9 +62,9 @@ scan, no sort in memory). Each index
 costs on every write that changes its keys, so there are no others. A database created by
 an earlier version keeps the indexes it had (``pikku check`` names the ones it lacks,
 ``pikku check --create-indexes`` makes them); the ones no longer declared (``(created_ms)``
-and ``(workflow, created_ms)`` on runs; ``(run_id, step_name)``, ``(status,
-lease_expires_ms)``, ``(status, updated_ms)`` and ``(status, due_ms)`` on steps, each a
-prefix of its successor; ``(step_id, attempt)`` on history) can be dropped. Its runs
+and ``(workflow, created_ms)`` on runs; ``(run_id, step_name)``, ``(run_id, seq)``,
+``(status, lease_expires_ms)``, ``(status, updated_ms)`` and ``(status, due_ms)`` on
+steps; ``(step_id, attempt)`` on history) can be dropped. Its runs
 have no ``run_id`` copy: they sort last among runs of the same millisecond.
 """
 
@@ -109,6 +111,7 @@ from pikku_celery.records import (
     STEP_PENDING,
     STEP_RUNNING,
     STEP_SCHEDULED,
+    STEP_STATUSES,
     STEP_SUCCEEDED,
     StepAttempt,
     StepState,
@@ -595,7 +598,8 @@ class MongoWorkflowStore:
     def find_unsettled_steps(self, run_ids: Collection[str]) -> list[StepState]:
         if not run_ids:
             return []
-        # Served by the (run_id, seq) index: one range per run.
+        # Served by the (run_id, status, seq) index: a few keys per run, its unsettled
+        # steps (and failed ones), not every step a long run has settled.
         found = self._steps.find({S.RUN: {"$in": list(run_ids)}, **_UNSETTLED})
         return [_docs.step_from_doc(d) for d in found]
 
@@ -669,7 +673,7 @@ INDEXES: dict[str, list[list[tuple[str, int]]]] = {
                 [(R.STATUS, ASCENDING), *_NEWEST_FIRST],
                 [(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *_NEWEST_FIRST]],
     keys.STEPS: [[(S.RUN, ASCENDING), (S.CREATED, ASCENDING), (S.NAME, ASCENDING)],
-                 [(S.RUN, ASCENDING), (S.SEQ, ASCENDING)],
+                 [(S.RUN, ASCENDING), (S.STATUS, ASCENDING), (S.SEQ, ASCENDING)],
                  *([(S.STATUS, ASCENDING), (field, ASCENDING), (S.ID, ASCENDING)]
                    for field in (S.LEASE, S.UPDATED, S.DUE))],
     keys.HISTORY: [[(H.RUN, ASCENDING)]],
@@ -682,7 +686,8 @@ DUPLICATE_KEY = 11000
 def _steps_filter(run_id: str, all_steps: bool, step_names: Collection[str],
                   recorded_after: int | None) -> Doc | None:
     """The steps ``read_run`` asks for (``None``: none). Each clause is served by an index:
-    ``_id`` for named steps, ``(run_id, seq)`` for those recorded since a token."""
+    ``_id`` for named steps, ``(run_id, status, seq)`` for those recorded since a token
+    (every status named: one range of ``seq`` per status)."""
     if all_steps:
         return {S.RUN: run_id}
     clauses: list[Doc] = []
@@ -690,7 +695,8 @@ def _steps_filter(run_id: str, all_steps: bool, step_names: Collection[str],
         ids = sorted(keys.invocation_id(run_id, name) for name in step_names)
         clauses.append({S.ID: {"$in": ids}})
     if recorded_after is not None:
-        clauses.append({S.RUN: run_id, S.SEQ: {"$gt": recorded_after}})
+        clauses.append({S.RUN: run_id, S.STATUS: {"$in": list(STEP_STATUSES)},
+                        S.SEQ: {"$gt": recorded_after}})
     if not clauses:
         return None
     return clauses[0] if len(clauses) == 1 else {"$or": clauses}

@@ -298,3 +298,41 @@ def test_the_lapsed_sweep_pages_through_steps_of_one_deadline(any_store: Any) ->
         assert last.lease_expires_at is not None
         after = (round(last.lease_expires_at.timestamp() * 1000), last.invocation_id)
     assert sorted(seen) == names and len(seen) == len(names)
+
+
+def test_the_stalled_run_sweep_reads_only_the_unsettled_steps_of_its_runs(
+        database: tuple[str, Database[Doc]]) -> None:
+    """A stalled run that already settled most of its steps (a long ``for_each`` waiting on
+    its last one), among other runs' live steps: the sweep's step read examines the
+    unsettled steps of its runs, neither every step of the run nor every live step of the
+    others (the server's own count, ``totalDocsExamined``)."""
+    _, db = database
+    store = MongoWorkflowStore(db)
+    for i in range(40):
+        store.create_run(NewRun(f"other-{i}", "wf", None), T0)
+        store.insert_steps([NewStep(run_id=f"other-{i}", step_name=n, function="f")
+                            for n in ("a", "b")], T0)
+        store.claim_step(f"other-{i}", "a", "f", T0, LEASE)
+    store.create_run(NewRun("big", "wf", None), T0)
+    names = [f"s{i:03d}" for i in range(60)]
+    store.insert_steps([NewStep(run_id="big", step_name=n, function="f", max_attempts=2)
+                        for n in names], T0)
+    for name in names[:-2]:
+        store.claim_step("big", name, "f", T0, LEASE)
+        store.set_result("big", name, 1, None, T0 + 1)
+    store.claim_step("big", names[-2], "f", T0, LEASE)
+    store.set_error("big", names[-2], 1, {"type": "E", "message": "m"}, T0 + 1,
+                    retry_at_ms=T0 + 100)  # failed, its retry due
+    records: list[Doc] = []
+    record_store(store, records.append)
+    unsettled = store.find_unsettled_steps(["big"])
+    assert sorted(s.step_name for s in unsettled) == names[-2:]
+    (record,) = records
+    explained = db.command("explain", {"find": record["collection"],
+                                       "filter": record["filter"]},
+                           verbosity="executionStats")
+    examined = explained["executionStats"]["totalDocsExamined"]
+    # The failed branch fetches its steps to check their due time, and the plan fetches
+    # what it returns: at most twice the steps returned (60, every step, without the index).
+    assert examined <= 2 * len(unsettled), (f"{examined} steps examined for 2 unsettled ones: "
+                           f"{explained['queryPlanner']['winningPlan']}")
