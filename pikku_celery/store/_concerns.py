@@ -53,7 +53,9 @@ s with the default ``connectTimeoutMS``) and the retryable write is sent again. 
 driver sends ``maxTimeMS`` in place of ``wtimeout``) ends by then, with a timeout error
 whose outcome is unknown as above. The heartbeat gives each renewal a third of the lease
 (its interval; at least 1 s), so a stuck renewal never holds the next one back past the
-lease; a settle gives each write what is left of the lease it holds (at least 1 s).
+lease; a settle gives each write what is left of the lease it holds (at least 1 s); a
+claim gets the step lease, an orchestration pass's calls the run lease, a reaper's sweep
+its interval (``pikku_celery.claims``, ``passes``, ``tasks``).
 
 Why majority reads are enough, and no causal session: a read at ``majority`` returns only
 writes a majority has, which no failover rolls back, so no pass acts on a write that
