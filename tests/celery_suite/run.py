@@ -12,9 +12,10 @@ repository checkout): ``test_tasks``, ``test_canvas``, ``test_backend`` and
   worker at the end;
 
 on RabbitMQ (a private vhost, deleted afterwards, so no other worker on the machine answers
-the suite's broadcasts) with Celery's MongoDB result backend over the nx-27017 stand-in (a
-private instance), and prints a test-by-test comparison. It exits 1 when an outcome
-differs. Each mode takes about 16 minutes on this project's machines.
+the suite's broadcasts) with Celery's MongoDB result backend on a real ``mongod`` (a private
+single-node replica set, or ``PIKKU_TEST_MONGO_URL``'s server), and prints a test-by-test
+comparison. It exits 1 when an outcome differs. Each mode takes about 16 minutes on this
+project's machines.
 
 The suite's own test dependencies that the project does not carry (pydantic for its task
 module, pytest-rerunfailures for its ``flaky`` marks, azure-core for an import of
@@ -39,12 +40,13 @@ import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import celery
 import redis
 
 from tests.celery_suite import plugin
-from tests.support.nx import NxServer
+from tests.support.mongod import mongo_target
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE_FILES = ("test_tasks.py", "test_canvas.py", "test_backend.py", "test_inspect.py")
@@ -125,25 +127,28 @@ def install_extras(workdir: Path) -> Path:
 
 @contextlib.contextmanager
 def services() -> Iterator[dict[str, str]]:
-    """A private RabbitMQ vhost, a private nx-27017 and a Redis key prefix, all removed after."""
+    """A private RabbitMQ vhost, a private mongod and a Redis key prefix, all removed after."""
     tag = uuid.uuid4().hex[:8]
     vhost = f"pikku-celery-suite-{tag}"
     prefix = f"pikku-celery-suite-{tag}"
-    nx = NxServer().start()
+    with mongo_target() as mongo:
+        yield from _with_vhost(vhost, prefix, mongo)
+
+
+def _with_vhost(vhost: str, prefix: str, mongo: Any) -> Iterator[dict[str, str]]:
     rabbitmqctl("add_vhost", vhost)
     try:
         rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
         yield {
             "TEST_BROKER": f"pyamqp://guest:guest@{RABBIT_HOST}/{vhost}",
-            "TEST_BACKEND": nx.url_for("celery_suite"),
-            plugin.ENV_MONGO: nx.url_for("pikku_suite"),
+            "TEST_BACKEND": mongo.url_for("celery_suite"),
+            plugin.ENV_MONGO: mongo.url_for("pikku_suite"),
             plugin.ENV_REDIS: REDIS_URL,
             plugin.ENV_PREFIX: prefix,
         }
     finally:
         with contextlib.suppress(Exception):
             rabbitmqctl("delete_vhost", vhost)
-        nx.stop()
         with contextlib.suppress(Exception):
             client = redis.Redis.from_url(REDIS_URL)
             doomed = list(client.scan_iter(match=f"{prefix}:*", count=1000))
