@@ -45,6 +45,10 @@ ORCHESTRATE = "pikku.orchestrate"
 TIMER = "pikku.timer"
 REAP = "pikku.reap"
 RUN_LEASE_RETRY_S = 1.0
+# The shortest deadline of a reaper sweep (and of its service probe): long enough to ride out
+# an election (pymongo waits 5 s for a server by default), so a routine failover is not a
+# failed sweep; bounded, so a primary that stopped answering cannot hold the reaper.
+SWEEP_DEADLINE_MIN_S = 10.0
 # No ``queue`` here: a task attribute would beat the user's ``task_routes``. pikku's own
 # queue, when configured, is chosen per message (routing.py), after the user's routing.
 STEP_TASK_DEFAULTS: dict[str, Any] = {
@@ -310,6 +314,10 @@ class WorkerReaper:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def _deadline_s(self) -> float:
+        return max(self.interval_s, SWEEP_DEADLINE_MIN_S)
+
     def _loop(self) -> None:
         # First thing, at worker start: one clear line per service that does not answer,
         # rather than "ready" and then a traceback every interval.
@@ -333,7 +341,7 @@ class WorkerReaper:
             if describe is None or ping is None:
                 continue  # in-memory: nothing to reach
             try:
-                with deadline(self.interval_s):  # a stalled primary must not hold the loop
+                with deadline(self._deadline_s):  # a stalled primary must not hold the loop
                     ping()
                 found[describe()] = None
             except Exception as exc:
@@ -356,7 +364,7 @@ class WorkerReaper:
         try:
             # A sweep stuck on a primary that stopped answering would stop this worker's
             # reaper until pymongo gives the node up (every worker's, all stuck on it).
-            with deadline(self.interval_s):
+            with deadline(self._deadline_s):
                 counts = engine.reap()
         except BaseException:
             self._stand_aside = True

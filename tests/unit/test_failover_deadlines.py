@@ -10,7 +10,8 @@ the store is called (``pymongo._csot.get_timeout()``, what ``pymongo.timeout`` s
 * a claim, within the step lease it would grant;
 * every call of an orchestration pass, within the run lease (renewed while the pass runs,
   so a stuck pass held its run from every other pass);
-* the reaper's sweep and its service probe, within the reaper interval.
+* the reaper's sweep and its service probe, within the reaper interval (10 s at least, to
+  ride out an election).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.tasks import WorkerReaper
+from pikku_celery.tasks import SWEEP_DEADLINE_MIN_S, WorkerReaper
 
 STEP_LEASE_S = 30.0
 RUN_LEASE_S = 10.0
@@ -106,6 +107,10 @@ def test_a_reaper_sweep_and_its_probe_end_within_the_interval(pikku: PikkuCelery
     assert reaper._probe() == {"the recording store": None}
     store = store_of(pikku)
     swept = [t for name, t in store.calls if name.startswith("find_")]
-    assert swept and all(map(within(2.0), swept)), store.calls
+    assert swept and all(map(within(SWEEP_DEADLINE_MIN_S), swept)), store.calls
     pings = store.deadlines("ping")
-    assert pings and all(map(within(2.0), pings)), pings
+    assert pings and all(map(within(SWEEP_DEADLINE_MIN_S), pings)), pings
+    long = WorkerReaper(lambda: pikku.engine, 40.0)
+    long._probe()
+    assert all(map(within(40.0), store.deadlines("ping"))), store.deadlines("ping")
+    assert max(t for t in store.deadlines("ping") if t is not None) > SWEEP_DEADLINE_MIN_S
