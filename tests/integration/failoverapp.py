@@ -9,9 +9,11 @@ One workflow, ``chain``: ``first`` -> (``left`` || ``right``) -> ``last``, each 
 ``fo.work`` body that sleeps ``seconds`` (in 50 ms ticks, stopping early when told its lease
 was lost) and returns a value computed from its inputs, so the run's output says whether
 each step's recorded result is the right one. Every body appends ``start``/``end`` entries
-to a Redis list (the ledger), and every attempt the store acknowledged as settled appends
-``settled`` (from pikku's ``step_attempt_finished`` signal, sent after the write was
-acknowledged): the test times the fault against those.
+to a Redis list (the ledger), every pass ``pass`` as it replays the workflow (which then
+sleeps ``replay_seconds``, so passes last long enough for a fault to find some in flight),
+and every attempt the store acknowledged as settled appends ``settled`` (from pikku's
+``step_attempt_finished`` signal, sent after the write was acknowledged): the test times
+the fault against those.
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ def build(env: Mapping[str, str]) -> Celery:
 
     @pikku.workflow("chain")
     def chain(wf: Any, data: dict[str, Any]) -> dict[str, int]:
+        # Each pass replays this function: a pause here makes every pass last
+        # ``replay_seconds``, so a fault finds passes in flight as well as bodies.
+        ledger.add("pass", wf.run_id, "", 0, None)
+        time.sleep(float(data.get("replay_seconds", 0)))
         s = data["seconds"]
         first = wf.do("first", work, {"value": 2 * data["x"], "seconds": s})["value"]
         left, right = wf.gather(wf.call("left", work, {"value": first + 1, "seconds": s}),

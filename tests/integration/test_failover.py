@@ -2,10 +2,10 @@
 of a real three-node ``mongod`` replica set fails.
 
 Each test starts runs of ``chain`` (``first`` -> ``left`` || ``right`` -> ``last``, 0.8 s
-per step; ``tests/integration/failoverapp.py``) on two worker subprocesses, one every
-0.3 s, and keeps starting them through the fault, so at the fault some bodies are running,
-some settles and passes are in flight, and some ``start`` calls meet the election. Then one
-fault to the primary:
+per step, each pass held 0.3 s in its replay; ``tests/integration/failoverapp.py``) on two
+worker subprocesses, one every 0.3 s, and keeps starting them through the fault, which
+lands once at least three bodies and one pass are in flight (the ledger says so); some
+``start`` calls meet the election too. Then one fault to the primary:
 
 * ``sigkill``: SIGKILL (a crashed machine); restarted once a new primary is elected, so the
   set is whole again for the next test;
@@ -71,6 +71,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_S = 0.8
+REPLAY_S = 0.3  # each pass lasts this long at least (failoverapp's ``replay_seconds``)
 RUNS = 10
 START_EVERY_S = 0.3
 STEPS = ("first", "left", "right", "last")
@@ -276,7 +277,8 @@ class Starter(threading.Thread):
         for x in range(RUNS):
             run_id = f"fo-{x}-{uuid.uuid4().hex[:8]}"
             try:
-                self.pikku.start("chain", {"x": x, "seconds": STEP_S}, run_id=run_id)
+                self.pikku.start("chain", {"x": x, "seconds": STEP_S,
+                                           "replay_seconds": REPLAY_S}, run_id=run_id)
             except Exception as exc:  # met the election: not acknowledged, allowed
                 self.refused.append((run_id, f"{type(exc).__name__}: {exc}"[:300]))
             else:
@@ -285,7 +287,7 @@ class Starter(threading.Thread):
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str,
-             diagnostics: Callable[[], str]) -> Any:
+             diagnostics: Callable[[], str], interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -293,7 +295,12 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str,
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}\n{diagnostics()}")
-        time.sleep(0.05)
+        time.sleep(interval)
+
+
+def passes_in_flight(ledger: list[dict[str, Any]], at: float) -> int:
+    """Passes that began replaying within ``REPLAY_S`` before ``at``: still replaying."""
+    return sum(1 for e in ledger if e["event"] == "pass" and at - REPLAY_S < e["t"] <= at)
 
 
 def in_flight(ledger: list[dict[str, Any]]) -> int:
@@ -351,13 +358,13 @@ def test_failover(stack: Stack, fault: str, record_property: Callable[[str, obje
 
     # The fault lands while bodies run and runs are being advanced: a few bodies in flight
     # and a few settles behind us (each settle is followed by a pass in place).
-    wait_for(lambda: in_flight(lg := stack.ledger()) >= 3 and sum(
-        e["event"] == "settled" for e in lg) >= 3, 40, "runs to be mid-step",
-        stack.diagnostics)
-    before = stack.ledger()
     injected = Fault(stack.rs, fault)
+    wait_for(lambda: in_flight(lg := stack.ledger()) >= 3 and passes_in_flight(
+        lg, time.time()) >= 1 and sum(e["event"] == "settled" for e in lg) >= 3, 40,
+        "runs to be mid-step and mid-pass", stack.diagnostics, interval=0.01)
     fault_t = time.time()
     injected.apply()
+    before = [e for e in stack.ledger() if e["t"] <= fault_t]
     recovery = threading.Thread(target=injected.recover, name="failover-recover",
                                 daemon=True)
     recovery.start()
@@ -367,7 +374,8 @@ def test_failover(stack: Stack, fault: str, record_property: Callable[[str, obje
         LIVENESS_S, "a step to settle after the fault", stack.diagnostics)
     took = min(e["t"] for e in settled_after) - fault_t
     line = (f"failover[{fault}]: fault -> next settled step {took:.1f} s "
-            f"({in_flight(before)} bodies in flight at the fault)")
+            f"({in_flight(before)} bodies and {passes_in_flight(before, fault_t)} passes "
+            "in flight at the fault)")
     print(line)
     MEASURED.append(line)
     record_property("failover_s", round(took, 2))
