@@ -340,12 +340,15 @@ class WorkerReaper:
             describe, ping = getattr(service, "describe", None), getattr(service, "ping", None)
             if describe is None or ping is None:
                 continue  # in-memory: nothing to reach
+            name = describe()
             try:
                 with deadline(self._deadline_s):  # a stalled primary must not hold the loop
                     ping()
-                found[describe()] = None
+                found[name] = None
             except Exception as exc:
-                found[describe()] = str(exc)
+                why = str(exc)
+                # The log line names the service: a driver's timeout does not.
+                found[name] = why if name in why else f"{name} does not answer: {why}"
         return found
 
     def sweep_once(self) -> dict[str, int] | None:

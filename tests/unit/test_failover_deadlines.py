@@ -114,3 +114,18 @@ def test_a_reaper_sweep_and_its_probe_end_within_the_interval(pikku: PikkuCelery
     long._probe()
     assert all(map(within(40.0), store.deadlines("ping"))), store.deadlines("ping")
     assert max(t for t in store.deadlines("ping") if t is not None) > SWEEP_DEADLINE_MIN_S
+
+
+def test_a_probe_that_timed_out_names_the_service(pikku: PikkuCelery,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A paused primary fails the probe with the driver's timeout, whose message names no
+    service ("Timed out while checking out a connection from connection pool..."): the
+    outage line must still say which service does not answer."""
+    def timed_out() -> None:
+        raise TimeoutError("Timed out while checking out a connection from connection pool")
+
+    monkeypatch.setattr(store_of(pikku), "ping", timed_out)
+    found = WorkerReaper(lambda: pikku.engine, 2.0)._probe()
+    assert found == {"the recording store": "the recording store does not answer: Timed out "
+                                            "while checking out a connection from connection "
+                                            "pool"}
