@@ -4,11 +4,13 @@
 
 MODULE is any of the core modules below (default: all of them). mutmut (pinned in the test
 extras) mutates every line of those modules, one mutant at a time, and runs the fast tests
-that execute that line: ``tests/unit`` and ``tests/contract`` on the in-memory store,
-mongomock and the local Redis (the nx-27017 wire tests are left out: they are slower and
-test the stand-in as much as the code). A mutant no test fails "survived": the command
-prints each survivor's diff. docs/reliability.md lists the last run's survivors and why each
-is equivalent or harmless.
+that execute that line: ``tests/unit`` and ``tests/contract`` on the in-memory store, the
+real ``mongod`` (one single-node replica set started for the whole run and handed to every
+test process as ``PIKKU_TEST_MONGO_URL``), mongomock where a test uses it, and the local
+Redis (the nx-27017 wire tests, where any remain, are left out: they test the stand-in).
+A mutant no test fails "survived": the command prints each survivor's diff. A run that
+tests nothing (mutmut fails, or checks no mutant) fails loudly; it never reads "0 survived".
+docs/reliability.md lists the last run's survivors and why each is equivalent or harmless.
 
 It works in a scratch copy of the working tree (``$TMPDIR/pikku-mutate-*``): mutmut writes
 its ``mutants/`` tree and caches there, never in the tree other people are editing.
@@ -17,6 +19,7 @@ its ``mutants/`` tree and caches there, never in the tree other people are editi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -25,7 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+
+from tests.support.mongod import mongo_target
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = {
@@ -38,13 +44,13 @@ CORE = {
     "tasks": ["pikku_celery/tasks.py"],
 }
 TESTS = ["tests/unit", "tests/contract"]
-# Deselected everywhere: the wire stand-in (its own server process) and real MongoDB; tests
+# Deselected everywhere: the wire stand-in (its own server process); tests
 # that look at the code itself, which mutmut's trampolines change even with no mutant active
 # (a class's method list, a traceback's length); tests that run the code in a subprocess
 # (it cannot find mutmut's configuration there): the testing kit's and Django's, which test
 # integrations, not the core.
 DESELECT = " and ".join(f"not {name}" for name in (
-    "wire", "real", "too_large_as_bson", "from_url_opens_no_connection",
+    "wire", "too_large_as_bson", "from_url_opens_no_connection",
     "every_store_query_is_served_by_a_declared_index", "result_too_large_beside_the_data",
     "test_testing_kit", "test_contrib_django"))
 CONFIG = """
@@ -58,6 +64,9 @@ pytest_add_cli_args = ["-p", "no:cacheprovider", "-k", "{deselect}",
                        "-W", "ignore::pytest.PytestUnhandledThreadExceptionWarning"]
 process_isolation = "forkserver"
 use_git_change_detection = false
+# Tests read the README's examples (tests/support/readme.py): without it in mutmut's copy the
+# clean run fails, and a clean run that fails tests no mutant at all.
+also_copy = ["README.md"]
 # A mutant that makes its tests three times slower counts as caught (a timeout): a lease or
 # heartbeat mutant that stops renewals otherwise waits out every event bound of its tests.
 timeout_multiplier = 3.0
@@ -80,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scratch = Path(tempfile.mkdtemp(prefix="pikku-mutate-"))
     started = time.monotonic()
+    stack = contextlib.ExitStack()
     try:
         _copy_tree(scratch)
         only = [glob for m in modules for glob in CORE[m]]
@@ -89,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         LOG.parent.mkdir(exist_ok=True)
         print(f"mutate: {', '.join(modules)} against {' '.join(TESTS)} in {scratch}; "
               f"mutmut's output in {LOG}", flush=True)
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        mongo = stack.enter_context(mongo_target())
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PIKKU_TEST_MONGO_URL": mongo.url}
         with open(LOG, "wb") as log:
             mutmut = subprocess.Popen([sys.executable, "-m", "mutmut", "run",
                                        "--max-children", str(args.max_children)],
@@ -101,15 +112,26 @@ def main(argv: list[str] | None = None) -> int:
                 if mutmut.poll() is None:  # we were stopped: stop mutmut and its workers
                     os.killpg(mutmut.pid, signal.SIGTERM)
         took = time.monotonic() - started
-        survivors = _survivors(scratch, env)
-        print(f"\nmutate: {', '.join(modules)}: {len(survivors)} survived, "
-              f"{took / 60:.1f} min (mutmut exit {returncode})")
+        statuses = _statuses(scratch, env)
+        failure = _failure(returncode, statuses)
+        if failure:
+            # A run that could not test is a failure, never "0 survived": say why, loudly.
+            tail = LOG.read_bytes()[-4000:].decode(errors="replace").replace("\r", "\n")
+            print(f"\nmutate: FAILED: {failure} ({took / 60:.1f} min); the end of {LOG}:\n"
+                  f"{tail}", file=sys.stderr)
+            return returncode or 1
+        survivors = sorted(name for name, status in statuses.items() if status == "survived")
+        counts = Counter(statuses.values())
+        print(f"\nmutate: {', '.join(modules)}: {len(statuses)} mutants, "
+              + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+              + f"; {took / 60:.1f} min")
         for name in survivors:
             shown = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=scratch,
                                    env=env, capture_output=True, text=True)
             print(f"\n--- survived: {name}\n{shown.stdout.strip()}")
-        return returncode
+        return 0
     finally:
+        stack.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -138,11 +160,34 @@ def _copy_tree(scratch: Path) -> None:
             shutil.copy2(source, target)
 
 
-def _survivors(scratch: Path, env: dict[str, str]) -> list[str]:
-    out = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=scratch, env=env,
-                         capture_output=True, text=True).stdout
-    return [line.split(":")[0].strip() for line in out.splitlines()
-            if line.strip().endswith(": survived")]
+def _statuses(scratch: Path, env: dict[str, str]) -> dict[str, str]:
+    """Every mutant mutmut knows, with its status (killed, survived, timeout, not checked...)."""
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"],
+                         cwd=scratch, env=env, capture_output=True, text=True).stdout
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep:
+            found[name] = status
+    return found
+
+
+def _failure(returncode: int, statuses: dict[str, str]) -> str | None:
+    """Why this run proves nothing, or None when it tested mutants and mutmut succeeded."""
+    if returncode != 0:
+        return f"mutmut exited with {returncode}"
+    if not statuses:
+        return "mutmut reported no mutant"
+    tested = sum(1 for status in statuses.values() if status in _TESTED)
+    if tested == 0:
+        return f"none of {len(statuses)} mutants was tested"
+    unchecked = sum(1 for status in statuses.values() if status == "not checked")
+    if unchecked:
+        return f"{unchecked} of {len(statuses)} mutants were never checked"
+    return None
+
+
+_TESTED = {"killed", "survived", "timeout", "caught by type check", "segfault"}
 
 
 def _toml(items: list[str]) -> str:
