@@ -127,6 +127,7 @@ def wait_whole(rs: MongodReplicaSet, timeout_s: float = 60.0) -> None:
         for node in rs.nodes:
             if not node.alive():
                 node.start()
+            node.signal(signal.SIGCONT)  # a test that failed mid-pause left it stopped
         states = members(rs)
         if (len(states) == len(rs.nodes) and states.count("PRIMARY") == 1
                 and all(s in ("PRIMARY", "SECONDARY") for s in states)):
