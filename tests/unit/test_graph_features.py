@@ -413,11 +413,11 @@ def _stepper(pikku: PikkuCelery, graph: str) -> tuple[Recorder, Any]:
     return recorder, run
 
 
-def test_parallel_back_edges_replay_the_loop_the_first_firing_recorded(
+def test_parallel_back_edges_fire_one_new_visit_once_both_sources_settled(
         pikku: PikkuCelery) -> None:
-    """T fans out to A1 and A2, each able to loop back to T. A2 finishes first and fires
-    T#2; when A1's first visit finishes later, later passes must still read T#2 as A2's
-    loop (not A1's, by graph order), so the next visits are A1#2 and A2#2."""
+    """T fans out to A1 and A2, each able to loop back to T. A2 finishes (and fires) first:
+    nothing new starts while A1 runs (the round is not over); once A1 has fired too, one
+    new visit T#2 starts with both sources' results, and then A1#2 and A2#2 (issue 21)."""
     s = pikku.step(name="gf.s")(lambda data: 0)
     t = pikku.step(name="gf.t")(lambda data: sorted(data["from"]))
     a = pikku.step(name="gf.a")(lambda data: {"again": True})
@@ -429,16 +429,20 @@ def test_parallel_back_edges_replay_the_loop_the_first_firing_recorded(
     _, run = _stepper(pikku, "two")
     run("gf.s", "S")
     assert run("gf.t", "T") == ["S", "T", "A1", "A2"]
-    assert run("gf.a", "A2")[-1] == "T#2"  # A2 loops back first
+    assert run("gf.a", "A2") == ["S", "T", "A1", "A2"]  # A1 still runs: no new visit yet
+    assert run("gf.a", "A1")[-1] == "T#2"
     run_id = pikku.list_runs(limit=1)[0].run_id
-    assert set(pikku.get_steps(run_id)[-1].data["from"]) == {"S", "A2"}
-    assert run("gf.a", "A1") == ["S", "T", "A1", "A2", "T#2"]  # A1 lost: nothing new
+    assert set(pikku.get_steps(run_id)[-1].data["from"]) == {"S", "A1", "A2"}
     assert run("gf.t", "T#2")[-2:] == ["A1#2", "A2#2"]
 
 
-def test_a_node_of_a_replaced_visit_is_never_dispatched(pikku: PikkuCelery) -> None:
-    """A loops back to T while B (of T's first visit) still runs; when B finishes, its
-    successor C belongs to a visit the loop replaced and must not start."""
+@pytest.mark.parametrize("first", ["A", "B"])
+def test_a_node_beside_a_loop_ends_its_visit_before_the_next_starts(
+        pikku: PikkuCelery, first: str) -> None:
+    """A loops back to T while B (beside it, of T's first visit) may still run. B's
+    successor C is not after A, so it runs in that visit whether B finishes before or
+    after A; T#2 starts only once C has settled, and the second visit runs B#2, M#2 and,
+    after B#2, C#2 (before issue 21, C ran only when B happened to finish first)."""
     n = pikku.step(name="gf.n")(lambda data: 1)
     pikku.graph("stale", nodes={k: n for k in ("S", "T", "B", "M", "C", "A", "E")},
                 edges=[("S", "T"), ("T", "B"), ("T", "M"), ("B", "C"), ("M", "A"),
@@ -447,10 +451,12 @@ def test_a_node_of_a_replaced_visit_is_never_dispatched(pikku: PikkuCelery) -> N
     _, run = _stepper(pikku, "stale")
     for name in ("S", "T", "M"):
         run("gf.n", name)
-    assert run("gf.n", "A")[-1] == "T#2"
-    sent = run("gf.n", "B")
-    assert "C" not in sent and sent[-1] == "T#2"
+    run("gf.n", first)
+    sent = run("gf.n", "B" if first == "A" else "A")
+    assert sent[-1] == "C"
+    assert run("gf.n", "C")[-1] == "T#2"
     assert run("gf.n", "T#2")[-2:] == ["B#2", "M#2"]
+    assert run("gf.n", "B#2")[-1] == "C#2"
 
 
 @pytest.mark.parametrize("chosen", ["done", None, [1]])
