@@ -193,7 +193,8 @@ class Cluster:
         return worker
 
     def wait_ready(self, worker: Worker, timeout_s: float = 30.0) -> None:
-        _wait(lambda: "ready." in worker.log.read_text(errors="replace"),
+        # A worker killed while it starts (a fault may pick it) is not waited for.
+        _wait(lambda: not worker.alive() or "ready." in worker.log.read_text(errors="replace"),
               f"worker {worker.name}", timeout_s)
         worker.pids = worker.group_pids()
 
