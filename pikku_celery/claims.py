@@ -149,7 +149,12 @@ class Claimer:
         return None if self.host is None else f"{self.host}:{os.getpid()}"
 
     def claim(self, run_id: str, step_name: str, function: str | None,
-              lease_ms: int, *, task_id: str | None = None) -> Claimed | NotClaimed:
+              lease_ms: int, *, task_id: str | None = None,
+              holding: list[HeldStep] | None = None) -> Claimed | NotClaimed:
+        """Claim the step (see the module docstring). ``holding``: the caller's list, given
+        the held attempt *before* the heartbeat renews it, so a caller whose ``finally``
+        removes what it holds covers an exception landing anywhere after ``heartbeat.add``
+        (an asynchronous one included), not only once this call has returned."""
         key = keys.step_lease_key(run_id, step_name)
         sent = time.monotonic()
         lease = self.leases.acquire(key, _holder(function), lease_ms)
@@ -177,7 +182,15 @@ class Claimer:
             return NotClaimed(wake_run=outcome.wake_run)
         held = HeldStep(run_id, step_name, outcome.state.attempt, lease_ms, lease,
                         held_until=sent + lease_ms / 1000)
-        self.heartbeat.add(held)
+        if holding is not None:
+            holding.append(held)
+        try:
+            self.heartbeat.add(held)
+        except BaseException:
+            # ``add`` registers the step before it starts its thread: a thread that cannot
+            # start must not leave the step registered with no caller to remove it.
+            self.heartbeat.remove(held)
+            raise
         return Claimed(outcome.state, held)
 
     def _refuse_another_function(self, run_id: str, step_name: str, key: str,

@@ -27,7 +27,7 @@ from pikku_celery.errors import (
     WorkflowRunNotFoundError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.heartbeat import Heartbeat
+from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.passes import Passes
 from pikku_celery.reaper import Reaper
@@ -240,9 +240,25 @@ class Engine:
                 f"of step {step_name!r} of run {parent_run_id}", dispatcher)
             return
         if created:
+            if self._parent_cancelled(parent_run_id, child.run_id):
+                return
             dispatcher.wake_run(child.run_id)
         elif child.is_terminal:  # the parent missed the news (a crash in between)
             self.notify_parent(child.run_id, dispatcher)
+
+    def _parent_cancelled(self, parent_run_id: str, child_run_id: str) -> bool:
+        """Read the parent *after* creating its child, and cancel the child when the parent
+        was cancelled: the other half of a Dekker pair with ``cancel``, which writes the
+        parent's status before it reads the parent's steps and their children. A cancel
+        landing while a pass sat between recording the child's step and creating the child
+        run found no child to cancel (it did not exist yet); this read sees that cancel,
+        or else the cancel's own read of the child sees the child. Either way the child is
+        cancelled and never runs a step. One read per child run created."""
+        parent = self.store.get_run(parent_run_id)
+        if parent is None or parent.status != RUN_CANCELLED:
+            return False
+        self.cancel(child_run_id, f"parent run {parent_run_id} was cancelled")
+        return True
 
     def _fail_child_step(self, parent_run_id: str, step_name: str, child_run_id: str,
                          message: str, dispatcher: Dispatcher) -> None:
@@ -404,20 +420,26 @@ class Engine:
         Celery task id of this delivery) is recorded with the attempt."""
         dispatcher = dispatcher or self.dispatcher
         lease_ms = definition.lease_ms or self.settings.step_lease_ms
-        claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms,
-                                   task_id=task_id)
-        if isinstance(claim, NotClaimed):
-            if claim.wake_run:  # it failed the step for good: its lease had lapsed
-                dispatcher.wake_run(run_id, step_name=step_name)
-            return self._settled_outcome(run_id, step_name, task_id, dispatcher)
+        # The claim hands its attempt to ``holding`` before the heartbeat starts renewing
+        # it, so the ``finally`` covers everything from ``heartbeat.add`` on: an exception
+        # landing after it (a heartbeat thread that cannot start, Celery's soft time limit
+        # between the claim and the body) must not leave an attempt renewed forever.
+        holding: list[HeldStep] = []
         try:
+            claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms,
+                                       task_id=task_id, holding=holding)
+            if isinstance(claim, NotClaimed):
+                if claim.wake_run:  # it failed the step for good: its lease had lapsed
+                    dispatcher.wake_run(run_id, step_name=step_name)
+                return self._settled_outcome(run_id, step_name, task_id, dispatcher)
             return self._run_claimed(definition, claim, task_id, dispatcher)
         finally:
             # Whatever escaped (a settle that raised, an error whose message cannot be
             # read, a time limit while the result was checked), the heartbeat must not keep
             # renewing an attempt nothing runs: its lease lapses and the reaper takes the
             # step back. After a settle this changes nothing (the settle let go already).
-            self.claimer.heartbeat.remove(claim.held)
+            for held in holding:
+                self.claimer.heartbeat.remove(held)
 
     def _run_claimed(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
                      dispatcher: Dispatcher) -> StepOutcome:

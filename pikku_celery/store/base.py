@@ -180,7 +180,15 @@ class WorkflowStore(Protocol):
         - ``running`` with a lapsed lease and no attempts left: fail it with
           ``WorkflowStepLeaseExpiredError`` and return ``wake_run=True``;
         - anything else (live lease, settled, spent, not due, lost race): ``state=None``.
-        Unknown run or step: ``WorkflowStepNotFoundError``."""
+        Unknown run or step: ``WorkflowStepNotFoundError``.
+
+        A claim that won reads the run *after* its write; when the run has ended
+        (completed, failed, cancelled) it fences the attempt it just started, as
+        ``cancel_steps`` would (failed for good with the run's end as its error), and
+        returns ``state=None``: no body runs for an ended run. With ``cancel_steps``, which
+        runs after the run's end was written, this is a Dekker pair: a claim landing
+        between the fence's read of the steps and its write is seen by one side or the
+        other, never by neither (see ``pikku_celery.store._ended``)."""
         ...
 
     def set_result(
@@ -253,8 +261,12 @@ class WorkflowStore(Protocol):
         ...
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
-        """Fence every unsettled step of a cancelled run: advance its attempt (so in-flight
-        writes and renewals are refused), fail it with ``error`` and spend its attempts."""
+        """Fence every unsettled step of an ended run (cancelled, or completed/failed with
+        steps left behind): fail it with ``error`` and spend its attempts, so in-flight
+        writes and renewals of its attempt are refused (its body is told at its next
+        heartbeat). Callers write the run's end *first*: a step claimed after this read
+        its steps fences itself (``claim_step``). Each step is one write guarded on what
+        was read: a step that settled since keeps its outcome."""
         ...
 
     # --- history ----------------------------------------------------------------------

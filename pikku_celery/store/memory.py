@@ -36,7 +36,7 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
-from pikku_celery.store import _docs, _retention
+from pikku_celery.store import _docs, _ended, _retention
 from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
 from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead, due_sweep_key
 from pikku_celery.validate import (
@@ -222,6 +222,14 @@ class InMemoryWorkflowStore:
                 fields.update(_docs.superseded_fields(doc))  # the attempt fenced out
             _docs.apply_set(doc, copy.deepcopy(fields))
             doc[S.ATTEMPT] = attempt
+            run = self._runs.get(run_id)
+            if run is not None and run[R.STATUS] in RUN_TERMINAL:
+                # What the MongoDB store's claim does when it reads the run after its write
+                # and finds it ended (``store._ended``): the attempt it started is fenced.
+                error = _ended.ended_error(run_id, run[R.STATUS], run.get(R.ERROR))
+                _docs.apply_set(doc, _ended.fence_fields(attempt, copy.deepcopy(error),
+                                                         now_ms, running=True))
+                return ClaimResult(None)
             return ClaimResult(_docs.step_from_doc(copy.deepcopy(doc)))
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
@@ -306,11 +314,11 @@ class InMemoryWorkflowStore:
             docs = [d for d in self._run_steps(run_id) if d[S.STATUS] in _UNSETTLED
                     or (d[S.STATUS] == STEP_FAILED and d[S.DUE] is not None)]
             for doc in docs:
-                if doc[S.STATUS] == STEP_RUNNING:  # a failed attempt waiting for its retry
-                    _docs.apply_set(doc, _docs.closing_fields(  # keeps its own entry
-                        doc[S.ATTEMPT], STEP_FAILED, now_ms, as_stored(error)))
-                doc.update({S.STATUS: STEP_FAILED, S.ERROR: as_stored(error),
-                            S.RESULT: None, S.LEASE: None, S.DUE: None, S.UPDATED: now_ms})
+                # A running attempt's entry is closed; a failed attempt waiting for its
+                # retry keeps its own entry.
+                _docs.apply_set(doc, copy.deepcopy(_ended.fence_fields(
+                    doc[S.ATTEMPT], as_stored(error), now_ms,
+                    running=doc[S.STATUS] == STEP_RUNNING)))
             return len(docs)
 
     # --- history ----------------------------------------------------------------------

@@ -117,7 +117,7 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
-from pikku_celery.store import _concerns, _docs, _retention
+from pikku_celery.store import _concerns, _docs, _ended, _retention
 from pikku_celery.store._concerns import ReadConcernLike, WriteConcernLike
 from pikku_celery.store._decide import (
     Action,
@@ -394,7 +394,7 @@ class MongoWorkflowStore:
             {"$set": running_fields(now_ms, lease_ms, worker, task_id, attempt=1)},
             return_document=_AFTER)
         if claimed is not None:
-            return ClaimResult(_docs.step_from_doc(claimed))
+            return self._unless_run_ended(claimed, now_ms)
         doc = self._steps.find_one({S.ID: step_id})
         if doc is None:
             raise WorkflowStepNotFoundError(run_id, step_name)
@@ -414,7 +414,22 @@ class MongoWorkflowStore:
         claimed = self._steps.find_one_and_update(guard, update, return_document=_AFTER)
         if claimed is None:
             return ClaimResult(None)  # lost the race to another claimer
-        return ClaimResult(_docs.step_from_doc(claimed))
+        return self._unless_run_ended(claimed, now_ms)
+
+    def _unless_run_ended(self, claimed: Doc, now_ms: int) -> ClaimResult:
+        """The claim's half of the Dekker pair with a run's end (``store._ended``): read the
+        run *after* the claim's write; when it has ended, fence the attempt just started
+        (guarded on it: a fence by the ender that landed first is kept) and claim nothing.
+        One point read by ``_id`` per claim that won; a lost claim reads nothing."""
+        run = self._runs.find_one({R.ID: claimed[S.RUN]}, {R.STATUS: 1, R.ERROR: 1})
+        if run is None or run[R.STATUS] not in RUN_TERMINAL:
+            return ClaimResult(_docs.step_from_doc(claimed))
+        attempt = claimed[S.ATTEMPT]
+        error = _ended.ended_error(claimed[S.RUN], run[R.STATUS], run.get(R.ERROR))
+        self._steps.update_one(
+            {S.ID: claimed[S.ID], S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING},
+            {"$set": _ended.fence_fields(attempt, error, now_ms, running=True)})
+        return ClaimResult(None)
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
                    now_ms: int) -> StepState:
@@ -523,12 +538,12 @@ class MongoWorkflowStore:
             # An attempt in flight ends here, its entry closed by the same write; a failed
             # one waiting for its retry keeps its own entry. Cancels are rare and runs have
             # few unsettled steps: one write each is cheap.
+            # A step claimed between the read and its write is not matched here: its claim
+            # reads the run after its own write and fences itself (``_unless_run_ended``).
             guard: Doc = {S.ID: doc[S.ID], S.ATTEMPT: doc[S.ATTEMPT], S.STATUS: doc[S.STATUS],
                           S.DUE: doc.get(S.DUE)}
-            fields: Doc = {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None,
-                           S.LEASE: None, S.DUE: None, S.UPDATED: now_ms}
-            if doc[S.STATUS] == STEP_RUNNING:
-                fields.update(_docs.closing_fields(doc[S.ATTEMPT], STEP_FAILED, now_ms, error))
+            fields = _ended.fence_fields(doc[S.ATTEMPT], error, now_ms,
+                                         running=doc[S.STATUS] == STEP_RUNNING)
             fenced += self._steps.update_one(guard, {"$set": fields}).matched_count
         return fenced
 

@@ -1,0 +1,45 @@
+"""What a run's end does to the steps it left unsettled, shared by every store.
+
+A run ends (completed, failed or cancelled) with one write on the run; its unsettled steps
+are fenced after it, one guarded write each (``cancel_steps``). A claim can land between
+those writes: the step it claims was read as ``pending`` by the fence, whose guard then
+matches nothing. So the two sides form a Dekker pair: the ender writes the run, then reads
+the steps; a claim writes the step, then reads the run (``claim_step``). Whatever the
+interleaving, one of them sees the other: the fence reads the step as running and fences
+it, or the claim reads the run as ended and fences its own attempt, with the same error and
+fields, before any body runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pikku_celery.keys import StepField as S
+from pikku_celery.records import RUN_CANCELLED, STEP_FAILED
+from pikku_celery.store._docs import closing_fields
+
+Doc = dict[str, Any]
+
+
+def ended_error(run_id: str, status: str, run_error: dict[str, Any] | None) -> dict[str, Any]:
+    """The error a step of an ended run is fenced with: the cancel's own error for a
+    cancelled run (what ``Engine.cancel`` gives ``cancel_steps``), else ``WorkflowRunEnded``
+    (what ``Engine.fence_leftovers`` gives it)."""
+    if status == RUN_CANCELLED:
+        if run_error and run_error.get("type") == "WorkflowCancelledError":
+            return {"type": "WorkflowCancelledError",
+                    "message": str(run_error.get("message", ""))}
+        return {"type": "WorkflowCancelledError", "message": f"run {run_id} was cancelled"}
+    return {"type": "WorkflowRunEnded",
+            "message": f"run {run_id} ended {status} before this step settled"}
+
+
+def fence_fields(attempt: int, error: dict[str, Any], now_ms: int, *, running: bool) -> Doc:
+    """The ``$set`` of a fence: the step fails for good (attempts spent: no retry is ever
+    due), its lease goes (renewals are refused, so a body still running is told at its next
+    heartbeat), and a running attempt's history entry is closed by the same write."""
+    fields: Doc = {S.STATUS: STEP_FAILED, S.ERROR: error, S.RESULT: None, S.LEASE: None,
+                   S.DUE: None, S.UPDATED: now_ms}
+    if running:
+        fields.update(closing_fields(attempt, STEP_FAILED, now_ms, error))
+    return fields
