@@ -250,15 +250,31 @@ def _check_outcome(run: Any, spec: dict[str, Any], was_cancelled: bool, raw: lis
         report.violations.append(f"run {run.run_id} ({kind}) ended {run.status}, expected "
                                  f"{sorted(allowed)}: {(run.error or {}).get('message')}")
     if kind == "oversized" and run.status != "cancelled":  # a cancel may beat the step
-        big = [d for d in raw if d["step_name"] == "big"]
-        if not big or (big[0]["status"], big[0]["attempt"]) != ("failed", 1):
-            report.violations.append(f"run {run.run_id}: an outcome too large to store must "
-                                     f"fail its first attempt for good: {big and big[0]}")
+        _check_oversized(run.run_id, [d for d in raw if d["step_name"] == "big"], report)
     if kind == "squatter" and run.status == "completed":
         mine = [d for d in raw if d["step_name"] == "on_error"]
         if not mine or (mine[0].get("result") or {}).get("invocation") != mine[0]["_id"]:
             report.violations.append(f"run {run.run_id} chose a colliding id and got another "
                                      f"run's step: {mine}")
+
+
+def _check_oversized(run_id: str, big: list[Doc], report: Report) -> None:
+    """An outcome too large to store fails the attempt that produced it, for good: the
+    step ends failed with InvalidInputError, and no attempt before was retried after that
+    error. An earlier attempt may only have lost its lease (a fault took its worker or the
+    primary before it could record its failure; ``_check_reason`` asks which)."""
+    doc = big[0] if big else None
+    if doc is None or doc["status"] != "failed" or (
+            doc.get("error") or {}).get("type") != "InvalidInputError":
+        report.violations.append(f"run {run_id}: an outcome too large to store must fail "
+                                 f"its attempt for good: {doc}")
+        return
+    earlier = written_entries(doc)
+    retried = [a for a in range(1, doc["attempt"])
+               if (earlier.get(a, {}).get("error") or {}).get("type") != LEASE_EXPIRED]
+    if retried:
+        report.violations.append(f"run {run_id}: an outcome too large to store was retried "
+                                 f"after attempts {retried} failed with it")
 
 
 def _expected_status(spec: dict[str, Any]) -> str:

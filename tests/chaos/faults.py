@@ -378,6 +378,11 @@ class FaultInjector:
         pids = worker.group_pids()
         self._paused.add(worker.name)
         worker.signal(signal.SIGSTOP)
+        if self._ended(body):  # it ended between the ledger read and the SIGSTOP: a stopped
+            worker.signal(signal.SIGCONT)  # process writes no more lines, so this is final
+            self._paused.discard(worker.name)
+            self._why = "the slow step body ended before the pause landed"
+            return None
 
         def resume_when_reclaimed() -> None:
             give_up = time.monotonic() + 8 * self.lease_s
@@ -395,6 +400,12 @@ class FaultInjector:
         return FaultEvent("stale_write", time.monotonic(), pids,
                           f"{worker.name} paused in step 'courier' of run {body['run']} "
                           f"attempt {body['attempt']} until the next attempt starts")
+
+    def _ended(self, body: dict[str, Any]) -> bool:
+        key = (body.get("invocation"), body.get("attempt"), body["pid"])
+        return any((e.get("invocation"), e.get("attempt"), e["pid"]) == key
+                   and e["event"] in ("end", "raise")
+                   for e in read_ledger(self.cluster.workdir / "ledger")[-600:])
 
     # --- issue 8: inputs that used to strand runs or leak across them ---------------------
 

@@ -18,7 +18,14 @@ from pikku_celery import keys
 from pikku_celery.errors import WorkflowStepSupersededError
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import MongoWorkflowStore
-from tests.chaos.checker import Report, _exhausted_by_faults, _pass_recovery, _recovery, check
+from tests.chaos.checker import (
+    Report,
+    _check_oversized,
+    _exhausted_by_faults,
+    _pass_recovery,
+    _recovery,
+    check,
+)
 from tests.chaos.faults import FaultEvent
 
 T0 = 1_700_000_000_000
@@ -187,3 +194,40 @@ def test_a_run_failed_by_exhausted_attempts_is_accepted_only_when_they_are_spent
     assert _exhausted_by_faults([step(4, "WorkflowStepLeaseExpiredError")])
     assert not _exhausted_by_faults([step(2, "WorkflowStepLeaseExpiredError")])
     assert not _exhausted_by_faults([step(4, "Fatal")])
+
+
+def test_a_kill_waits_out_a_mongodb_fault_within_its_bound_and_is_not_counted_quiet() -> None:
+    ledger = [{"event": "start", "t": 1.0, "pid": 7, "invocation": "i", "attempt": 1,
+               "step": "s", "run": "r"},
+              {"event": "start", "t": 20.0, "pid": 8, "invocation": "i", "attempt": 2,
+               "step": "s", "run": "r"}]
+    stall = FaultEvent("stall_primary", 3.0, end_t=10.0)  # 7 s with no writable primary
+    report = Report()
+    _recovery(ledger, [FaultEvent("kill_worker", 2.0, {7}), stall], 12.5, report)
+    assert report.recovery_s == [18.0] and report.recovery_quiet_s == []
+    assert report.violations == []  # 18.0 <= 12.5 + 7.0
+    report = Report()
+    _recovery(ledger, [FaultEvent("kill_worker", 2.0, {7}),
+                       FaultEvent("stall_primary", 3.0, end_t=4.0)], 12.5, report)
+    assert any("came back 18.0s after a kill (bound 12.5s + 1.0s" in v
+               for v in report.violations)
+
+
+def _big(attempts: dict[str, Any], status: str = "failed",
+         error: str = "InvalidInputError") -> dict[str, Any]:
+    return {"_id": "b", "run_id": "r", "step_name": "big", "status": status,
+            "attempt": len(attempts), "error": {"type": error}, "attempts": attempts}
+
+
+def test_an_oversized_outcome_fails_for_good_after_attempts_lost_to_faults_only() -> None:
+    lost = {"status": "failed", "error": {"type": "WorkflowStepLeaseExpiredError"}}
+    too_big = {"status": "failed", "error": {"type": "InvalidInputError"}}
+    report = Report()
+    _check_oversized("r", [_big({"1": lost, "2": too_big})], report)
+    assert report.violations == []
+    _check_oversized("r", [_big({"1": too_big, "2": too_big})], report)
+    assert any("was retried after attempts [1]" in v for v in report.violations)
+    report = Report()
+    _check_oversized("r", [_big({"1": too_big}, status="running")], report)
+    assert any("must fail its attempt for good" in v for v in report.violations)
+
