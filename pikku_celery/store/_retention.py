@@ -8,8 +8,11 @@ ended statuses, so no argument can reach a live run.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from pikku_celery import keys
 from pikku_celery.errors import InvalidInputError
+from pikku_celery.keys import RunField as R
 from pikku_celery.records import RUN_STATUSES, RUN_TERMINAL
 from pikku_celery.validate import check_name
 
@@ -55,3 +58,16 @@ def _check_ms(what: str, value: object) -> None:
 def _check_limit(limit: object, most: int) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= most:
         raise InvalidInputError(f"limit must be an int from 1 to {most}, got {limit!r}")
+
+
+def parked_steps(runs: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """``{parent step invocation id: child run id}`` for the child runs among ``runs`` (run
+    documents with their parent fields).
+
+    A purge keeps a child run whose parent's step is still parked on it (``running``, its
+    ``child_run_id`` the child's): the parent has not heard the child's outcome yet (its
+    notification was lost, say, and its next pass will look). Deleted, the child would be
+    created again by that pass and run every step a second time. Such a child is purged by
+    a later purge, once its parent's step has settled."""
+    return {keys.invocation_id(d[R.PARENT_RUN], d[R.PARENT_STEP]): d[R.ID] for d in runs
+            if d.get(R.PARENT_RUN) is not None and d.get(R.PARENT_STEP) is not None}

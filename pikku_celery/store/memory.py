@@ -408,8 +408,14 @@ class InMemoryWorkflowStore:
                    limit: int = 500) -> list[str]:
         chosen = _retention.check_purge(ended_before_ms, statuses, limit)
         with self._lock:
-            ids = [d[R.ID] for d in self._runs.values()
-                   if d[R.STATUS] in chosen and d[R.UPDATED] < ended_before_ms][:limit]
+            found = [d for d in self._runs.values()
+                     if d[R.STATUS] in chosen and d[R.UPDATED] < ended_before_ms]
+            # A child its parent has not heard yet is kept (``_retention.parked_steps``).
+            parked = _retention.parked_steps(found)
+            unheard = {child for step_id, child in parked.items()
+                       if (step := self._steps.get(step_id)) is not None
+                       and step[S.STATUS] == STEP_RUNNING and step.get(S.CHILD_RUN) == child}
+            ids = [d[R.ID] for d in found if d[R.ID] not in unheard][:limit]
             doomed = set(ids)  # a step's history is in its document: it goes with it
             for key in [k for k, d in self._steps.items() if d[S.RUN] in doomed]:
                 del self._steps[key]

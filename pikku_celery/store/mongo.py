@@ -637,8 +637,20 @@ class MongoWorkflowStore:
         chosen = _retention.check_purge(ended_before_ms, statuses, limit)
         ended = {R.STATUS: {"$in": chosen}}
         # (status, updated_ms) serves the batch: the ended runs' keys before the cutoff.
-        ids = [d[R.ID] for d in self._runs.find(
-            {**ended, R.UPDATED: {"$lt": ended_before_ms}}, {R.ID: 1}).limit(limit)]
+        # A child its parent has not heard yet is kept (``_retention.parked_steps``), and
+        # the batch read again past it, so a kept child never cuts a purge short: the
+        # batch comes back short only when no run is left to purge. Rarely more than one
+        # read (and one more of the batch's parked steps, only when it holds a child).
+        unheard: set[str] = set()
+        while True:
+            found = list(self._runs.find({**ended, R.UPDATED: {"$lt": ended_before_ms}},
+                                         {R.ID: 1, R.PARENT_RUN: 1, R.PARENT_STEP: 1}
+                                         ).limit(limit + len(unheard)))
+            more = self._unheard_children([d for d in found if d[R.ID] not in unheard])
+            unheard |= more
+            if not more or len(found) < limit + len(unheard) - len(more):
+                break
+        ids = [d[R.ID] for d in found if d[R.ID] not in unheard][:limit]
         if not ids:
             return []
         self._steps.delete_many({S.RUN: {"$in": ids}})
@@ -648,6 +660,17 @@ class MongoWorkflowStore:
         return ids
 
     # --- internals --------------------------------------------------------------------
+
+    def _unheard_children(self, runs: list[Doc]) -> set[str]:
+        """The child runs among ``runs`` whose parent's step still waits on them (the parent
+        has not heard the outcome: ``_retention.unheard_children``); one read by ``_id``,
+        none when the batch holds no child."""
+        parked = _retention.parked_steps(runs)
+        if not parked:
+            return set()
+        return {d[S.CHILD_RUN] for d in self._steps.find(
+            {S.ID: {"$in": sorted(parked)}, S.STATUS: STEP_RUNNING},
+            {S.CHILD_RUN: 1}) if parked.get(d[S.ID]) == d.get(S.CHILD_RUN)}
 
     def _run_steps(self, run_id: str) -> list[Doc]:
         return list(self._steps.find({S.RUN: run_id}).sort([(S.CREATED, ASCENDING),
