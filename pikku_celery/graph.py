@@ -15,6 +15,7 @@ that plays it, round by round, is ``pikku_celery._graph_rounds``.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,22 +121,25 @@ def _check_max_visits(name: str, visits: dict[str, Any], nodes: Mapping[str, Any
 
 def _back_edges(successors: dict[str, list[str]], roots: list[str], handlers: set[str]
                 ) -> list[tuple[str, str]]:
-    """Edges to a node still on the depth-first path (from the roots, in declaration
-    order, then from the error handlers, which only a failure starts): removing them leaves
-    a DAG; each fires a new visit of an earlier node."""
+    """Edges to a node still on the depth-first path (from the roots, then from the error
+    handlers, which only a failure starts): removing them leaves a DAG; each fires a new
+    visit of an earlier node. The search takes nodes and edges by name, not in the order
+    they were declared: in a cycle with two ways in, which edge closes the loop must not
+    depend on how the graph was written down (where a cycle has one way in, every order
+    finds the same back-edges)."""
     state: dict[str, int] = {}  # 1 on the path, 2 finished
     back: list[tuple[str, str]] = []
 
     def visit(node: str) -> None:
         state[node] = 1
-        for succ in successors[node]:
+        for succ in sorted(successors[node]):
             if state.get(succ) == 1:
                 back.append((node, succ))
             elif succ not in state:
                 visit(succ)
         state[node] = 2
 
-    for node in roots + sorted(handlers) + list(successors):
+    for node in sorted(roots) + sorted(handlers) + sorted(successors):
         if node not in state:
             visit(node)
     return back
@@ -236,16 +240,20 @@ def _check_on_error(name: str, on_error: dict[str, str], nodes: Mapping[str, Any
 
 def _topological(name: str, successors: dict[str, list[str]],
                  predecessors: dict[str, list[str]]) -> tuple[str, ...]:
+    """The graph's order: a topological order of the forward edges, ties taken by name (so
+    it does not depend on declaration order; a pass reports the first failure of a round in
+    this order)."""
     waiting = {n: len(p) for n, p in predecessors.items()}
     ready = [n for n, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
     order: list[str] = []
     while ready:
-        node = ready.pop(0)
+        node = heapq.heappop(ready)
         order.append(node)
         for succ in successors[node]:
             waiting[succ] -= 1
             if waiting[succ] == 0:
-                ready.append(succ)
+                heapq.heappush(ready, succ)
     if len(order) != len(successors):
         cyclic = sorted(n for n, count in waiting.items() if count > 0)
         raise InvalidInputError(f"graph {name!r} has a cycle through {cyclic}")

@@ -83,9 +83,11 @@ class Driver:
         self.engine.heartbeat.stop()
         self.pikku._override_engine(*self._previous)
 
-    def die_if_told(self) -> None:
-        """Step bodies call this first: the driver may have chosen to kill their worker."""
-        if self.dying:
+    def die_if_told(self, may: bool = True) -> None:
+        """Step bodies call this first: the driver may have chosen to kill their worker
+        (``may``: whether this attempt may die; a test that wants the step's outcome to
+        stay the same lets only attempts with another after them die)."""
+        if self.dying and may:
             self.dying = False
             raise WorkerDied
 

@@ -208,3 +208,35 @@ def test_a_run_recorded_under_the_first_firing_rule_still_replays_to_its_end(
 
 class _Stop(Exception):
     """Ends a driver's delivery loop where the test takes over."""
+
+
+@pytest.mark.parametrize("declared", [("r1", "r2", "x", "y"), ("y", "x", "r2", "r1")])
+def test_a_cycle_with_two_ways_in_loops_the_same_whatever_the_declaration_order(
+        pikku: PikkuCelery, declared: tuple[str, ...]) -> None:
+    """r1 enters the cycle x <-> y at x, r2 at y: which of its edges closes the loop (the
+    back-edge) is chosen by node name, not by the order the graph was written in: y -> x
+    here, so every declaration runs x, y, x#2, y#2 and leaves from y#2."""
+    @pikku.step(name="gl.entry")
+    def entry(data: Any) -> int:
+        return 0
+
+    @pikku.step(name="gl.hop")
+    def hop(data: dict[str, Any]) -> int:
+        return max(int(v) for v in data["from"].values()) + 1
+
+    @pikku.step(name="gl.out")
+    def out(data: dict[str, Any]) -> Any:
+        return data["from"]
+
+    nodes = {"r1": entry, "r2": entry, "x": hop, "y": hop, "out": out}
+    edges = [("r1", "x"), ("r2", "y"), ("x", "y"), ("y", "x"), ("y", "out")]
+    order = {name: i for i, name in enumerate(declared)}
+    pikku.graph("two-ways-in", nodes=dict(sorted(nodes.items(),
+                                                 key=lambda kv: order.get(kv[0], 9))),
+                edges=sorted(edges, key=lambda e: (order.get(e[0], 9), order.get(e[1], 9))),
+                branch={"x": lambda n: ["y"], "y": lambda n: ["out"] if n >= 4 else ["x"]})
+    outcomes = _run_orders(pikku, "two-ways-in", range(3))
+    for outcome, steps in outcomes:
+        assert outcome == ("completed", {"out": {"y": 4}}, None)
+        assert {n: r for n, (_, r) in steps.items()} == {
+            "r1": 0, "r2": 0, "x": 1, "y": 2, "x#2": 3, "y#2": 4, "out": {"y": 4}}
