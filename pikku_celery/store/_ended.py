@@ -8,6 +8,10 @@ the steps; a claim writes the step, then reads the run (``claim_step``). Whateve
 interleaving, one of them sees the other: the fence reads the step as running and fences
 it, or the claim reads the run as ended and fences its own attempt, with the same error and
 fields, before any body runs.
+
+Whatever brings an ended run back to life (a retry of a failed or cancelled run, should one
+be added) must make the run live *before* it makes any of its steps claimable again:
+otherwise a claim landing in between reads the run as ended and fences the step it reopened.
 """
 
 from __future__ import annotations

@@ -45,8 +45,9 @@ Atomicity: every claim, fenced write and run transition is one ``update_one`` or
 ``find_one_and_update`` whose filter repeats what the decision read. A step's history lives
 in its document, so each write that changes the step writes its history entry too, in the
 same atomic write: the claim opens the attempt's entry (and a reclaim closes the entry of
-the attempt it fences out), the settle closes it. A step in steady state costs two
-commands: the claim (one optimistic ``find_one_and_update``) and the settle.
+the attempt it fences out), the settle closes it. A step in steady state costs three
+commands: the claim (one optimistic ``find_one_and_update``), the claim's point read of its
+run (a claim of a step of an ended run fences itself: ``store._ended``) and the settle.
 
 Concerns: ``from_url`` writes with ``w="majority"`` (``wtimeout`` 10 s) and reads with
 ``readConcern "majority"`` unless told otherwise, and pymongo's retryable writes stay on:
