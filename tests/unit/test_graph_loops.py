@@ -160,7 +160,9 @@ def test_the_next_visit_waits_for_the_current_one_and_its_data_names_every_sourc
         run_id = driver.run("two-back-edges", None, choose)
     finally:
         driver.close()
-    assert ["T#2"] not in sent[:4]  # nothing after A2 alone
+    assert sent[3] == ["A1", "A2"]
+    assert sent[4] == ["A1"]  # A2 fired, A1 still runs: nothing new (before: T#2 here)
+    assert sent[5] == ["T#2"]  # A1 fired too: one new visit
     t2 = driver.engine.store.get_step(run_id, "T#2")
     assert t2 is not None and t2.data["from"] == {"S": 0, "A1": 1, "A2": 1}
     assert driver.engine.get_run(run_id).status == "completed"
