@@ -27,7 +27,7 @@ from pikku_celery.keys import HistoryField as H
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
-from tests.conftest import mongo_database
+from tests.conftest import mongo_database, pooled_database
 from tests.support.raw import drop_entries, drop_run_state_fields, raw_history
 from tests.support.threads import race
 
@@ -53,9 +53,8 @@ def _make_store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
     if request.param == "memory":
         yield InMemoryWorkflowStore()
         return
-    db, client = mongo_database(request.param, request.getfixturevalue("mongo_server"))
-    yield MongoWorkflowStore(db)
-    client.drop_database(db.name)  # type: ignore[attr-defined]
+    with pooled_database(request.getfixturevalue("mongo_server")) as db:
+        yield MongoWorkflowStore(db)
 
 
 def new_run(store: WorkflowStore, **kw: object) -> str:

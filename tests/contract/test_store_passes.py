@@ -88,8 +88,7 @@ def test_read_run_returns_the_named_steps_and_those_recorded_after_a_token(
 
 
 def test_read_run_of_an_unknown_run_finds_nothing(store: WorkflowStore) -> None:
-    # Before the store's collections exist (MongoDB reads a missing collection as empty,
-    # ``$unionWith`` too) and after.
+    # With no run recorded, and with another run recorded.
     read = store.read_run("no-such-run", step_names=["a"])
     assert read.run is None and read.steps == []
     new_run(store)

@@ -19,7 +19,7 @@ from pikku_celery import (
     MongoWorkflowStore,
     PikkuCelery,
 )
-from tests.conftest import mongo_database
+from tests.conftest import pooled_database
 from tests.unit.test_engine import Recorder
 
 T0 = 1_700_000_000_000
@@ -54,10 +54,8 @@ def pikku(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[PikkuCel
     if request.param == "memory":
         yield _pikku(clock, InMemoryWorkflowStore())
         return
-    db, client = mongo_database("mongod", request.getfixturevalue("mongo_server"))
-    yield _pikku(clock, MongoWorkflowStore(db))
-    client.drop_database(db.name)  # type: ignore[attr-defined]
-    client.close()  # type: ignore[attr-defined]
+    with pooled_database(request.getfixturevalue("mongo_server")) as db:
+        yield _pikku(clock, MongoWorkflowStore(db))
 
 
 def _recorder(pikku: PikkuCelery) -> Recorder:

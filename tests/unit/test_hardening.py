@@ -31,7 +31,7 @@ from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.store._docs import written_entries
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.tasks import WorkerReaper
-from tests.conftest import mongo_database
+from tests.conftest import pooled_database
 from tests.unit.test_engine import Recorder
 
 T0 = 1_700_000_000_000
@@ -57,11 +57,9 @@ def _pikku(store: Any, clock: FakeClock | None = None, **options: Any) -> PikkuC
 
 @pytest.fixture
 def mongo_store(mongo_server: Any) -> Iterator[MongoWorkflowStore]:
-    """A store on a database of its own on the session's real MongoDB, dropped afterwards."""
-    db, client = mongo_database("mongod", mongo_server)
-    yield MongoWorkflowStore(db)
-    client.drop_database(db.name)  # type: ignore[attr-defined]
-    client.close()  # type: ignore[attr-defined]
+    """A store on a database of its own on the session's real MongoDB, emptied afterwards."""
+    with pooled_database(mongo_server) as db:
+        yield MongoWorkflowStore(db)
 
 
 class _Proxy:

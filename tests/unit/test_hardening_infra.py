@@ -43,7 +43,7 @@ from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import MongoUnreachableError
 from pikku_celery.tasks import OutageLog
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH, check_value
-from tests.conftest import mongo_database
+from tests.conftest import mongo_database, pooled_database
 from tests.support.mongod import free_port
 from tests.support.query_recorder import record_store
 
@@ -179,10 +179,8 @@ def any_store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
     if request.param == "memory":
         yield InMemoryWorkflowStore()
         return
-    db, client = mongo_database("mongod", request.getfixturevalue("mongo_server"))
-    yield MongoWorkflowStore(db)
-    client.drop_database(db.name)  # type: ignore[attr-defined]
-    client.close()  # type: ignore[attr-defined]
+    with pooled_database(request.getfixturevalue("mongo_server")) as db:
+        yield MongoWorkflowStore(db)
 
 
 def test_the_deepest_value_a_document_can_hold_is_stored_one_more_level_is_refused(
