@@ -733,3 +733,24 @@ def test_a_cluster_url_whose_password_holds_a_slash_is_refused_without_it() -> N
         RedisLeaseService.from_url("redis+cluster://:Xk9pQ2mZ/7vLr@10.0.0.1:7000")
     assert "redis+cluster://:***@10.0.0.1:7000" in str(refused.value)
     assert "Xk9pQ2mZ" not in str(refused.value) and "7vLr" not in str(refused.value)
+
+
+# --- issue 21: the hand-back is fenced by the token, not only by the holder ----------------
+
+
+def test_a_stale_hand_back_by_the_same_holder_changes_nothing(
+        lease_service: LeaseService, let_time_pass: Callable[[int], None]) -> None:
+    """The same holder was granted the key again after its lease lapsed (a new token): the
+    old grant's hand-back (``release_or_take_marks``) must neither take the new grant's
+    marks nor release it. A hand-back judged by holder alone would do both."""
+    stale = expect(lease_service.acquire("run", "a", SHORT_TTL_MS))
+    let_time_pass(SHORT_TTL_MS + 50)
+    wait_past(lease_service, stale.expires_at_ms)
+    fresh = expect(lease_service.acquire("run", "a", LONG_TTL_MS))
+    assert fresh.token == stale.token + 1
+    lease_service.mark("run", "for-the-fresh-grant")
+    assert lease_service.release_or_take_marks(stale, LONG_TTL_MS) is None
+    assert expect(lease_service.get("run")).token == fresh.token
+    assert lease_service.release_or_take_marks(fresh, LONG_TTL_MS) == ("for-the-fresh-grant",)
+    assert lease_service.release_or_take_marks(fresh, LONG_TTL_MS) == ()
+    assert lease_service.get("run") is None
