@@ -242,3 +242,101 @@ def test_a_cycle_with_two_ways_in_loops_the_same_whatever_the_declaration_order(
         assert outcome == ("completed", {"out": {"y": 4}}, None)
         assert {n: r for n, (_, r) in steps.items()} == {
             "r1": 0, "r2": 0, "x": 1, "y": 2, "x#2": 3, "y#2": 4, "out": {"y": 4}}
+
+
+def _counting(pikku: PikkuCelery, prefix: str) -> Any:
+    """A step returning one more than the largest result it receives (0 with none)."""
+    return pikku.step(name=f"{prefix}.count")(
+        lambda data: max([int(v) for v in data["from"].values()] or [-1]) + 1)
+
+
+def test_an_outer_loop_firing_with_an_inner_one_restarts_the_inner_loop_afresh(
+        pikku: PikkuCelery) -> None:
+    """t1 -> t2 -> {x, y}; x -> t2 closes the inner loop, y -> t1 the outer one. Both fire
+    in the first round: the outer one wins, t1#2 starts from y, and t2#2 starts from t1#2
+    alone, as a first visit of the inner loop would (x's firing is not carried over)."""
+    count = _counting(pikku, "gl.nested")
+    pikku.graph("nested", nodes={n: count for n in ("S", "t1", "t2", "x", "y", "ex", "ey")},
+                edges=[("S", "t1"), ("t1", "t2"), ("t2", "x"), ("t2", "y"), ("x", "t2"),
+                       ("y", "t1"), ("x", "ex"), ("y", "ey")],
+                branch={"x": lambda n: ["t2"] if n < 5 else ["ex"],
+                        "y": lambda n: ["t1"] if n < 4 else ["ey"]})
+    driver = Driver(pikku)
+    try:
+        for choose in (stream([]), lambda n: n - 1):
+            run_id = driver.run("nested", None, choose)
+            steps = {s.step_name: s for s in driver.engine.get_steps(run_id)}
+            assert {n: s.result for n, s in steps.items()} == {
+                "S": 0, "t1": 1, "t2": 2, "x": 3, "y": 3, "t1#2": 4, "t2#2": 5, "x#2": 6,
+                "y#2": 6, "ex": 7, "ey": 7}
+            assert steps["t1#2"].data["from"] == {"S": 0, "y": 3}
+            assert steps["t2#2"].data["from"] == {"t1": 4}
+    finally:
+        driver.close()
+
+
+def test_two_failures_in_one_round_fail_the_run_with_the_first_by_name(
+        pikku: PikkuCelery) -> None:
+    """b and a fail in the same round (b declared first, and failing first): the run's
+    error names a, the first in graph order, whose ties go by name."""
+    @pikku.step(name="gl.fail", retries=0)
+    def fail(data: Any) -> None:
+        raise ValueError("no")
+
+    ok = _counting(pikku, "gl.two_failures")
+    pikku.graph("two-failures", nodes={"S": ok, "b": fail, "a": fail},
+                edges=[("S", "b"), ("S", "a")])
+    driver = Driver(pikku)
+    try:
+        for choose in (stream([]), lambda n: n - 1):
+            run = driver.engine.get_run(driver.run("two-failures", None, choose))
+            assert run.status == "failed" and run.error is not None
+            assert run.error["message"] == "step 'a' failed: ValueError: no"
+    finally:
+        driver.close()
+
+
+def test_a_visit_over_max_visits_fails_the_run_only_once_the_round_has_settled(
+        pikku: PikkuCelery) -> None:
+    """In T's second visit, D (max_visits 1, after A) is refused while P#2 may still run:
+    the run fails once P#2 has settled, so P#2 is recorded as it ended, in every order
+    (failing at once left P#2 fenced when A#2 finished first, succeeded otherwise)."""
+    count = _counting(pikku, "gl.refused")
+    pikku.graph("refused", nodes={n: count for n in ("S", "T", "A", "P", "D", "E")},
+                edges=[("S", "T"), ("T", "A"), ("T", "P"), ("A", "D"), ("P", "T"),
+                       ("P", "E")],
+                branch={"P": lambda n: ["T"] if n < 3 else ["E"]}, max_visits={"D": 1})
+    driver = Driver(pikku)
+    try:
+        for choose in (stream([]), lambda n: n - 1):
+            run_id = driver.run("refused", None, choose)
+            run = driver.engine.get_run(run_id)
+            assert run.status == "failed" and run.error is not None
+            assert "'D' would run a 2th time, over its max_visits of 1" in run.error["message"]
+            assert _recorded(driver, run_id) == {
+                "S": ("succeeded", 0), "T": ("succeeded", 1), "A": ("succeeded", 2),
+                "P": ("succeeded", 2), "D": ("succeeded", 3), "T#2": ("succeeded", 3),
+                "A#2": ("succeeded", 4), "P#2": ("succeeded", 4), "E": ("succeeded", 5)}
+    finally:
+        driver.close()
+
+
+def test_the_error_route_of_a_node_after_a_firing_back_edge_waits_for_the_next_visit(
+        pikku: PikkuCelery) -> None:
+    """N comes after A, whose back-edge fires in the first visit, so N is left to the
+    next; so are its error handler H and what follows H: J (after H and K) runs once, in
+    the visit where N runs, not also in the first from K alone."""
+    count = _counting(pikku, "gl.routed")
+    pikku.graph("routed", nodes={n: count for n in ("S", "T", "A", "K", "N", "X", "H", "J")},
+                edges=[("S", "T"), ("T", "A"), ("T", "K"), ("A", "T"), ("A", "N"),
+                       ("N", "X"), ("H", "J"), ("K", "J")],
+                branch={"A": lambda n: ["T"] if n < 3 else ["N"]}, on_error={"N": "H"})
+    driver = Driver(pikku)
+    try:
+        for choose in (stream([]), lambda n: n - 1):
+            run_id = driver.run("routed", None, choose)
+            assert {n: r for n, (_, r) in _recorded(driver, run_id).items()} == {
+                "S": 0, "T": 1, "A": 2, "K": 2, "T#2": 3, "A#2": 4, "K#2": 4, "N": 5, "X": 6,
+                "J": 5}
+    finally:
+        driver.close()
