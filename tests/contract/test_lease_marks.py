@@ -107,6 +107,7 @@ def test_racing_markers_and_a_releasing_holder_lose_no_mark(
     """Every mark is either taken by a hand-back or carried by a later grant."""
     seen: list[str] = []
     lock = threading.Lock()
+    endless: list[str] = []  # grants whose hand-backs never ended
 
     def worker(n: int) -> None:
         for i in range(30):
@@ -117,15 +118,27 @@ def test_racing_markers_and_a_releasing_holder_lose_no_mark(
             with lock:
                 seen.extend(got.marks)
                 seen.append(mark)  # its own change: the grant's pass sees it
-            while taken := lease_service.release_or_take_marks(got, LONG_TTL_MS):
+            # Bounded: 4 markers leave at most 120 marks, so a holder that is handed marks
+            # back more often than that is taking the same ones again (a hand-back that
+            # does not clear them): fail, never spin until pytest's timeout.
+            for _ in range(200):
+                taken = lease_service.release_or_take_marks(got, LONG_TTL_MS)
+                if not taken:
+                    break
                 with lock:
                     seen.extend(taken)
+            else:
+                endless.append(got.holder)
+                return
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(4)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 60  # one bound for all four, not 60 s each
     for thread in threads:
-        thread.join(60)
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), "a worker never finished"
+    assert not endless, f"hand-backs never ended for {endless}"
     last = granted(lease_service.acquire_or_mark("run", "final", LONG_TTL_MS, "final"))
     seen.extend(last.marks)
     assert sorted(set(seen)) == sorted(f"{n}-{i}" for n in range(4) for i in range(30))

@@ -9,6 +9,7 @@ re-raised in the test; one still running after ``timeout_s`` fails the test too.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -36,8 +37,11 @@ class ThreadsJoined:
         return thread
 
     def join(self) -> None:
+        # One deadline for all: joined one by one with ``timeout_s`` each, N hung threads
+        # took N times that, past pytest's timeout, instead of failing here.
+        deadline = time.monotonic() + self.timeout_s
         for thread in self.threads:
-            thread.join(self.timeout_s)
+            thread.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self.threads if t.is_alive()]
         if self.errors:
             raise self.errors[0]
@@ -52,8 +56,9 @@ class ThreadsJoined:
         if kind is None:
             self.join()
         else:  # the test already failed: still reap the threads, keep its error
+            deadline = time.monotonic() + self.timeout_s
             for thread in self.threads:
-                thread.join(self.timeout_s)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def race(target: Callable[[int], Any], contenders: int, timeout_s: float = 60.0) -> None:

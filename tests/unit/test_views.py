@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -214,8 +215,10 @@ def test_a_holder_that_dies_with_marks_untaken_is_followed_by_its_watch() -> Non
         cluster.advance(0, run_id, "s0")
     [(woken, countdown)] = recorder.wakes
     assert woken == run_id and 0.2 <= countdown <= 1.3  # once the dead holder's lease lapsed
+    give_up = time.monotonic() + 30  # the lease lapses (real time, 200 ms): never spin on
     while isinstance(cluster.leases.acquire_or_mark(key, "probe", 1, "$all"), LeaseBusy):
-        pass  # the lease lapses (real time, 200 ms)
+        assert time.monotonic() < give_up, "the dead holder's 200 ms lease never lapsed"
+        time.sleep(0.005)
     cluster.leases.release_or_take_marks(cluster.leases.get(key) or dead, 1)
     assert cluster.advance(0, run_id) == "completed"  # what the watch's message does
 
