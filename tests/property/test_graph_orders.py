@@ -194,6 +194,7 @@ class _Bench:
             declare(self.pikku, self.spec, self.current, self.shuffle)
         except InvalidInputError as exc:  # e.g. a for_each over an edge that closes a loop
             note(f"refused when declared: {exc}")
+            self.close()
             reject()
 
     def current(self) -> Driver:
