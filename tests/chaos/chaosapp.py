@@ -113,8 +113,9 @@ class Fatal(Exception):
 
 @pikku.step(name="chaos.work", retries=3, retry_delay="100ms", bind=True)
 def work(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
-    ledger("start", ctx)
     kind = data.get("kind", "ok")
+    # A slow body says how long it sleeps: the stale-write fault picks one with time left.
+    ledger("start", ctx, **({"seconds": data.get("seconds", 1.0)} if kind == "slow" else {}))
     if kind == "slow":
         time.sleep(data.get("seconds", 1.0))  # never stops early: a late write is the point
     if kind == "flaky" and ctx.attempt < data.get("fail_until", 2):

@@ -46,6 +46,7 @@ REQUIRED = ("stale_write", "pause_worker", "oversized_result", "child_create_err
             "colliding_run_ids", "kill_primary", "step_down_primary", "stall_primary")
 OVERSIZED_MB = 8  # data and result each 8 MiB: each passes, together over 16 MiB
 MONGO_FAULTS = ("restart_mongo", "kill_primary", "step_down_primary", "stall_primary")
+STALE_WRITE_LEFT_S = 0.5  # the least sleep a slow body must have left to be paused
 STALL_S = (4.0, 7.0)  # a primary's SIGSTOP: past the 2 s election timeout and the election
 KILLED_PRIMARY_DOWN_S = (3.0, 8.0)  # after the new primary is elected
 
@@ -369,7 +370,11 @@ class FaultInjector:
         if len(live) < 2:
             self._why = f"{len(live)} live unpaused worker(s)"
             return None
-        slow = [e for e in self._open_bodies() if e.get("step") == "courier"]
+        # With time left in its sleep: the ledger read, the choice and the SIGSTOP take a
+        # moment (long on a loaded machine), and a body that ends first proves nothing.
+        now = time.monotonic()
+        slow = [e for e in self._open_bodies() if e.get("step") == "courier"
+                and e["t"] + e.get("seconds", 0.0) - now > STALE_WRITE_LEFT_S]
         targets = [(e, w) for e in slow for w in live if e["pid"] in w.group_pids()]
         if not targets:
             self._why = "no worker in the middle of a slow step body"
