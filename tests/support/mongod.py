@@ -116,7 +116,11 @@ class MongodNode:
         return self.proc.pid
 
     def start(self) -> None:
-        """Start (or restart, on the same port and data) this node's process."""
+        """Start (or restart, on the same port and data) this node's process.
+
+        Call it from a thread that outlives the node: Linux ties ``PR_SET_PDEATHSIG`` to the
+        thread that forked the child, so a node restarted from a short-lived thread is sent
+        SIGTERM when that thread ends."""
         (self.dir / "db").mkdir(exist_ok=True)
         self.proc = subprocess.Popen(
             [self.binary, "--dbpath", str(self.dir / "db"), "--port", str(self.port),
