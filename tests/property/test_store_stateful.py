@@ -182,6 +182,8 @@ def mongod_factory(mongo_server: Any) -> Iterator[Callable[[], WorkflowStore]]:
     client.close()  # type: ignore[attr-defined]
 
 
+# A failing case is shrunk before it is reported: on mongod that took two minutes.
+@pytest.mark.timeout(3600 if LONG else 900)
 @pytest.mark.parametrize("kind", ["memory", "mongod"])
 def test_store_and_claim_layer_under_every_interleaving(kind: str,
                                                         request: pytest.FixtureRequest) -> None:
