@@ -9,7 +9,9 @@ orchestrator messages of a fan-out are a figure, not a guess.
 Modes: ``pikku`` (``continue_in_place``, the default), ``pikku-messages`` (a message per
 settle), ``chord`` (``chord(group)(join)``: with the MongoDB backend Celery joins by
 polling with ``celery.chord_unlock``), ``group`` (``group(...)`` and ``GroupResult.join``
-in the client). Each measurement has fresh workers, queue, key prefix and database.
+in the client). Each measurement has fresh workers, queue, key prefix and database. The
+MongoDB is a real ``mongod`` single-node replica set unless ``PIKKU_MONGO_URL`` says
+otherwise; the last line printed names it (``benchmarks.target``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.target import describe
 from benchmarks.throughput import BROKERS, forget, mode_env, start_workers, wait_ready
 from example_project.stack import Stack
 
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     modes = args.modes.split(",")
     found: dict[tuple[str, int], list[tuple[float, dict[str, int]]]] = {}
     with Stack() as stack:
+        mongo = describe(stack.mongo_url)
         env: dict[str, Any] = {**os.environ, "BENCH_REDIS": stack.redis_url,
                                "BENCH_BROKER": BROKERS[args.broker] or stack.redis_url}
         for r in range(args.rounds):
@@ -114,6 +118,13 @@ def main(argv: list[str] | None = None) -> None:
             shown = ", ".join(f"{k.replace('bench.', '')} {v}" for k, v in sorted(
                 counts.items()) if "bench.step" not in k and "plain_noop" not in k)
             print(f"  N={size:<5} {mode:<15} {seconds:7.2f} s  {ratio}  {shown}")
+            if base and mode != "chord":
+                # Each round measured every mode of a size back to back.
+                each = " ".join(f"x{s / c:4.2f}" for (s, _), (c, _) in zip(
+                    found[(mode, size)], found[("chord", size)], strict=True))
+                print(f"          {mode} of chord, round by round: {each}")
+    print(f"  on {mongo}; load average at the end "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.target import describe
 from benchmarks.throughput import BROKERS, forget, mode_env
 from example_project.stack import Stack
 
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     found: dict[tuple[str, str], list[tuple[float, float]]] = {}
     with Stack() as stack:
+        mongo = describe(stack.mongo_url)
         base: dict[str, Any] = {**os.environ, "BENCH_REDIS": stack.redis_url,
                                 "BENCH_BROKER": BROKERS["redis"] or stack.redis_url}
         for r in range(args.rounds):
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
                     finally:
                         forget(env)
     print(f"memory of one worker after some work, -c {args.concurrency}, {args.rounds} "
-          "rounds (median MB: RSS of the process tree, PSS)")
+          f"rounds (median MB: RSS of the process tree, PSS), on {mongo}")
     for pool in POOLS:
         rss = {k: statistics.median(r for r, _ in found[(k, pool)]) for k in KINDS}
         pss = {k: statistics.median(p for _, p in found[(k, pool)]) for k in KINDS}

@@ -5,7 +5,9 @@ documents and bytes returned per step.
 One process plays worker and orchestrator (as ``benchmarks.step_cost`` does): a queue stands
 in for the broker and delivers every message to the engine call its Celery task would make,
 so the figures are the engine's, MongoDB's and Redis's, without a broker's or a pool's. With
-``continue_in_place`` (the default) each step's worker replays the run after the step.
+``continue_in_place`` (the default) each step's worker replays the run after the step. The
+store is the one users get (majority writes and reads) on the MongoDB of
+``benchmarks.target`` (a real ``mongod`` single-node replica set unless ``PIKKU_MONGO_URL``).
 
 The sizes are measured interleaved (``--rounds`` rounds, each running every size once) and
 reported as medians; the ratio of a size's time per step to the smallest's is the figure
@@ -27,9 +29,10 @@ from typing import Any
 
 from celery import Celery
 
+from benchmarks.target import counting_store, describe
 from example_project.stack import Stack
-from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService
-from tests.support.counting import CountingRedis, counting_mongo
+from pikku_celery import PikkuCelery, RedisLeaseService
+from tests.support.counting import CountingRedis, MongoCommands
 
 
 class Broker:
@@ -51,10 +54,11 @@ class Broker:
 
 def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool
             ) -> dict[str, float]:
-    client, mongo = counting_mongo(mongo_url)
+    mongo = MongoCommands()
+    store = counting_store(mongo_url, f"pikku_scale_{uuid.uuid4().hex[:8]}", [mongo])
+    client = store.db.client
     redis_client = CountingRedis.from_url(redis_url)
     prefix = f"pikku-scale-{uuid.uuid4().hex[:8]}"
-    store = MongoWorkflowStore(client[f"pikku_scale_{uuid.uuid4().hex[:8]}"])
     pikku = PikkuCelery(Celery("scale", broker="memory://"), store=store,
                         leases=RedisLeaseService(redis_client, key_prefix=prefix),
                         continue_in_place=in_place, worker_reaper=False)
@@ -107,12 +111,14 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(n) for n in args.sizes.split(",")] + ([10_000] if args.huge else [])
     found: dict[int, list[dict[str, float]]] = {n: [] for n in sizes}
     with Stack() as stack:
+        mongo = describe(stack.mongo_url)
         for r in range(args.rounds):
             for n in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
                 found[n].append(one_run(n, stack.redis_url, stack.mongo_url,
                                         in_place=not args.messages))
     mode = "messages" if args.messages else "continue_in_place"
-    print(f"scaling: one run of N sequential steps ({mode}), {args.rounds} rounds, medians")
+    print(f"scaling: one run of N sequential steps ({mode}), {args.rounds} rounds, medians, "
+          f"on {mongo}")
     base = statistics.median(f["ms_per_step"] for f in found[sizes[0]])
     for n in sizes:
         ms = statistics.median(f["ms_per_step"] for f in found[n])

@@ -7,8 +7,12 @@ Counts, not seconds: they are the same on any machine. One process plays every p
 queue stands in for the broker and delivers each message the engine publishes, in order,
 to the engine call its Celery task would make (a step message to ``execute_step``, an
 orchestrator message to ``advance`` with the step it names). Starting the run is not
-counted. Runs against the MongoDB in ``PIKKU_MONGO_URL`` or the nx-27017 stand-in, and
-Redis from ``PIKKU_REDIS_URL`` or 127.0.0.1:6379 (see example_project/stack.py).
+counted. The store is the one users get (``MongoWorkflowStore.from_url``: majority writes
+with a 10 s ``wtimeout``, majority reads). Runs against the MongoDB in ``PIKKU_MONGO_URL``,
+else a real ``mongod`` started as a single-node replica set, and Redis from
+``PIKKU_REDIS_URL`` or 127.0.0.1:6379 (``example_project/stack.py``); the first line printed
+names the MongoDB measured (``benchmarks.target``). Not nx-27017: it refuses the store's
+sweep indexes (they end in ``_id``), and its counts were never a server's.
 
     python -m benchmarks.step_cost [--steps 20] [--fanout 100]
 """
@@ -24,10 +28,11 @@ from typing import Any
 
 from celery import Celery
 
+from benchmarks.target import counting_store, describe
 from example_project.stack import Stack
-from pikku_celery import MongoWorkflowStore, PikkuCelery, RedisLeaseService
+from pikku_celery import PikkuCelery, RedisLeaseService
 from pikku_celery.errors import LeaseTakenError
-from tests.support.counting import CountingRedis, MongoCommands, counting_mongo
+from tests.support.counting import CountingRedis, MongoCommands
 
 SIDES = ("worker", "orchestrator")
 
@@ -81,10 +86,11 @@ def measure(shape: str, steps: int, redis_url: str, mongo_url: str, *,
             in_place: bool) -> Result:
     """One run of ``steps`` no-op steps, ``sequential`` (one after another) or ``fanout``
     (all gathered at once), every message delivered and counted."""
-    client, mongo = counting_mongo(mongo_url)
+    mongo = MongoCommands()
+    store = counting_store(mongo_url, f"pikku_bench_{uuid.uuid4().hex[:8]}", [mongo])
+    client = store.db.client
     redis_client = CountingRedis.from_url(redis_url)
     prefix = f"pikku-bench-{uuid.uuid4().hex[:8]}"
-    store = MongoWorkflowStore(client[f"pikku_bench_{uuid.uuid4().hex[:8]}"])
     pikku = PikkuCelery(Celery("bench", broker="memory://"), store=store,
                         leases=RedisLeaseService(redis_client, key_prefix=prefix),
                         continue_in_place=in_place, worker_reaper=False)
@@ -174,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fanout", type=int, default=100, help="calls in the gather")
     args = parser.parse_args(argv)
     with Stack() as stack:
+        print(f"step_cost on {describe(stack.mongo_url)}\n")
         for shape, n in (("sequential", args.steps), ("fanout", args.fanout)):
             for in_place in (True, False):
                 print(report(measure(shape, n, stack.redis_url, stack.mongo_url,

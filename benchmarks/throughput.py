@@ -18,6 +18,10 @@ Modes (each measured with two fresh workers, threads pool 2 x 8, in a fresh proc
                     settle).
 
 Each measurement deletes what it left in Redis, its queue on RabbitMQ and its database.
+The MongoDB is a real ``mongod`` single-node replica set unless ``PIKKU_MONGO_URL`` says
+otherwise (``benchmarks.target``; the last line printed names it). On MongoDB 5.0 and later
+a replica set's default write concern is ``majority``, so Celery's MongoDB result backend
+(which sets none) writes with ``majority`` too, as pikku's store does by default.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from benchmarks.target import database_url, describe
 from example_project.stack import Stack
 
 BROKERS = {"redis": None, "amqp": "amqp://guest:guest@127.0.0.1:5672//"}
@@ -62,7 +67,7 @@ def mode_env(env: dict[str, Any], mode: str, mongo_base: str) -> dict[str, str]:
     """The environment of one measurement: its own queue, key prefix and database."""
     tag = uuid.uuid4().hex[:8]
     database = f"bench_{tag}"
-    mongo = mongo_base.replace("/pikku_demo", f"/{database}")
+    mongo = database_url(mongo_base, database)
     backend = {"plain": env["BENCH_REDIS"], "chain": mongo}.get(mode, "")
     return {**env, "BENCH_IN_PLACE": "0" if mode == "pikku-messages" else "1",
             "BENCH_QUEUE": f"bench-{tag}", "BENCH_PREFIX": f"bench-{tag}",
@@ -164,7 +169,18 @@ def report(broker: str, tasks: int, steps: int, rates: dict[str, list[float]]) -
         spread = f"{min(rates[mode]):.0f}-{max(rates[mode]):.0f}"
         ratio = f"x{median / base:4.2f} of chain" if "chain" in medians else ""
         lines.append(f"  {mode:<15} {median:7.1f} {unit}/s ({spread})  {ratio}")
+    if "chain" in rates:
+        # Round r measured every mode back to back: its own ratios drift least with the load.
+        for mode in rates:
+            if mode != "chain":
+                each = " ".join(f"x{a / b:4.2f}" for a, b in zip(rates[mode], rates["chain"],
+                                                                 strict=True))
+                lines.append(f"  {mode:<15} of chain, round by round: {each}")
     return "\n".join(lines)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,9 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     with Stack() as stack:
         env: dict[str, Any] = {**os.environ, "BENCH_REDIS": stack.redis_url,
                                "BENCH_BROKER": BROKERS[args.broker] or stack.redis_url}
+        mongo = describe(stack.mongo_url)
         rates = interleaved(env, stack.mongo_url, args.modes.split(","), args.rounds,
                             args.tasks, args.steps)
     print(report(args.broker, args.tasks, args.steps, rates))
+    print(f"  on {mongo}; load average at the end {_load()}")
 
 
 if __name__ == "__main__":
