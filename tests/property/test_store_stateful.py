@@ -95,12 +95,34 @@ class StoreMachine(RuleBasedStateMachine):
         self.w.claim(w, name, between=between)
 
     @precondition(lambda self: self.world is not None and bool(self.world.lapsed()))
-    @rule(w=workers, between=st.sampled_from(["beat", "succeed", "fail", None, "cancel"]))
+    @rule(w=workers, between=st.sampled_from(["beat", "succeed", "beat", "fail", None,
+                                              "cancel"]))
     def redeliver_lapsed(self, w: int, between: str | None) -> None:
-        """The reaper's re-dispatch of a step whose lease lapsed, delivered to worker
-        ``w``, with the step's own (stale, maybe still alive) worker renewing or settling
-        inside the reclaim's window, or a cancel or an end landing there."""
-        self.w.claim(w, self.w.lapsed()[0], between=between)
+        """The reaper's re-dispatch of a step whose lease lapsed, delivered to a worker
+        with nothing in hand (``w`` or the next such), with the step's own (stale, maybe
+        still alive) worker renewing or settling inside the reclaim's window, or a cancel
+        landing there."""
+        world = self.w
+        idle = [i % WORKERS for i in range(w, w + WORKERS)
+                if world.workers[i % WORKERS].held is None]
+        if idle:
+            world.claim(idle[0], world.lapsed()[0], between=between)
+
+    # Hypothesis picks among rules uniformly: claims, the clock and re-deliveries get a
+    # second rule each, so that runs are not mostly ended before their steps are claimed.
+    @rule(w=workers, name=names, between=window_ops)
+    def claim_again(self, w: int, name: str, between: str | None) -> None:
+        self.claim(w, name, between)
+
+    @rule(ms=ticks)
+    def tick_again(self, ms: int) -> None:
+        self.w.tick(ms)
+
+    @precondition(lambda self: self.world is not None and bool(self.world.lapsed()))
+    @rule(w=workers, between=st.sampled_from(["beat", "succeed", "beat", "fail", None,
+                                              "cancel"]))
+    def redeliver_lapsed_again(self, w: int, between: str | None) -> None:
+        self.redeliver_lapsed(w, between)
 
     @rule(w=workers)
     def beat(self, w: int) -> None:
@@ -123,17 +145,22 @@ class StoreMachine(RuleBasedStateMachine):
     # same way), a pass recording a late step, a pass starting a child run in two halves
     # (the parked step, then the run), a reaper sweep.
 
-    @rule()
-    def cancel_begin(self) -> None:
-        self.w.cancel_begin()
+    # Ending the run is made rarer (``now`` drawn true one time in three): an ended run
+    # refuses every claim, and most examples would otherwise end before any lease lapsed.
+    @rule(now=st.sampled_from([False, True, False]))
+    def cancel_begin(self, now: bool) -> None:
+        if now:
+            self.w.cancel_begin()
 
     @rule()
     def cancel_finish(self) -> None:
         self.w.cancel_finish()
 
-    @rule(status=st.sampled_from(["completed", "failed"]))
-    def finish(self, status: str) -> None:
-        self.w.finish(status)
+    @rule(status=st.sampled_from(["completed", "failed"]),
+          now=st.sampled_from([False, True, False]))
+    def finish(self, status: str, now: bool) -> None:
+        if now:
+            self.w.finish(status)
 
     @rule()
     def record_late_step(self) -> None:
