@@ -50,6 +50,22 @@ def test_a_claim_between_the_cancels_read_and_its_writes_runs_no_body(world: Wor
     assert step.error is not None and step.error["type"] == "WorkflowCancelledError"
 
 
+def test_a_claim_between_a_finished_runs_fence_read_and_writes_runs_no_body(
+        world: World) -> None:
+    """Shrunk on bc6f539 by the CI profile (mongod): ``record_child_step;
+    finish(completed); claim(w0, 'a')``: the same window for the leftovers a completed run
+    fences (``Engine.fence_leftovers``)."""
+    world.record_child_step()
+    world.finish("completed")
+    world.claim(0, "a")
+    assert world.workers[0].held is None
+    world.cancel_finish()
+    world.check()
+    step = world.step("a")
+    assert step.status == "failed" and step.error is not None
+    assert step.error["type"] == "WorkflowRunEnded"
+
+
 def test_a_child_started_across_its_parents_cancel_is_cancelled(world: World) -> None:
     """Shrunk on bc6f539 (memory): ``record_child_step; cancel_begin; create_child``: the
     cancel found the parked step but no child run yet, and the child created after it ran
