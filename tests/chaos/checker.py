@@ -277,6 +277,13 @@ def _check_oversized(run_id: str, big: list[Doc], report: Report) -> None:
                                  f"after attempts {retried} failed with it")
 
 
+def _needed_compensation(raw: list[Doc]) -> bool:
+    """Only the last step ('ship') has a compensation: it is owed when that step failed for
+    good (its fatal error, or every attempt lost its worker), not when the run failed
+    earlier because another step lost its worker on every attempt and 'ship' never ran."""
+    return any(d["step_name"] == "ship" and d["status"] == "failed" for d in raw)
+
+
 def _expected_status(spec: dict[str, Any]) -> str:
     kind = spec.get("kind", "order")
     if kind == "order":
@@ -470,7 +477,7 @@ def _check_compensation(run: Any, spec: dict[str, Any], raw: list[Doc],
     report.compensation_executions += executed
     recorded = sum(d["status"] == "succeeded" for d in comp)
     report.compensations_recorded += recorded
-    if run.status == "failed" and spec.get("fatal") and recorded != 1:
+    if run.status == "failed" and _needed_compensation(raw) and recorded != 1:
         report.violations.append(f"run {run.run_id}: compensation recorded {recorded} times")
     if not spec.get("fatal") and executed:
         report.violations.append(f"run {run.run_id}: compensation ran for a healthy order")

@@ -231,3 +231,30 @@ def test_an_oversized_outcome_fails_for_good_after_attempts_lost_to_faults_only(
     _check_oversized("r", [_big({"1": too_big}, status="running")], report)
     assert any("must fail its attempt for good" in v for v in report.violations)
 
+
+
+def _compensation_report(steps: list[dict[str, Any]], *, recorded: int) -> Report:
+    from tests.chaos.checker import _check_compensation
+
+    raw = [*steps, *({"step_name": "ship:on_error", "status": "succeeded"}
+                     for _ in range(recorded))]
+    report = Report()
+    run = SimpleNamespace(run_id="r", status="failed")
+    _check_compensation(run, {"order": 1, "fatal": True}, raw, [], report)
+    return report
+
+
+def test_a_failed_ship_step_owes_exactly_one_compensation() -> None:
+    ship_failed = [{"step_name": "reserve", "status": "succeeded"},
+                   {"step_name": "ship", "status": "failed"}]
+    assert _compensation_report(ship_failed, recorded=1).violations == []
+    assert _compensation_report(ship_failed, recorded=0).violations == [
+        "run r: compensation recorded 0 times"]
+
+
+def test_a_run_failed_before_ship_owes_no_compensation() -> None:
+    # A fatal order whose 'charge' lost its worker on every attempt fails before 'ship'
+    # runs: nothing is compensated (found by the short profile on the replica set).
+    exhausted_early = [{"step_name": "reserve", "status": "succeeded"},
+                       {"step_name": "charge", "status": "failed"}]
+    assert _compensation_report(exhausted_early, recorded=0).violations == []
