@@ -21,7 +21,8 @@ setting                                   default
 ``pikku_server_selection_timeout``        5 s (``MongoWorkflowStore.from_url``)
 ``pikku_write_concern``                   ``"majority"``, ``wtimeout`` 10 s, per option
                                           unless the URL sets it (``w``, ``wtimeoutMS``)
-``pikku_read_concern``                    ``"majority"`` unless the URL sets it
+``pikku_read_concern``                    ``"majority"`` (``"local"`` when writes are not
+                                          majority) unless the URL sets it
 ``pikku_step_lease``                      60 s
 ``pikku_run_lease``                       30 s
 ``pikku_reaper_interval``                 half the step lease

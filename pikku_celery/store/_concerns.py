@@ -152,6 +152,15 @@ def deadline(seconds: float) -> Iterator[None]:
         yield
 
 
+def default_read_concern(writes: WriteConcern) -> str:
+    """``majority`` reads go with ``majority`` writes only. With ``w=1`` a write is
+    acknowledged before the majority commit point covers it, so a majority read in another
+    process can miss a run just started (its first pass found no run and dropped the
+    message, leaving the run to the stalled-run sweep): such a store reads ``local``."""
+    w = writes.document.get("w", "majority")
+    return DEFAULT_READ_CONCERN if w == "majority" else "local"
+
+
 def read_concern(value: ReadConcernLike) -> ReadConcern:
     """A ``ReadConcern`` from one or from its level (``local``, ``majority`` or
     ``linearizable``)."""

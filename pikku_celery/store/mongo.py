@@ -166,7 +166,8 @@ class MongoWorkflowStore:
         store. Each write concern option comes from ``write_concern``, else the URL or
         ``client_options`` (``w=``, ``wtimeoutMS=``, ``journal=``), else the default
         ``w="majority"`` with a ``wtimeout`` of 10 s (none for ``w=1``); the read concern
-        is ``majority`` unless given or set by the URL (``readConcernLevel=``). Why:
+        is ``majority`` with majority writes, ``local`` with any other ``w``, unless given or
+        set by the URL (``readConcernLevel=``). Why:
         ``pikku_celery.store._concerns``. Other keyword arguments go to ``MongoClient``."""
         # connect=False: no connection and no monitor thread until first use, so a store
         # built in a Celery app module is safe across the prefork pool's fork.
@@ -179,8 +180,6 @@ class MongoWorkflowStore:
                                    else server_selection_timeout,
                                    what="server_selection_timeout")
             options["serverSelectionTimeoutMS"] = max(1, round(timeout_s * 1000))
-        if read_concern is None and "readconcernlevel" not in given:
-            read_concern = _concerns.DEFAULT_READ_CONCERN
         # Checked before a client exists: a bad setting makes none.
         if write_concern is not None:
             _concerns.write_concern(write_concern)
@@ -191,6 +190,8 @@ class MongoWorkflowStore:
         except ValueError:
             client.close()
             raise
+        if read_concern is None and "readconcernlevel" not in given:
+            reads = _concerns.read_concern(_concerns.default_read_concern(writes))
         return cls(client.get_default_database(default=keys.DEFAULT_DATABASE,
                                                write_concern=writes, read_concern=reads))
 

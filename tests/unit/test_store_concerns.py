@@ -82,6 +82,22 @@ def test_a_given_read_concern_is_on_every_collection(level: str) -> None:
         assert concerns(store) == pair(MAJORITY, ReadConcern(level))
 
 
+@pytest.mark.parametrize(("url_w", "setting"), [("?w=1", None), ("", 1), ("", {"w": 2})])
+def test_writes_not_majority_read_local_unless_told(url_w: str, setting: Any) -> None:
+    """Majority reads go with majority writes only: with ``w=1`` a worker's majority read
+    could miss a run another process had just started (found by the benchmarks: the
+    first pass dropped its message as for an unknown run). A read concern given or in the
+    URL still wins."""
+    store = MongoWorkflowStore.from_url(NOWHERE + url_w, write_concern=setting)
+    assert {read for _, read in concerns(store)} == {"local"}
+    told = MongoWorkflowStore.from_url(NOWHERE + url_w, write_concern=setting,
+                                       read_concern="majority")
+    assert {read for _, read in concerns(told)} == {"majority"}
+    query = (url_w + "&" if url_w else "?") + "readConcernLevel=majority"
+    in_url = MongoWorkflowStore.from_url(NOWHERE + query, write_concern=setting)
+    assert {read for _, read in concerns(in_url)} == {"majority"}
+
+
 def test_concerns_in_the_url_or_client_options_are_kept() -> None:
     """A URL (or client options) that sets them is the user's choice: no default overrides
     it, and an explicit argument still wins over both."""
@@ -101,8 +117,8 @@ def test_each_write_concern_option_comes_from_the_setting_else_the_url_else_the_
     """The URL's ``wtimeoutMS`` (or ``journal``) is kept under a ``w`` given as a setting;
     a ``wtimeout`` given as a setting wins over the URL's."""
     url = NOWHERE + "?w=2&wtimeoutMS=2500&journal=true"
-    assert concerns(MongoWorkflowStore.from_url(url)) == pair(
-        WriteConcern(w=2, wtimeout=2500, j=True), ReadConcern("majority"))
+    assert concerns(MongoWorkflowStore.from_url(url)) == pair(  # not majority: local reads
+        WriteConcern(w=2, wtimeout=2500, j=True), ReadConcern("local"))
     assert concerns(MongoWorkflowStore.from_url(url, write_concern="majority")) == pair(
         WriteConcern(w="majority", wtimeout=2500, j=True), ReadConcern("majority"))
     assert concerns(MongoWorkflowStore.from_url(
