@@ -47,11 +47,21 @@ app.conf.update(
 
 
 class ChaosStore(MongoWorkflowStore):
-    """The MongoDB store, with one injected fault: the first try to create a child run whose
-    input asks for it fails as a dropped connection does (issue 8, item 2: the parent's
-    step is recorded, its child is not, and only the reaper can notice)."""
+    """The MongoDB store, with two injected faults on creating a child run whose input asks
+    for them: the first try fails as a dropped connection does (issue 8, item 2: the
+    parent's step is recorded, its child is not, and only the reaper can notice); or the
+    first try pauses before it writes, with a ledger line, so the harness can cancel the
+    parent while its pass sits between recording the child's step and creating the child
+    (issue 21: the child must end cancelled and run no step)."""
 
     def create_run(self, run: NewRun, now_ms: int) -> Any:
+        pause_s = isinstance(run.input, dict) and run.input.get("pause_create_s")
+        if run.parent_run_id is not None and pause_s and _once(f"child-create-paused-"
+                                                               f"{run.run_id}"):
+            ledger("child_creating", None, run=run.parent_run_id, child=run.run_id,
+                   seconds=pause_s)
+            time.sleep(float(pause_s))
+            ledger("child_create_resumed", None, run=run.parent_run_id, child=run.run_id)
         wants = isinstance(run.input, dict) and run.input.get("fail_create_once")
         if run.parent_run_id is not None and wants:
             marker = os.path.join(LEDGER_DIR, f"child-create-failed-{run.run_id}")
@@ -63,6 +73,16 @@ class ChaosStore(MongoWorkflowStore):
                 ledger("child_create_failed", None, run=run.parent_run_id, child=run.run_id)
                 raise AutoReconnect("chaos: connection lost while creating a child run")
         return super().create_run(run, now_ms)
+
+
+def _once(name: str) -> bool:
+    """True the first time ``name`` is asked for, across every process (O_EXCL decides)."""
+    try:
+        os.close(os.open(os.path.join(LEDGER_DIR, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                         0o644))
+    except FileExistsError:
+        return False
+    return True
 
 
 pikku = PikkuCelery(
@@ -187,10 +207,13 @@ def invoice(wf: WorkflowContext, spec: dict[str, Any]) -> Any:
 
 @pikku.workflow("chaos.parent")
 def parent(wf: WorkflowContext, spec: dict[str, Any]) -> Any:
-    """A child run as one step; ``fail_child_create`` makes its first creation fail."""
-    child_input = {"order": spec.get("order", -1)}
+    """A child run as one step; ``fail_child_create`` makes its first creation fail,
+    ``pause_child_create_s`` pauses it (the pass holds the run meanwhile)."""
+    child_input: dict[str, Any] = {"order": spec.get("order", -1)}
     if spec.get("fail_child_create"):
         child_input["fail_create_once"] = True
+    if spec.get("pause_child_create_s"):
+        child_input["pause_create_s"] = spec["pause_child_create_s"]
     return {"invoice": wf.child("invoice", "chaos.invoice", child_input)}
 
 

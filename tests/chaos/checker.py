@@ -20,7 +20,13 @@ What must hold:
   refused: a ``WorkflowStepSupersededError`` line names its run, step and attempt, unless a
   fault killed it before it could write;
 * no attempt ran twice; compensation recorded once per run that needed it; recovery after
-  kills within bounds.
+  kills within bounds;
+* no step of an ended run records an outcome of its own body (succeeded, or failed by its
+  body) after the run ended, except in the window docs/reliability.md leaves: a body
+  already running (claimed before the end) that settles before its step's fence, which
+  the ender writes within its own round trips (``ENDED_WINDOW_MS``, plus any MongoDB fault
+  in between); and no claim made after the run ended runs its body;
+* a cancelled run's children are cancelled (or had ended before the cancel reached them).
 
 It also checks that the run exercised what it claims to: late writes refused, pauses
 applied, a stale write that landed while the newer attempt still ran.
@@ -49,6 +55,15 @@ PID_FAULTS = ("kill_worker", "kill_child", "kill_orchestrator", "pause_worker", 
 MONGO_FAULTS = ("restart_mongo", "kill_primary", "step_down_primary", "stall_primary")
 RESTART_FAULTS = ("restart_redis", *MONGO_FAULTS)
 WINDOW_SLACK_MS = 1_500
+# The window docs/reliability.md leaves open ("a body already running when its run ends"):
+# a settle landing between the run's end write and its step's fence, which the ender
+# writes next (``Engine.cancel``/``finish``: a Redis mark, a read of the steps, a guarded
+# write each). The bound is those round trips on a loaded machine; a MongoDB fault in
+# between adds its length. Time stamps are taken before each write, on the writer's clock
+# (put back on the shared one with the writer's skew, from its ledger lines): a write taken
+# before another may land after it by a scheduling delay, hence CLOCK_SLACK_MS.
+ENDED_WINDOW_MS = 5_000
+CLOCK_SLACK_MS = 1_500
 REFUSED = re.compile(r"WorkflowStepSupersededError: step '(?P<step>.+?)' of run "
                      r"(?P<run>\S+?): attempt (?P<attempt>\d+) was")
 
@@ -86,6 +101,11 @@ class Report:
     settle_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     rollbacks: int = 0  # rollbacks the mongod nodes logged, and the operations reverted
     rolled_back: Counter[str] = field(default_factory=Counter)
+    # outcomes of ended runs' steps settled after the run's end inside the documented
+    # window: how long after the end (ms); claims after the end (fenced by themselves)
+    settled_after_end_ms: list[int] = field(default_factory=list)
+    ended_runs_checked: int = 0
+    children_of_cancelled: Counter[str] = field(default_factory=Counter)  # by child status
 
     def recovery_summary(self, values: list[float] | None = None) -> str:
         values = sorted(self.recovery_s if values is None else values)
@@ -123,6 +143,14 @@ class Report:
             *(f"after {kind}: writable primary {self.recovery_summary(self.primary_s[kind])}; "
               f"next step settled {self.recovery_summary(self.settle_s[kind])}"
               for kind in MONGO_FAULTS if self.faults[kind]),
+            f"outcomes recorded after their run ended {len(self.settled_after_end_ms)} "
+            f"of {self.ended_runs_checked} ended runs (each a body claimed before the end, "
+            f"settled within the documented window"
+            + (f", at most {max(self.settled_after_end_ms)} ms after the end)"
+               if self.settled_after_end_ms else ")"),
+            "children of cancelled runs: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.children_of_cancelled.items()))
+               or "none"),
             f"mongod rollbacks {self.rollbacks} (unacknowledged operations undone: "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.rolled_back.items())) or "none")
             + ")",
@@ -143,13 +171,28 @@ class Evidence:
     alive_pids: set[int]  # processes alive when the run was checked
     wall_offset_s: float  # epoch seconds minus monotonic seconds, in the driver
     bodies: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by invocation
+    # pid -> how far its wall clock is ahead of the driver's (ms), from its ledger lines
+    # (``wall`` is the process's own clock, ``t`` the system-wide monotonic one)
+    skew_ms: dict[int, int] = field(default_factory=dict)
+    # run id -> the driver's wall clock (epoch ms) just before and after it cancelled it
+    cancels: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         by_invocation: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        skews: dict[int, list[float]] = defaultdict(list)
         for entry in self.ledger:
             if "invocation" in entry:
                 by_invocation[entry["invocation"]].append(entry)
+            if "wall" in entry:
+                skews[entry["pid"]].append(entry["wall"] - entry["t"] - self.wall_offset_s)
         self.bodies = dict(by_invocation)
+        self.skew_ms = {pid: int(statistics.median(v) * 1000) for pid, v in skews.items()}
+
+    def shared_ms(self, at_ms: int | None, worker: str | None) -> int | None:
+        """``at_ms`` written on ``worker``'s clock, on the driver's."""
+        if at_ms is None:
+            return None
+        return at_ms - self.skew_ms.get(_pid(worker) or -1, 0)
 
 
 def load_raw(db: Any, run_ids: Iterable[str]) -> tuple[dict[str, list[Doc]],
@@ -176,18 +219,21 @@ def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
           ledger: list[dict[str, Any]], faults: list[FaultEvent], logs: list[str],
           recovery_bound_s: float, pass_bound_s: float, *, alive_pids: set[int],
           wall_offset_s: float, not_applied: list[str] | None = None,
-          require_fence: bool = False) -> Report:
+          require_fence: bool = False,
+          cancel_times: dict[str, tuple[int, int]] | None = None) -> Report:
     report = Report(runs=len(specs), executions=sum(e["event"] == "start" for e in ledger))
     report.faults_not_applied = list(not_applied or [])
-    steps, history = load_raw(pikku.engine.store.db, specs)
+    db = pikku.engine.store.db
+    steps, history = load_raw(db, specs)
     evidence = Evidence(steps, history, ledger, refused_writes(logs), faults, alive_pids,
-                        wall_offset_s)
+                        wall_offset_s, cancels=dict(cancel_times or {}))
     by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry in ledger:
         if "run" in entry:
             by_run[entry["run"]].append(entry)
     for run_id, spec in specs.items():
         _check_run(pikku, run_id, spec, run_id in cancelled, by_run[run_id], evidence, report)
+    _check_ended_runs(db, specs, evidence, report)
     _ran_twice(ledger, report)
     _recovery(ledger, faults, recovery_bound_s, report)
     _pass_recovery(ledger, faults, pass_bound_s, report)
@@ -460,6 +506,142 @@ def _recorded_by(entry: Doc | None, body: dict[str, Any]) -> bool:
         error_type not in (LEASE_EXPIRED, *CANCEL_ERRORS))
     return entry["status"] == "failed" and own_failure and _pid(entry.get("worker")) == body[
         "pid"]
+
+
+# --- ended runs ------------------------------------------------------------------------------
+
+
+def _run_docs(db: Any, run_ids: Iterable[str]) -> dict[str, Doc]:
+    ids = list(run_ids)
+    docs: dict[str, Doc] = {}
+    for start in range(0, len(ids), 200):
+        for doc in db[keys.RUNS].find({"_id": {"$in": ids[start:start + 200]}},
+                                      {"input": 0, "output": 0, "state": 0}):
+            docs[doc["_id"]] = doc
+    return docs
+
+
+def _check_ended_runs(db: Any, specs: dict[str, dict[str, Any]], ev: Evidence,
+                      report: Report) -> None:
+    """Every ended run of ``specs`` and every child run of theirs: no outcome recorded
+    after the end beyond the documented window, no claim after the end running its body.
+    A cancelled run's child must have ended, and is held to its parent's end: it ended
+    cancelled, or it had finished its steps before the cancel."""
+    runs = _run_docs(db, specs)
+    children = {doc["child_run_id"]: run_id for run_id in runs
+                for doc in ev.steps.get(run_id, []) if doc.get("child_run_id")}
+    child_ids = [c for c in children if c not in runs]
+    child_steps, child_history = load_raw(db, child_ids)
+    ev.steps.update(child_steps)
+    ev.history.update(child_history)
+    runs.update(_run_docs(db, child_ids))
+    ends = {run_id: _end_ms(doc, ev) for run_id, doc in runs.items()}
+    for child_id, parent_id in children.items():
+        parent, child = runs.get(parent_id), runs.get(child_id)
+        if parent is None or parent["status"] != "cancelled":
+            continue
+        if child is None:  # the cancel came between the child's step and its creation
+            _never_created(child_id, parent_id, ev, report)
+            continue
+        if child.get("parent_run_id") != parent_id:
+            continue  # a squatter under the child's id: not this parent's child
+        # A cancelled run's child is cancelled too: whatever status it ended with, it is
+        # held to its parent's end (no step of it records an outcome after that, beyond
+        # the window), and it must have ended.
+        report.children_of_cancelled[child["status"]] += 1
+        parent_end, child_end = ends[parent_id], ends[child_id]
+        if child_end is None:
+            report.violations.append(f"child run {child_id} of cancelled run {parent_id} is "
+                                     f"still {child['status']}")
+        elif parent_end is not None:
+            ends[child_id] = min(child_end, parent_end)
+    for run_id, doc in runs.items():
+        end = ends[run_id]
+        if end is not None:
+            report.ended_runs_checked += 1
+            _no_outcome_after_end(doc, end, ev, report)
+
+
+def _never_created(child_id: str, parent_id: str, ev: Evidence, report: Report) -> None:
+    """A cancelled run's child that does not exist: the cancel came before its creation and
+    no pass created it since (a pass of a cancelled run creates no child). When the chaos
+    app paused that creation (``child_creating``), the paused pass must have been stopped
+    by a fault: once it goes on, it writes the child (and cancels it)."""
+    paused = [e for e in ev.ledger if e["event"] == "child_creating"
+              and e.get("child") == child_id]
+    if not paused:
+        report.children_of_cancelled["never created"] += 1
+        return
+    at_ms = int((paused[0]["t"] + ev.wall_offset_s) * 1000)
+    why = _fault_reason(paused[0]["pid"], at_ms,
+                        at_ms + int(paused[0].get("seconds", 0) * 1000) + 10_000, ev)
+    if why is None:
+        report.violations.append(
+            f"child run {child_id} of cancelled run {parent_id} was never created, though "
+            f"the pass creating it (pid {paused[0]['pid']}, alive) was stopped by no fault")
+        return
+    report.children_of_cancelled[f"never created ({why} stopped its pass)"] += 1
+
+
+def _end_ms(run: Doc, ev: Evidence) -> int | None:
+    """When an ended run ended (epoch ms): the run's ``updated_ms``, written by the ender on
+    its clock; a later touch only moves it later (``$max``), which weakens the checks, never
+    flags a false violation. For a run the driver cancelled, no later than the moment its
+    ``cancel`` returned (its clock is the shared one)."""
+    if run["status"] not in ("completed", "failed", "cancelled"):
+        return None
+    end = int(run["updated_ms"])
+    cancel = ev.cancels.get(run["_id"])
+    if cancel is not None and run["status"] == "cancelled":
+        end = min(end, cancel[1])
+    return end
+
+
+def _slack_ms(ev: Evidence, from_ms: int, to_ms: int) -> int:
+    """CLOCK_SLACK_MS plus however long MongoDB faults lasted between the two moments: a
+    write stamped at one moment lands once a primary takes writes."""
+    outage = _mongo_outage_s(ev.faults, from_ms / 1000 - ev.wall_offset_s,
+                             to_ms / 1000 - ev.wall_offset_s)
+    return CLOCK_SLACK_MS + int((outage or 0.0) * 1000)
+
+
+def _own_outcome(entry: Doc) -> bool:
+    """Did this attempt record an outcome of its own body (not a fence, not a lost lease)?"""
+    if entry.get("status") == "succeeded":
+        return True
+    error_type = (entry.get("error") or {}).get("type")
+    return entry.get("status") == "failed" and error_type not in (LEASE_EXPIRED,
+                                                                  *CANCEL_ERRORS)
+
+
+def _no_outcome_after_end(run: Doc, end_ms: int, ev: Evidence, report: Report) -> None:
+    run_id = run["_id"]
+    for doc in ev.steps.get(run_id, []):
+        where = f"step {doc['step_name']!r} of {run['status']} run {run_id}"
+        for attempt, entry in sorted(ev.history.get(doc["_id"], {}).items()):
+            started = ev.shared_ms(entry.get("started_ms"), entry.get("worker"))
+            ran = any(e["event"] == "start" and e["attempt"] == attempt
+                      for e in ev.bodies.get(doc["_id"], []))
+            if started is not None and ran and started > end_ms + _slack_ms(ev, end_ms,
+                                                                              started):
+                report.violations.append(
+                    f"{where}: attempt {attempt} was claimed {started - end_ms} ms after the "
+                    "run ended and ran its body (a claim after the end must fence itself)")
+            settled = ev.shared_ms(entry.get("ended_ms"), entry.get("worker"))
+            if settled is None or not _own_outcome(entry) or settled <= end_ms:
+                continue
+            late = settled - end_ms
+            if started is not None and started > end_ms + _slack_ms(ev, end_ms, started):
+                report.violations.append(
+                    f"{where}: attempt {attempt}, claimed {started - end_ms} ms after the run "
+                    f"ended, recorded {entry['status']} {late} ms after the end")
+            elif late > ENDED_WINDOW_MS + _slack_ms(ev, end_ms, settled):
+                report.violations.append(
+                    f"{where}: attempt {attempt} recorded {entry['status']} {late} ms after "
+                    f"the run ended, past the documented window ({ENDED_WINDOW_MS} ms until "
+                    "its step's fence)")
+            else:
+                report.settled_after_end_ms.append(late)
 
 
 def _ran_twice(ledger: list[dict[str, Any]], report: Report) -> None:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pikku_celery import keys
 from tests.chaos.cluster import Cluster, Worker
 from tests.chaos.ledger import read_ledger
 
@@ -39,16 +40,25 @@ KINDS = {  # kind -> weight
     "oversized_result": 1,
     "child_create_error": 1,
     "colliding_run_ids": 1,
+    # Issue 21's cancel windows: a cancel landing while a step is being delivered (the
+    # claim's Dekker pair with the run's end), and while a pass creates a child run.
+    "cancel_racing_claim": 1,
+    "cancel_during_child": 1,
 }
 # Every profile applies these at least once (the first injections try them in turn): a
 # run that never paused a worker mid-step, say, proves nothing about the fence.
 REQUIRED = ("stale_write", "pause_worker", "oversized_result", "child_create_error",
-            "colliding_run_ids", "kill_primary", "step_down_primary", "stall_primary")
+            "colliding_run_ids", "kill_primary", "step_down_primary", "stall_primary",
+            "cancel_racing_claim", "cancel_during_child")
 OVERSIZED_MB = 8  # data and result each 8 MiB: each passes, together over 16 MiB
 MONGO_FAULTS = ("restart_mongo", "kill_primary", "step_down_primary", "stall_primary")
 STALE_WRITE_LEFT_S = 0.5  # the least sleep a slow body must have left to be paused
 STALL_S = (4.0, 7.0)  # a primary's SIGSTOP: past the 2 s election timeout and the election
 KILLED_PRIMARY_DOWN_S = (3.0, 8.0)  # after the new primary is elected
+CANCEL_RACE_DELAY_S = (0.0, 0.03)  # from sending a step's delivery to cancelling its run
+CHILD_PAUSE_S = (1.0, 2.0)  # a pass paused in creating a child run (run lease 3 s)
+CHILD_PAUSE_WAIT_S = 15.0  # how long the harness waits for the pass to reach that pause
+PENDING_WAIT_S = 2.0  # how long the harness polls for a step about to be claimed
 
 
 @dataclass
@@ -78,6 +88,9 @@ class FaultInjector:
         self.last_choice = ""
         self.not_applied: list[str] = []  # "<kind>: <why>" for every fault that did not land
         self.extra_specs: dict[str, dict[str, Any]] = {}  # runs the faults started
+        # Runs the faults cancelled, with the driver's wall clock (epoch ms) just before
+        # and just after ``cancel`` (the run's end and its steps' fence land in between).
+        self.cancelled: dict[str, tuple[int, int]] = {}
         self._required = list(REQUIRED)
         self._why = ""
         self._mongo_busy = threading.Event()  # a MongoDB fault is still healing
@@ -85,6 +98,7 @@ class FaultInjector:
         # SIGTERM when the *thread* that started it ends (PR_SET_PDEATHSIG), so a node
         # started from a short-lived healing thread died with it.
         self._node_starter = ThreadPoolExecutor(1, thread_name_prefix="chaos-mongod")
+        self.polls = 0  # the last cancel_racing_claim's reads of the store
 
     def inject(self, run_ids: list[str]) -> FaultEvent | None:
         """Apply one fault; one that cannot be applied is recorded in ``not_applied`` (and
@@ -454,3 +468,116 @@ class FaultInjector:
                                        "error": "WorkflowRunConflictError"}
         return FaultEvent("colliding_run_ids", time.monotonic(),
                           detail=f"{detail}; child id of {parent_id} taken first")
+
+    # --- issue 21: cancels timed to land inside a claim or a child's creation --------------
+
+    def _cancel(self, run_id: str, reason: str) -> None:
+        """Cancel as an application would: retried while MongoDB has no primary (a cancel
+        cut short has ended the run but maybe not fenced its steps; it is idempotent)."""
+        from pymongo.errors import ConnectionFailure
+
+        before = int(time.time() * 1000)
+        self.cancelled[run_id] = (before, 2**62)  # until it returns
+        give_up = time.monotonic() + 60
+        while True:
+            try:
+                self.pikku.cancel(run_id, reason)
+                break
+            except ConnectionFailure:
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.5)
+        self.cancelled[run_id] = (before, int(time.time() * 1000))
+
+    def _cancel_racing_claim(self, run_ids: list[str]) -> FaultEvent | None:
+        """Cancel a run while one of its steps is being delivered: a step just recorded
+        (``pending``), or one whose retry is due, gets a delivery of its own, and the
+        cancel follows within milliseconds, so the claim's write, its read of the run, the
+        run's end and the fence's read of the steps interleave (a claim between the fence's
+        read and its write used to run its body on the cancelled run). A step that is
+        running gets the delivery too (a duplicate whose claim is refused, or that reclaims
+        a lapsed lease). The checker then asserts that no step of the run recorded an
+        outcome after the run ended, beyond the documented window."""
+        step = self._step_to_deliver(run_ids)
+        if step is None:
+            self._why = "no live run with a step to deliver"
+            return None
+        run_id = step.run_id
+        self.app.tasks[step.function].apply_async((run_id, step.step_name))
+        delay = self.rng.uniform(*CANCEL_RACE_DELAY_S)
+        time.sleep(delay)
+        self._cancel(run_id, "chaos cancel racing a claim")
+        after = next((s for s in self.pikku.get_steps(run_id)
+                      if s.step_name == step.step_name), None)
+        return FaultEvent("cancel_racing_claim", time.monotonic(),
+                          detail=f"{run_id}:{step.step_name} was {step.status} (attempt "
+                          f"{step.attempt}), cancelled {delay * 1000:.0f} ms after its "
+                          f"delivery was sent; then {getattr(after, 'status', '?')} attempt "
+                          f"{getattr(after, 'attempt', '?')} ({self.polls} polls of "
+                          f"{len(run_ids)} live runs)")
+
+    def _step_to_deliver(self, run_ids: list[str]) -> Any:
+        """A step of a live run that a delivery is about to claim: one just recorded
+        (``pending``) or whose retry is due, polled for up to ``PENDING_WAIT_S`` (such a
+        step is claimed within milliseconds); else a running one (its delivery is a
+        duplicate, refused or reclaiming a lapsed lease)."""
+        from pikku_celery.keys import StepField as S
+
+        steps = self.pikku.engine.store.db[keys.STEPS]
+        live = {"run_id": {"$in": list(run_ids)}, "function": {"$regex": "^chaos\\."}}
+        give_up = time.monotonic() + PENDING_WAIT_S
+        self.polls = 0
+        while True:
+            self.polls += 1
+            found = list(steps.find({**live, "$or": [
+                {S.STATUS: "pending"}, {S.STATUS: "failed", S.DUE: {"$ne": None}}]},
+                {S.RUN: 1, S.NAME: 1}).limit(20))
+            if found or time.monotonic() > give_up:
+                break
+            time.sleep(0.01)
+        if not found:
+            found = list(steps.find({**live, S.STATUS: "running"}, {S.RUN: 1, S.NAME: 1})
+                         .limit(20))
+        for doc in self.rng.sample(found, len(found)):
+            step = next((s for s in self.pikku.get_steps(doc[S.RUN])
+                         if s.step_name == doc[S.NAME]), None)
+            run = self.pikku.get_run(doc[S.RUN])
+            if step is not None and step.function and not run.is_terminal:
+                return step
+        return None
+
+    def _cancel_during_child(self, run_ids: list[str]) -> FaultEvent | None:
+        """Cancel a parent while its pass sits between recording the child's step and
+        creating the child run (the chaos app's store pauses there, once, with a ledger
+        line): the cancel finds no child to cancel, so the pass must, after it creates the
+        child, read the parent and cancel the child. The checker asserts the child ended
+        cancelled and ran no step."""
+        pause_s = round(self.rng.uniform(*CHILD_PAUSE_S), 2)
+        run_id = self.pikku.start("chaos.parent", {"pause_child_create_s": pause_s})
+        self.extra_specs[run_id] = {"kind": "parent", "expect": "cancelled",
+                                    "ledger_event": "child_creating"}
+        give_up = time.monotonic() + CHILD_PAUSE_WAIT_S
+        paused: dict[str, Any] | None = None
+        while paused is None and time.monotonic() < give_up:
+            paused = next((e for e in read_ledger(self.cluster.workdir / "ledger")[-400:]
+                           if e["event"] == "child_creating" and e.get("run") == run_id),
+                          None)
+            if paused is None:
+                time.sleep(0.02)
+        if paused is None:
+            # The parent is cancelled anyway (its spec says so); the fault did not land.
+            self._cancel(run_id, "chaos cancel (the child's creation never paused)")
+            self._why = f"parent {run_id}'s pass did not reach the child's creation in " \
+                f"{CHILD_PAUSE_WAIT_S:.0f}s"
+            return None
+        # Somewhere inside the pause, never after it: the child must not exist yet.
+        left = paused["t"] + pause_s - time.monotonic()
+        time.sleep(max(0.0, self.rng.uniform(0.0, 0.6) * left))
+        self._cancel(run_id, "chaos cancel during the child's creation")
+        resumed = any(e["event"] == "child_create_resumed" and e.get("run") == run_id
+                      for e in read_ledger(self.cluster.workdir / "ledger")[-400:])
+        return FaultEvent("cancel_during_child", time.monotonic(),
+                          detail=f"parent {run_id} cancelled while its pass paused "
+                          f"{pause_s:.2f}s creating child {paused.get('child')}"
+                          + (" (the pause had ended before the cancel returned)"
+                             if resumed else ""))

@@ -77,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
 def _as_a_client(call: Any, patience_s: float = 60.0) -> Any:
     """The harness's own reads and starts, as an application would make them: a MongoDB
     restart (one of the faults) makes a call fail for a few seconds; retry it. Starts are
-    given their run id, so a retried start is idempotent."""
+    given their run id, so a retried start is idempotent. A run the harness started may also
+    read as missing for a moment just after an election (seen once, seed 20261203, right
+    after a step-down: the new primary's majority snapshot can trail the old primary's
+    acknowledged writes until it learns the commit point); that is retried and printed."""
     from pymongo.errors import ConnectionFailure
+
+    from pikku_celery.errors import WorkflowRunNotFoundError
 
     deadline = time.monotonic() + patience_s
     while True:
@@ -87,6 +92,11 @@ def _as_a_client(call: Any, patience_s: float = 60.0) -> Any:
         except ConnectionFailure:
             if time.monotonic() > deadline:
                 raise
+            time.sleep(0.5)
+        except WorkflowRunNotFoundError as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"chaos: {exc} (a run the harness started): read again", flush=True)
             time.sleep(0.5)
 
 
@@ -132,7 +142,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
                for n in range(profile.runs)]
     injector = FaultInjector(cluster, chaos.pikku, chaos.app, seed, ["prefork", "threads"],
                              LEASE_S)
-    cancelled: set[str] = set()
+    cancelled: dict[str, tuple[int, int]] = {}  # run id -> wall ms before/after the cancel
     ended: set[str] = set()
     crashes: list[FaultEvent] = []
     begun = time.monotonic()
@@ -163,6 +173,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
         for failure in injector.not_applied[failed_before:]:  # reported, never swallowed
             print(f"chaos: fault failed to apply: {failure}", flush=True)
         specs.update(injector.extra_specs)
+        cancelled.update(injector.cancelled)
         if event is not None:
             print(f"chaos: t+{event.t - begun:5.1f}s {event.kind} {event.detail}", flush=True)
     if len(injector.events) < profile.faults:
@@ -178,11 +189,11 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     logs = [w.log.read_text(errors="replace") for w in cluster.workers]
     not_applied = injector.not_applied + [f"{kind}: never applied in this run"
                                           for kind in injector.required_left]
-    report = check(chaos.pikku, specs, cancelled, ledger, injector.events + crashes, logs,
+    report = check(chaos.pikku, specs, set(cancelled), ledger, injector.events + crashes, logs,
                    recovery_bound_s=LEASE_S + profile.reaper_s + 10.0,
                    pass_bound_s=RUN_LEASE_S + STALLED_S + 10.0,
                    alive_pids=_alive_pids(), wall_offset_s=wall_offset_s,
-                   not_applied=not_applied, require_fence=True)
+                   not_applied=not_applied, require_fence=True, cancel_times=cancelled)
     report.worker_crashes = len(crashes)
     report.rollbacks, report.rolled_back = cluster.rollbacks()
     return report
@@ -210,11 +221,13 @@ def _supervise(cluster: Cluster, crashes: list[FaultEvent]) -> None:
 
 
 def _maybe_cancel(chaos: Any, rng: random.Random, live: list[str], profile: Profile,
-                  cancelled: set[str]) -> None:
+                  cancelled: dict[str, tuple[int, int]]) -> None:
     if rng.random() < 2 / profile.cancel_every:
         run_id = rng.choice(live)
-        cancelled.add(run_id)
+        before = int(time.time() * 1000)
+        cancelled[run_id] = (before, 2**62)  # until it returns, in case it never does
         _as_a_client(lambda: chaos.pikku.cancel(run_id, "chaos cancel"))
+        cancelled[run_id] = (before, int(time.time() * 1000))
 
 
 def _drain(chaos: Any, run_ids: list[str], deadline: float, supervise: Any) -> None:

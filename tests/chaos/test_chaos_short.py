@@ -39,3 +39,12 @@ def test_short_chaos_profile_finds_no_violation(broker: str) -> None:
     for kind in ("kill_primary", "step_down_primary", "stall_primary"):
         assert re.search(rf"\b{kind} [1-9]", faults[1]), out[-3000:]
         assert re.search(rf"^after {kind}: writable primary n=[1-9]", out, re.M), out[-3000:]
+    # Issue 21's cancel windows were aimed at: a cancel racing a step's delivery, and one
+    # landing while a pass created a child run; the checker held every ended run (and every
+    # child of a cancelled run) to "no outcome recorded after the end, beyond the window".
+    for kind in ("cancel_racing_claim", "cancel_during_child"):
+        assert re.search(rf"\b{kind} [1-9]", faults[1]), out[-3000:]
+    assert re.search(r"^outcomes recorded after their run ended \d+ of [1-9]", out,
+                     re.M), out[-3000:]
+    # (the child is cancelled, or was never created when a fault stopped the paused pass)
+    assert re.search(r"^children of cancelled runs: (?!none)", out, re.M), out[-3000:]

@@ -19,6 +19,8 @@ from pikku_celery.errors import WorkflowStepSupersededError
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.chaos.checker import (
+    CLOCK_SLACK_MS,
+    ENDED_WINDOW_MS,
     Report,
     _check_oversized,
     _exhausted_by_faults,
@@ -258,3 +260,184 @@ def test_a_run_failed_before_ship_owes_no_compensation() -> None:
     exhausted_early = [{"step_name": "reserve", "status": "succeeded"},
                        {"step_name": "charge", "status": "failed"}]
     assert _compensation_report(exhausted_early, recorded=0).violations == []
+
+
+# --- issue 21: outcomes after a run's end, and a cancelled run's children --------------------
+
+CANCELLED = {"type": "WorkflowCancelledError", "message": "chaos cancel"}
+
+
+class EndedScene:
+    """One order run with one step: the step is claimed, the run is cancelled, and the
+    step settles at times each test picks (the store takes whatever clock it is given, so
+    a broken store's order of writes is planted by the timestamps)."""
+
+    def __init__(self) -> None:
+        self.store = MongoWorkflowStore(mongomock.MongoClient()[f"c_{uuid.uuid4().hex[:8]}"])
+        self.db = self.store.db
+        self.run_id = str(uuid.uuid4())
+        self.store.create_run(NewRun(self.run_id, "chaos.order", {"order": 1}), T0)
+        self.specs: dict[str, dict[str, Any]] = {self.run_id: {"order": 1, "fatal": False}}
+        self.cancelled = {self.run_id}
+        self.ledger: list[dict[str, Any]] = []
+        self.cancel_times: dict[str, tuple[int, int]] = {}
+        self.faults: list[FaultEvent] = []
+
+    def step(self, name: str, *, claim_ms: int, pid: int = FRESH,
+             run_id: str | None = None) -> str:
+        run_id = run_id or self.run_id
+        self.store.insert_step(NewStep(run_id=run_id, step_name=name, function="chaos.work",
+                                       max_attempts=4), T0)
+        self.store.claim_step(run_id, name, "chaos.work", claim_ms, LEASE, worker=f"h:{pid}")
+        inv = keys.invocation_id(run_id, name)
+        self.ledger.append(self.line("start", run_id, name, inv, pid, claim_ms + 5))
+        return inv
+
+    def settle(self, name: str, at_ms: int, *, pid: int = FRESH,
+               run_id: str | None = None) -> None:
+        run_id = run_id or self.run_id
+        inv = keys.invocation_id(run_id, name)
+        self.ledger.append(self.line("end", run_id, name, inv, pid, at_ms - 5))
+        assert self.store.set_result(run_id, name, 1, {"attempt": 1, "pid": pid,
+                                                       "invocation": inv}, at_ms)
+
+    def line(self, event: str, run_id: str, name: str, inv: str, pid: int,
+             at_ms: int) -> dict[str, Any]:
+        return {"event": event, "t": mono(at_ms), "pid": pid, "run": run_id, "step": name,
+                "attempt": 1, "invocation": inv}
+
+    def cancel(self, at_ms: int, run_id: str | None = None) -> None:
+        """The run's end write alone (the fence of its steps is left to each test)."""
+        assert self.store.transition_run(run_id or self.run_id, ["running"], "cancelled",
+                                         at_ms, error=CANCELLED)
+
+    def check(self) -> Report:
+        pikku = SimpleNamespace(engine=SimpleNamespace(store=self.store),
+                                get_run=self.store.get_run)
+        return check(pikku, self.specs, self.cancelled, self.ledger, self.faults, [], 30.0,
+                     30.0,
+                     alive_pids={STALE, FRESH}, wall_offset_s=OFFSET_S,
+                     cancel_times=self.cancel_times)
+
+
+def test_an_outcome_settled_in_the_documented_window_is_counted_not_flagged() -> None:
+    scene = EndedScene()
+    scene.step("reserve", claim_ms=T0 + 100)  # running when the run ends
+    scene.cancel(T0 + 1_000)
+    scene.settle("reserve", T0 + 1_300)  # before the fence landed
+    report = scene.check()
+    assert report.violations == []
+    assert report.settled_after_end_ms == [300]
+    assert "outcomes recorded after their run ended 1 of 1 ended runs" in report.summary()
+
+
+def test_an_outcome_recorded_past_the_window_after_the_run_ended_is_flagged() -> None:
+    scene = EndedScene()
+    scene.step("reserve", claim_ms=T0 + 100)
+    scene.cancel(T0 + 1_000)
+    scene.settle("reserve", T0 + 1_000 + ENDED_WINDOW_MS + CLOCK_SLACK_MS + 2_000)
+    assert flagged(scene.check(), "past the documented window")
+
+
+def test_the_driver_s_cancel_bounds_the_end_a_later_touch_would_move() -> None:
+    scene = EndedScene()
+    scene.step("reserve", claim_ms=T0 + 100)
+    scene.cancel(T0 + 1_000)
+    scene.store.touch_run(scene.run_id, T0 + 60_000)  # $max: the run's updated_ms moves on
+    scene.settle("reserve", T0 + 30_000)
+    assert scene.check().violations == []  # updated_ms alone hides it
+    scene.cancel_times = {scene.run_id: (T0 + 990, T0 + 1_010)}
+    assert flagged(scene.check(), "past the documented window")
+
+
+def test_a_claim_after_the_run_ended_that_ran_its_body_is_flagged() -> None:
+    scene = EndedScene()
+    scene.step("reserve", claim_ms=T0 + 9_000)  # planted: the claim did not fence itself
+    scene.cancel(T0 + 1_000)
+    scene.settle("reserve", T0 + 9_500)
+    report = scene.check()
+    assert flagged(report, "claimed 8000 ms after the run ended and ran its body")
+    assert flagged(report, "recorded succeeded 8500 ms after the end")
+
+
+def test_a_settle_on_a_worker_with_a_fast_clock_is_put_back_on_the_shared_clock() -> None:
+    scene = EndedScene()
+    skew = 120_000
+    scene.step("reserve", claim_ms=T0 + 100 + skew, pid=STALE)
+    scene.cancel(T0 + 1_000)
+    scene.settle("reserve", T0 + 800 + skew, pid=STALE)  # on its clock: before the end
+    for line in scene.ledger:
+        line["wall"] = line["t"] + OFFSET_S + skew / 1000
+    assert scene.check().violations == []
+    for line in scene.ledger:
+        line["wall"] = line["t"] + OFFSET_S  # no skew known: the claim looks 120 s late
+    assert flagged(scene.check(), "ms after the run ended and ran its body")
+
+
+def _parent_scene(child_status: str, child_settle_ms: int | None) -> EndedScene:
+    scene = EndedScene()
+    parent = scene.run_id
+    child = keys.child_run_id(parent, "invoice")
+    scene.store.insert_step(NewStep(run_id=parent, step_name="invoice",
+                                    function="workflow:chaos.invoice", status="running",
+                                    child_run_id=child), T0)
+    scene.specs = {parent: {"kind": "parent", "expect": "completed"}}
+    scene.store.create_run(NewRun(child, "chaos.invoice", {"order": -1},
+                                  parent_run_id=parent, parent_step_name="invoice"), T0 + 10)
+    scene.step("bill", claim_ms=T0 + 20, run_id=child)
+    scene.cancel(T0 + 1_000)
+    if child_settle_ms is not None:
+        scene.settle("bill", child_settle_ms, run_id=child)
+    if child_status != "running":
+        assert scene.store.transition_run(child, ["running"], child_status,
+                                          (child_settle_ms or T0 + 1_100) + 10,
+                                          error=CANCELLED if child_status == "cancelled"
+                                          else None)
+    return scene
+
+
+def test_a_cancelled_run_s_child_is_cancelled() -> None:
+    report = _parent_scene("cancelled", None).check()
+    assert report.violations == [] and report.children_of_cancelled == {"cancelled": 1}
+    # a child that had finished before its parent's cancel
+    assert _parent_scene("completed", T0 + 500).check().violations == []
+
+
+def test_a_cancelled_run_s_child_still_running_is_flagged() -> None:
+    report = _parent_scene("running", None).check()
+    assert flagged(report, "of cancelled run") and flagged(report, "is still running")
+
+
+def test_a_cancelled_run_s_child_that_ran_on_after_the_cancel_is_flagged() -> None:
+    report = _parent_scene("completed", T0 + 30_000).check()
+    assert flagged(report, "step 'bill' of completed run") and flagged(
+        report, "past the documented window")
+
+
+def test_a_child_the_cancel_came_before_is_counted_never_created() -> None:
+    scene = EndedScene()
+    scene.store.insert_step(NewStep(run_id=scene.run_id, step_name="invoice",
+                                    function="workflow:chaos.invoice", status="running",
+                                    child_run_id=keys.child_run_id(scene.run_id, "invoice")),
+                            T0)
+    scene.specs = {scene.run_id: {"kind": "parent", "expect": "completed"}}
+    scene.cancel(T0 + 1_000)  # the pass creating the child died before it wrote it
+    report = scene.check()
+    assert report.violations == [] and report.children_of_cancelled == {"never created": 1}
+
+
+def test_a_child_whose_paused_creation_nothing_stopped_must_exist() -> None:
+    scene = EndedScene()
+    child = keys.child_run_id(scene.run_id, "invoice")
+    scene.store.insert_step(NewStep(run_id=scene.run_id, step_name="invoice",
+                                    function="workflow:chaos.invoice", status="running",
+                                    child_run_id=child), T0)
+    scene.specs = {scene.run_id: {"kind": "parent", "expect": "completed"}}
+    scene.ledger.append({"event": "child_creating", "t": mono(T0 + 500), "pid": FRESH,
+                         "run": scene.run_id, "child": child, "seconds": 1.0})
+    scene.cancel(T0 + 1_000)
+    assert flagged(scene.check(), "was never created, though the pass creating it")
+    scene.faults = [FaultEvent("kill_worker", mono(T0 + 1_200), {FRESH})]
+    report = scene.check()
+    assert report.violations == []
+    assert report.children_of_cancelled == {"never created (kill_worker stopped its pass)": 1}
