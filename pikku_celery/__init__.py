@@ -4,6 +4,7 @@ Every step outcome is recorded once, by the attempt that currently owns the step
 redelivered task's write is refused with ``WorkflowStepSupersededError``.
 """
 
+from pikku_celery._graph_rounds import with_state
 from pikku_celery.app import PikkuCelery, get_pikku
 from pikku_celery.claims import StepContext
 from pikku_celery.errors import (
@@ -24,7 +25,6 @@ from pikku_celery.errors import (
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.graph import with_state
 from pikku_celery.leases import (
     InMemoryLeaseService,
     Lease,

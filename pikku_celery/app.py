@@ -12,6 +12,7 @@ from celery import Celery, signals
 
 from pikku_celery import shared
 from pikku_celery._fork import reset_in_forked_child
+from pikku_celery._graph_rounds import run_graph
 from pikku_celery.clock import Clock
 from pikku_celery.config import Resolved
 from pikku_celery.config import Settings as Configuration
@@ -26,7 +27,7 @@ from pikku_celery.definitions import (
 from pikku_celery.durations import Duration, to_seconds
 from pikku_celery.engine import Dispatcher, Engine, Settings
 from pikku_celery.errors import InvalidInputError
-from pikku_celery.graph import build_graph, run_graph
+from pikku_celery.graph import build_graph
 from pikku_celery.inline import DrivingDispatcher, run_inline
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import RUN_TERMINAL, StepAttempt, StepState, WorkflowRun

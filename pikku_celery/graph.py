@@ -20,13 +20,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pikku_celery._graph_rounds import run_graph, with_state
 from pikku_celery.errors import InvalidInputError
 from pikku_celery.validate import check_name
 
 DEFAULT_MAX_VISITS = 10  # how many times one node may run in a loop before the run fails
 
-__all__ = ["DEFAULT_MAX_VISITS", "Graph", "build_graph", "run_graph", "with_state"]
+__all__ = ["DEFAULT_MAX_VISITS", "Graph", "build_graph"]
 
 
 @dataclass(frozen=True)

@@ -283,11 +283,6 @@ class WorkflowContext:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _recorded(self, step_name: str) -> StepState | None:
-        """The step recorded as ``step_name``, without reaching it (a graph pass plans
-        with it: it replays recorded nodes before it starts new ones)."""
-        return self._steps.get(step_name)
-
     def _physical(self, step_name: str) -> str:
         """The N-th reach of a name in one pass is ``name#N``: loops get their own steps,
         and every pass resolves them to the same rows."""

@@ -20,7 +20,6 @@ What each test proves, and what it fails without:
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
@@ -41,10 +40,6 @@ from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.store import _concerns
 from pikku_celery.store.base import NewRun, NewStep
 from tests.support.mongod import MongodNode, MongodReplicaSet, mongod_binary
-
-pytestmark = pytest.mark.skipif(
-    bool(os.environ.get("PIKKU_TEST_MONGO_URL")) or mongod_binary() is None,
-    reason="needs mongod nodes started (and stopped) here")
 
 SLACK_S = 2.5  # a loaded 2-core machine: scheduling, the election, thread start-up
 
