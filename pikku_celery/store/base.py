@@ -19,6 +19,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from pikku_celery.errors import InvalidInputError
 from pikku_celery.records import (
     RUN_TERMINAL,
     STEP_PENDING,
@@ -26,6 +27,7 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
+from pikku_celery.validate import check_name
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,12 @@ class WorkflowStore(Protocol):
         limit: int = 50,
         created_before_ms: int | None = None,
         before_run_id: str | None = None,
+        match: RunMatch | None = None,
     ) -> list[WorkflowRun]:
         """Newest first (by creation time, then id), at most ``limit`` (1 to 1000); the next
-        page starts after ``(created_before_ms, before_run_id)`` of the last run seen."""
+        page starts after ``(created_before_ms, before_run_id)`` of the last run seen.
+        ``match`` keeps only the runs whose input has those values (``check_run_match``):
+        part of the query, so a page holds ``limit`` matching runs."""
         ...
 
     # --- steps ------------------------------------------------------------------------
@@ -319,11 +324,12 @@ class WorkflowStore(Protocol):
     # --- retention and counts (operators' tools) ----------------------------------------
 
     def count_runs(self, *, status: str, workflow: str | None = None,
-                   updated_before_ms: int | None = None, limit: int = 10_000) -> int:
+                   updated_before_ms: int | None = None, limit: int = 10_000,
+                   match: RunMatch | None = None) -> int:
         """How many runs have ``status`` (and ``workflow``, or else a last update before
         ``updated_before_ms``: not both), counting at most ``limit``: an index-served
         count that stops there, so a dashboard's counts cost the same with millions of
-        runs."""
+        runs. ``match`` as for ``list_runs`` (index the fields it names)."""
         ...
 
     def purge_runs(self, ended_before_ms: int, *, statuses: Iterable[str] = RUN_TERMINAL,
@@ -337,6 +343,69 @@ class WorkflowStore(Protocol):
         take its id while it exists, so the steps deleted are its own; a crash between the
         two deletes leaves ended runs that the next purge finds again."""
         ...
+
+
+#: ``list_runs``' and ``count_runs``' ``match``: ``{"input.owner": "ann"}`` keeps the runs
+#: whose input has ``owner`` equal to ``"ann"`` (a web caller's "my runs").
+RunMatch = Mapping[str, "str | int | float | bool | None"]
+MATCH_ROOT = "input"
+MAX_MATCH_FIELDS = 8
+_MATCH_VALUES = (str, int, float, bool, type(None))
+
+
+def check_run_match(match: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``match`` as a store queries it. Each key is ``"input"`` and one or more ``.name``
+    segments (each a name ``check_name`` takes: no leading ``$``, no NUL); each value a
+    ``str``, ``int``, ``float``, ``bool`` or ``None``, compared for equality as MongoDB
+    compares (a list in the input matches when one of its items is equal). Never a
+    document or a list: nothing in a value can be read as a query operator. At most
+    ``MAX_MATCH_FIELDS`` keys. Anything else is ``InvalidInputError``."""
+    if match is None:
+        return {}
+    if not isinstance(match, Mapping) or len(match) > MAX_MATCH_FIELDS:
+        raise InvalidInputError(f"a run match must be a mapping of at most "
+                                f"{MAX_MATCH_FIELDS} fields, got {type(match).__name__}")
+    checked: dict[str, Any] = {}
+    for key, value in match.items():
+        parts = key.split(".") if isinstance(key, str) else []
+        if len(parts) < 2 or parts[0] != MATCH_ROOT:
+            raise InvalidInputError(f"a run match names fields of the run's input, as "
+                                    f"'input.owner'; got {key!r}")
+        for part in parts[1:]:
+            check_name("a run match's field name", part)
+        if not isinstance(value, _MATCH_VALUES):
+            raise InvalidInputError(f"a run match's value must be a string, number, boolean "
+                                    f"or None; {key!r} is a {type(value).__name__}")
+        checked[key] = value
+    return checked
+
+
+def run_matches(run_input: Any, match: Mapping[str, Any]) -> bool:
+    """Whether a run whose input is ``run_input`` has every value of a checked ``match``,
+    as MongoDB's equality reads a dotted path (through lists, on any of their items): the
+    in-memory stores' ``match``."""
+    return all(_path_has(run_input, key.split(".")[1:], value) for key, value in match.items())
+
+
+def _path_has(value: Any, path: list[str], wanted: Any) -> bool:
+    if not path:
+        return _equal(value, wanted) or (
+            isinstance(value, list) and any(_equal(item, wanted) for item in value))
+    if isinstance(value, list):
+        return any(_path_has(item, path, wanted) for item in value if isinstance(item, Mapping))
+    if isinstance(value, Mapping) and path[0] in value:
+        return _path_has(value[path[0]], path[1:], wanted)
+    return wanted is None  # a missing field equals null, as in MongoDB
+
+
+def _equal(stored: Any, wanted: Any) -> bool:
+    # BSON's rules, not Python's: True is not 1; 1 is 1.0; a string is no number.
+    if isinstance(stored, bool) or isinstance(wanted, bool):
+        return type(stored) is type(wanted) and stored == wanted
+    numbers = (int, float)
+    if isinstance(stored, numbers) and isinstance(wanted, numbers):
+        return stored == wanted
+    return type(stored) is type(wanted) and bool(stored == wanted)
 
 
 def due_sweep_key(step: StepState) -> tuple[int, str]:

@@ -38,7 +38,16 @@ from pikku_celery.records import (
 )
 from pikku_celery.store import _docs, _ended, _retention
 from pikku_celery.store._decide import Action, decide_claim, is_due, lease_lapsed, running_fields
-from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead, due_sweep_key
+from pikku_celery.store.base import (
+    ClaimResult,
+    NewRun,
+    NewStep,
+    RunMatch,
+    RunRead,
+    check_run_match,
+    due_sweep_key,
+    run_matches,
+)
 from pikku_celery.validate import (
     as_stored,
     check_listing,
@@ -127,14 +136,17 @@ class InMemoryWorkflowStore:
 
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
                   limit: int = 50, created_before_ms: int | None = None,
-                  before_run_id: str | None = None) -> list[WorkflowRun]:
+                  before_run_id: str | None = None, match: RunMatch | None = None
+                  ) -> list[WorkflowRun]:
         check_listing(workflow, status, limit, RUN_STATUSES)
+        wanted = check_run_match(match)
         cursor = None if created_before_ms is None else (created_before_ms, before_run_id)
         with self._lock:
             docs = [d for d in self._runs.values()
                     if (workflow is None or d[R.WORKFLOW] == workflow)
                     and (status is None or d[R.STATUS] == status)
-                    and (cursor is None or _before(d, cursor))]
+                    and (cursor is None or _before(d, cursor))
+                    and run_matches(d.get(R.INPUT), wanted)]
             docs.sort(key=lambda d: (d[R.CREATED], d[R.ID]), reverse=True)
             return [_docs.run_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
 
@@ -395,13 +407,16 @@ class InMemoryWorkflowStore:
     # --- retention and counts -----------------------------------------------------------
 
     def count_runs(self, *, status: str, workflow: str | None = None,
-                   updated_before_ms: int | None = None, limit: int = 10_000) -> int:
+                   updated_before_ms: int | None = None, limit: int = 10_000,
+                   match: RunMatch | None = None) -> int:
         _retention.check_count(status, workflow, updated_before_ms, limit)
+        wanted = check_run_match(match)
         with self._lock:
             found = sum(1 for d in self._runs.values()
                         if d[R.STATUS] == status
                         and (workflow is None or d[R.WORKFLOW] == workflow)
-                        and (updated_before_ms is None or d[R.UPDATED] < updated_before_ms))
+                        and (updated_before_ms is None or d[R.UPDATED] < updated_before_ms)
+                        and run_matches(d.get(R.INPUT), wanted))
         return min(found, limit)
 
     def purge_runs(self, ended_before_ms: int, *, statuses: Iterable[str] = RUN_TERMINAL,

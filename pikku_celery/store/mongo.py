@@ -127,7 +127,15 @@ from pikku_celery.store._decide import (
     guard_for,
     running_fields,
 )
-from pikku_celery.store.base import ClaimResult, NewRun, NewStep, RunRead, due_sweep_key
+from pikku_celery.store.base import (
+    ClaimResult,
+    NewRun,
+    NewStep,
+    RunMatch,
+    RunRead,
+    check_run_match,
+    due_sweep_key,
+)
 from pikku_celery.validate import check_listing, check_name, check_state_write, check_value
 
 Doc = dict[str, Any]
@@ -292,12 +300,15 @@ class MongoWorkflowStore:
 
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
                   limit: int = 50, created_before_ms: int | None = None,
-                  before_run_id: str | None = None) -> list[WorkflowRun]:
+                  before_run_id: str | None = None, match: RunMatch | None = None
+                  ) -> list[WorkflowRun]:
         check_listing(workflow, status, limit, RUN_STATUSES)
+        wanted = check_run_match(match)  # plain values only: never an operator
         # Every run has one of RUN_STATUSES: naming them all when no status is asked for
         # lets a (status, created_ms, run_id) index serve the sort (one sorted scan per
         # status, merged) instead of a scan sorted in memory.
-        query: Doc = {R.STATUS: status if status is not None else {"$in": list(RUN_STATUSES)}}
+        query: Doc = {R.STATUS: status if status is not None else {"$in": list(RUN_STATUSES)},
+                      **wanted}
         if workflow is not None:
             query[R.WORKFLOW] = workflow
         if created_before_ms is not None:
@@ -623,11 +634,13 @@ class MongoWorkflowStore:
     # --- retention and counts -----------------------------------------------------------
 
     def count_runs(self, *, status: str, workflow: str | None = None,
-                   updated_before_ms: int | None = None, limit: int = 10_000) -> int:
+                   updated_before_ms: int | None = None, limit: int = 10_000,
+                   match: RunMatch | None = None) -> int:
         _retention.check_count(status, workflow, updated_before_ms, limit)
         # Served by (workflow, status, ...), (status, created_ms, ...) or (status,
-        # updated_ms): a count of index keys that stops at ``limit``.
-        query: Doc = {R.STATUS: status}
+        # updated_ms): a count of index keys that stops at ``limit`` (with a ``match``,
+        # of the documents it reads: index the fields it names).
+        query: Doc = {R.STATUS: status, **check_run_match(match)}
         if workflow is not None:
             query[R.WORKFLOW] = workflow
         if updated_before_ms is not None:
