@@ -46,7 +46,7 @@ from pikku_celery.records import (
 )
 from pikku_celery.replay import APPROVAL_PREFIX, SUSPEND_PREFIX
 from pikku_celery.store.base import NewRun, WorkflowStore
-from pikku_celery.validate import as_stored, check_name
+from pikku_celery.validate import as_stored, check_name, check_run_id
 from pikku_celery.views import ALL
 
 log = logging.getLogger("pikku_celery")
@@ -134,6 +134,8 @@ class Engine:
     def create_run(self, workflow: Any, data: Any, *, run_id: str | None = None,
                    parent: tuple[str, str] | None = None) -> tuple[WorkflowRun, bool]:
         definition = self.registry.workflow(workflow)
+        if parent is None and run_id is not None:
+            check_run_id(run_id)  # a caller's id: one a URL can serve
         run_id = run_id if run_id is not None else str(uuid.uuid4())
         now = self.now_ms()
         run, created = self.store.create_run(NewRun(

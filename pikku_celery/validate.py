@@ -49,6 +49,29 @@ def check_name(what: str, value: object) -> str:
     return value
 
 
+#: What a caller-chosen run id may hold: ASCII letters and digits and ``- _ . : + = ~ @``.
+#: Every one of them is served as is in a URL path segment (the web API's and the
+#: dashboard's ``runs/<run_id>``) and typed as is in a shell; ``/`` (never routed to a
+#: run), ``?``, ``#``, ``%``, backslashes, spaces and any other character are refused.
+_RUN_ID = re.compile(r"[A-Za-z0-9_.:+=~@\-]+")
+
+
+def check_run_id(value: object) -> str:
+    """Return ``value`` if a caller may start a run under it: a name (``check_name``) of
+    the characters above, not made of dots alone."""
+    check_name("run id", value)
+    assert isinstance(value, str)
+    if not _RUN_ID.fullmatch(value) or value.strip(".") == "":
+        bad = sorted({c for c in value if not _RUN_ID.fullmatch(c)})
+        why = (f"it holds {', '.join(repr(c) for c in bad)}" if bad
+               else "it is made of dots only")
+        raise InvalidInputError(
+            f"run id {_shown(value)} is not allowed: {why}. A run id is ASCII letters, "
+            "digits and '-', '_', '.', ':', '+', '=', '~', '@' (a '/' could never be served "
+            "in a URL)")
+    return value
+
+
 def _shown(value: object) -> str:
     # A forged name can be half a megabyte: an error message (logged, stored as a task
     # result) shows its start and its length, never all of it.
