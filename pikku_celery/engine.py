@@ -135,7 +135,9 @@ class Engine:
                    parent: tuple[str, str] | None = None) -> tuple[WorkflowRun, bool]:
         definition = self.registry.workflow(workflow)
         if parent is None and run_id is not None:
-            check_run_id(run_id)  # a caller's id: one a URL can serve
+            # A caller's id: servable in a URL, and never of the form pikku derives for a
+            # child run (a caller could otherwise take a future child's id first).
+            check_run_id(run_id)
         run_id = run_id if run_id is not None else str(uuid.uuid4())
         now = self.now_ms()
         run, created = self.store.create_run(NewRun(
@@ -234,8 +236,10 @@ class Engine:
             self._fail_child_step(parent_run_id, step_name, child_run_id, str(exc), dispatcher)
             return
         if (child.parent_run_id, child.parent_step_name) != (parent_run_id, step_name):
-            # Someone created a run under the child's id first: it is not this parent's
-            # child, and its outcome must never be taken for one.
+            # A run under the child's id that this parent did not create: never adopted,
+            # its outcome never taken for the child's. Callers cannot start a run under a
+            # child id derived now (``keys.DERIVED_RUN_ID_PREFIX``); one derived before
+            # (recorded in a step in flight across the upgrade) could have been taken.
             self._fail_child_step(
                 parent_run_id, step_name, child_run_id,
                 f"run id {child_run_id!r} is already taken by a run that is not the child "

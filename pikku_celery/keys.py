@@ -37,8 +37,24 @@ def invocation_id(run_id: str, step_name: str) -> str:
     return _derived(INVOCATION_NAMESPACE, _FRAMED_INVOCATION_NAMESPACE, run_id, step_name)
 
 
+#: The first character of every run id pikku derives (a child run's) and of no run id a
+#: caller may choose: ``start`` refuses it (``validate.check_run_id``), so no caller can
+#: create a run under the id a parent's child will take.
+DERIVED_RUN_ID_PREFIX = "@"
+
+
 def child_run_id(parent_run_id: str, step_name: str) -> str:
-    """The run id of the child workflow started by step ``step_name`` of a parent run."""
+    """The run id of the child workflow started by step ``step_name`` of a parent run:
+    ``@`` and a UUID derived from the parent's run id and the step's name. Callers cannot
+    start a run under it (see ``DERIVED_RUN_ID_PREFIX``)."""
+    return DERIVED_RUN_ID_PREFIX + legacy_child_run_id(parent_run_id, step_name)
+
+
+def legacy_child_run_id(parent_run_id: str, step_name: str) -> str:
+    """The child run id versions before issue 22 derived (the UUID alone, which a caller
+    could take first). Nothing derives it any more: a parent step that recorded one keeps
+    it (the step holds its child's id), so a run in flight across the upgrade still finds
+    its child."""
     return _derived(CHILD_NAMESPACE, _FRAMED_CHILD_NAMESPACE, parent_run_id, step_name)
 
 

@@ -203,8 +203,9 @@ class WorkflowContext:
                 run_id=self.run_id, step_name=name, function=function, data=data,
                 status=STEP_RUNNING, child_run_id=child_run_id))
         self._check_same_function(state, function)
-        if state.status == STEP_RUNNING:
-            self._host.ensure_child(self.run_id, name, workflow_name, state.data, child_run_id)
+        if state.status == STEP_RUNNING:  # the recorded id: one derived before an upgrade too
+            self._host.ensure_child(self.run_id, name, workflow_name, state.data,
+                                    state.child_run_id or child_run_id)
         return self.gather(self._outcome(state))[0]
 
     def suspend(self, reason: str) -> None:

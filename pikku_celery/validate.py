@@ -49,16 +49,19 @@ def check_name(what: str, value: object) -> str:
     return value
 
 
-#: What a caller-chosen run id may hold: ASCII letters and digits and ``- _ . : + = ~ @``.
+#: What a caller-chosen run id may hold: ASCII letters and digits and ``- _ . : + = ~ @``,
+#: never ``@`` first (``check_run_id``).
 #: Every one of them is served as is in a URL path segment (the web API's and the
 #: dashboard's ``runs/<run_id>``) and typed as is in a shell; ``/`` (never routed to a
 #: run), ``?``, ``#``, ``%``, backslashes, spaces and any other character are refused.
 _RUN_ID = re.compile(r"[A-Za-z0-9_.:+=~@\-]+")
+DERIVED_RUN_ID_PREFIX = "@"  # keys.DERIVED_RUN_ID_PREFIX (validate imports no keys)
 
 
 def check_run_id(value: object) -> str:
     """Return ``value`` if a caller may start a run under it: a name (``check_name``) of
-    the characters above, not made of dots alone."""
+    the characters above, not made of dots alone, not starting with ``@`` (the
+    form of the ids pikku derives for child runs, which no caller may take first)."""
     check_name("run id", value)
     assert isinstance(value, str)
     if not _RUN_ID.fullmatch(value) or value.strip(".") == "":
@@ -69,6 +72,10 @@ def check_run_id(value: object) -> str:
             f"run id {_shown(value)} is not allowed: {why}. A run id is ASCII letters, "
             "digits and '-', '_', '.', ':', '+', '=', '~', '@' (a '/' could never be served "
             "in a URL)")
+    if value.startswith(DERIVED_RUN_ID_PREFIX):
+        raise InvalidInputError(
+            f"run id {_shown(value)} is not allowed: run ids starting with "
+            f"{DERIVED_RUN_ID_PREFIX!r} are reserved for the ids pikku derives for child runs")
     return value
 
 

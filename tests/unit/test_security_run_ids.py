@@ -38,7 +38,7 @@ def _family(store: Any = None) -> PikkuCelery:
 
 
 @pytest.mark.parametrize("run_id", ["team/42", "a?b", "a#b", "50%", "a\\b", "a b", "..",
-                                    "caf\u00e9"])
+                                    "caf\u00e9", "@taken"])
 def test_11_start_refuses_a_run_id_that_could_not_be_served(run_id: str) -> None:
     store = InMemoryWorkflowStore()
     pikku = _family(store)
