@@ -92,6 +92,12 @@ class PikkuCelery:
             consumes it, and a worker that consumes only it gets prefetch multiplier 1
             unless you set one (see ``pikku_celery.routing``). Binding never changes
             ``app.conf``.
+        redact_error: your own redaction of recorded errors: a callable ``(text) -> str``
+            (or its dotted path) given each error's message and traceback after pikku's
+            built-in masking of credentials (URL passwords, ``password=``/``token=``
+            pairs, ``Bearer`` credentials), before the error is stored. If it raises, the
+            built-in masking's text is stored and the failure logged. See
+            ``pikku_celery.redaction``.
     """
 
     def __init__(self, celery_app: Celery, *, store: WorkflowStore | None = None,
@@ -100,7 +106,8 @@ class PikkuCelery:
                  max_countdown: Duration | None = None,
                  undispatched_after: Duration | None = None,
                  stalled_after: Duration | None = None, continue_in_place: bool | None = None,
-                 worker_reaper: bool | None = None, queue: str | None = None) -> None:
+                 worker_reaper: bool | None = None, queue: str | None = None,
+                 redact_error: Callable[[str], str] | str | None = None) -> None:
         self.app = celery_app
         self.registry = Registry()
         explicit: dict[str, Any] = {
@@ -108,7 +115,7 @@ class PikkuCelery:
             "run_lease": run_lease, "reaper_interval": reaper_interval,
             "max_countdown": max_countdown, "undispatched_after": undispatched_after,
             "stalled_after": stalled_after, "continue_in_place": continue_in_place,
-            "worker_reaper": worker_reaper}
+            "worker_reaper": worker_reaper, "redact_error": redact_error}
         self._config = Configuration(celery_app, explicit)
         self._config.check_explicit()  # a bad argument fails here, as before
         adopt_prefix = getattr(leases, "adopt_prefix", None)
@@ -180,7 +187,8 @@ class PikkuCelery:
             step_lease_ms=resolved.step_lease_ms, run_lease_ms=resolved.run_lease_ms,
             undispatched_after_ms=resolved.undispatched_after_ms,
             stalled_after_ms=resolved.stalled_after_ms,
-            continue_in_place=resolved.continue_in_place),
+            continue_in_place=resolved.continue_in_place,
+            redact_error=resolved.redact_error),
             worker=socket.gethostname(), clock=clock, emit=SignalSender(self))
         if dispatcher is not None:
             engine.dispatcher = dispatcher(engine)

@@ -36,6 +36,7 @@ from pikku_celery.errors import (
 from pikku_celery.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.records import StepState
+from pikku_celery.redaction import mask_secrets
 from pikku_celery.store._concerns import deadline
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.validate import as_stored, check_step_document
@@ -120,13 +121,16 @@ def _holder(function: str | None) -> str:
 
 
 def serialize_error(exc: BaseException) -> dict[str, Any]:
-    """The stored form of a step or run error: type, message and a bounded traceback."""
+    """The stored form of a step or run error: type, message and a bounded traceback, with
+    credentials masked (``pikku_celery.redaction``; the engine applies the user's hook when
+    it records the error). Masked before they are cut to size: a cut can split a URL."""
     try:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         message = str(exc)
     except Exception:  # an exception whose __str__ raises must still fail its attempt
         tb = "".join(traceback.format_tb(exc.__traceback__))
         message = f"<unprintable {type(exc).__name__}>"
+    message, tb = mask_secrets(message), mask_secrets(tb)
     if len(message) > MAX_MESSAGE_CHARS:  # an error must always be storable
         message = message[:MAX_MESSAGE_CHARS] + f"... [{len(message)} characters]"
     return {"type": type(exc).__name__, "message": message, "traceback": tb[-4000:]}

@@ -32,6 +32,10 @@ setting                                   default
 ``pikku_continue_in_place``               ``True``
 ``pikku_worker_reaper``                   ``True``
 ``pikku_queue``                           none (read by ``pikku_celery.routing``)
+``pikku_redact_error``                    none: a callable ``(text) -> str``, or its
+                                          dotted path, run on every recorded error's
+                                          message and traceback after the built-in
+                                          masking of credentials (``redaction.py``)
 ========================================  ================================================
 """
 
@@ -44,6 +48,7 @@ from pikku_celery._urls import carries_secret, redact_url, reserved_in_userinfo
 from pikku_celery.durations import Duration, to_ms, to_seconds
 from pikku_celery.errors import PikkuConfigurationError
 from pikku_celery.leases.base import LeaseService
+from pikku_celery.redaction import Redactor, load_redactor
 from pikku_celery.store.base import WorkflowStore
 
 if TYPE_CHECKING:
@@ -74,6 +79,7 @@ class Resolved:
     stalled_after_ms: int
     continue_in_place: bool
     worker_reaper: bool
+    redact_error: Redactor | None = None
 
 
 def setting_names(app: Celery, name: str) -> str:
@@ -130,6 +136,13 @@ class Settings:
         for name in _FLAGS:
             if self._explicit.get(name) is not None:
                 self.flag(name, False)
+        if self._explicit.get("redact_error") is not None:
+            self.redactor()
+
+    def redactor(self) -> Redactor | None:
+        """The user's ``redact_error`` hook: a callable, or the dotted path of one."""
+        value, what = self.raw("redact_error")
+        return load_redactor(value, what)
 
     def resolve(self) -> Resolved:
         step_lease_ms = self.duration_ms("step_lease", DEFAULT_STEP_LEASE_S, positive=True)
@@ -145,6 +158,7 @@ class Settings:
             stalled_after_ms=self.duration_ms("stalled_after", DEFAULT_STALLED_AFTER_S),
             continue_in_place=self.flag("continue_in_place", True),
             worker_reaper=self.flag("worker_reaper", True),
+            redact_error=self.redactor(),
         )
 
     def store(self) -> WorkflowStore:

@@ -44,6 +44,7 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
+from pikku_celery.redaction import Redactor, redact_error
 from pikku_celery.replay import APPROVAL_PREFIX, SUSPEND_PREFIX
 from pikku_celery.store.base import NewRun, WorkflowStore
 from pikku_celery.validate import as_stored, check_name, check_run_id
@@ -87,6 +88,8 @@ class Settings:
     stalled_after_ms: int = 30_000
     sweep_limit: int = 100
     continue_in_place: bool = True
+    # The user's redaction of recorded errors, after the built-in masking (redaction.py).
+    redact_error: Redactor | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ class Engine:
         """Settle the run (guarded: only a live run moves) and tell a parent run.
         ``leftovers=False``: the caller knows every step of the run settled for good, so
         there is nothing to fence and the query for unsettled steps is skipped."""
+        if error is not None:
+            error = self.recorded_error(error)
         wrote = self.store.transition_run(run.run_id, _LIVE, status, self.now_ms(),
                                           output=output, error=error, cancel_reason=reason)
         if wrote:
@@ -543,14 +548,15 @@ class Engine:
         override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
         delay_ms = definition.delay_before(state.attempt + 1, override)
         final = final or isinstance(exc, definition.no_retry_for)
-        error = serialize_error(exc)
+        error = self.recorded_error(serialize_error(exc))
         try:
             try:
                 settled = self.claimer.fail(claim, error, delay_ms, final=final)
             except InvalidInputError as unstorable:
                 # Even the error does not fit beside the step's data: record its type alone.
-                error = {"type": type(exc).__name__,
-                         "message": f"the error could not be stored: {unstorable}"[:2000]}
+                error = self.recorded_error({
+                    "type": type(exc).__name__,
+                    "message": f"the error could not be stored: {unstorable}"[:2000]})
                 settled = self.claimer.fail(claim, error, delay_ms, final=final)
         except WorkflowStepSupersededError as superseded:
             attempt.superseded(superseded)
@@ -563,6 +569,12 @@ class Engine:
             self._continue(settled, dispatcher)
         return StepOutcome("failed", error=exc, attempt=state.attempt,
                            max_attempts=state.max_attempts, retry_at=settled.due_at)
+
+    def recorded_error(self, error: dict[str, Any]) -> dict[str, Any]:
+        """``error`` as it is stored: credentials masked, then the user's ``redact_error``
+        (see ``pikku_celery.redaction``). Every error the engine records from an
+        exception passes here; a child's failure reaches its parent already masked."""
+        return redact_error(error, self.settings.redact_error)
 
     def fire_timer(self, run_id: str, step_name: str, dispatcher: Dispatcher | None = None
                    ) -> str:
