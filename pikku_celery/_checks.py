@@ -5,15 +5,28 @@ In order, each check only when the one before it passed: the settings resolve (a
 database no ``start`` has touched has none yet: ``--create-indexes`` makes them), Redis
 answers a ping; then what is registered. Every problem is one line; stores and lease
 services without ``ping`` (the in-memory ones) have nothing to reach.
+
+Then what is insecure: runs shared with any other app left at the defaults (the default
+database and key prefix, ``_isolation``), the standalone dashboard's environment (a short
+``PIKKU_DASHBOARD_TOKEN`` or ``PIKKU_DASHBOARD_SECRET_KEY``), and, run as ``flask pikku
+check`` or ``manage.py pikku check``, the framework's web settings (``web_checks``: a
+session or CSRF cookie that is not Secure, HttpOnly or SameSite, the removed
+``allow-local``).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pikku_celery._isolation import shared_by_default
 from pikku_celery.app import PikkuCelery
 from pikku_celery.timeline import error_line
+
+MIN_TOKEN_CHARS = 16       # dashboard.standalone's (not imported: it needs Flask)
+MIN_SECRET_KEY_CHARS = 32
 
 
 @dataclass
@@ -28,7 +41,8 @@ class Report:
         self.problems.append(line)
 
 
-def run_checks(app: PikkuCelery, *, create_indexes: bool = False) -> Report:
+def run_checks(app: PikkuCelery, *, create_indexes: bool = False,
+               web_checks: Callable[[], list[str]] | None = None) -> Report:
     report = Report()
     try:
         engine = app.engine
@@ -37,8 +51,25 @@ def run_checks(app: PikkuCelery, *, create_indexes: bool = False) -> Report:
     else:
         _check_store(report, engine.store, create_indexes)
         _check_leases(report, engine.leases)
+        shared = shared_by_default(app.app, engine.store, engine.leases)
+        if shared is not None:
+            report.problem(shared.removeprefix("pikku: "))
     _list_registered(report, app)
+    for problem in _dashboard_environment() + (web_checks() if web_checks else []):
+        report.problem(f"insecure: {problem}")
     return report
+
+
+def _dashboard_environment() -> list[str]:
+    found = []
+    token = os.environ.get("PIKKU_DASHBOARD_TOKEN")
+    if token and len(token) < MIN_TOKEN_CHARS:
+        found.append(f"PIKKU_DASHBOARD_TOKEN has fewer than {MIN_TOKEN_CHARS} characters")
+    key = os.environ.get("PIKKU_DASHBOARD_SECRET_KEY")
+    if key and len(key) < MIN_SECRET_KEY_CHARS:
+        found.append(f"PIKKU_DASHBOARD_SECRET_KEY has fewer than {MIN_SECRET_KEY_CHARS} "
+                     "characters")
+    return found
 
 
 def _check_store(report: Report, store: Any, create_indexes: bool) -> None:

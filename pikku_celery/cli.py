@@ -32,6 +32,7 @@ from pikku_celery.timeline import Timeline, build, error_line
 from pikku_celery_commands import HELP
 
 RESOLVER = "pikku_celery.resolve"
+WEB_CHECKS = "pikku_celery.web_checks"
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -96,11 +97,15 @@ def pikku() -> None:
     pass
 
 
-def bound(find: Callable[[], PikkuCelery]) -> click.Group:
-    """The same commands, acting on the ``PikkuCelery`` that ``find()`` returns."""
+def bound(find: Callable[[], PikkuCelery],
+          web_checks: Callable[[], list[str]] | None = None) -> click.Group:
+    """The same commands, acting on the ``PikkuCelery`` that ``find()`` returns;
+    ``web_checks()`` lists what ``check`` reports of the framework's web settings."""
     @click.pass_context
     def remember(ctx: click.Context) -> None:
         ctx.meta[RESOLVER] = find
+        if web_checks is not None:
+            ctx.meta[WEB_CHECKS] = web_checks
 
     return click.Group("pikku", commands=pikku.commands, callback=remember,
                        help=pikku.help)
@@ -298,7 +303,9 @@ def check(ctx: click.Context, create_indexes: bool) -> None:
 
     with one_line_errors():
         app = resolve(ctx)
-    report = _checks.run_checks(app, create_indexes=create_indexes)
+    web_checks = ctx.meta.get(WEB_CHECKS)
+    report = _checks.run_checks(app, create_indexes=create_indexes,
+                                web_checks=web_checks)
     for line in report.lines:
         click.echo(line)
     for problem in report.problems:
@@ -309,38 +316,59 @@ def check(ctx: click.Context, create_indexes: bool) -> None:
 
 @pikku.command("dashboard")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind; another than loopback needs --authorize or --token.")
+              help="Address to bind; another than loopback needs --authorize or "
+                   "PIKKU_DASHBOARD_TOKEN.")
 @click.option("--port", default=DEFAULT_DASHBOARD_PORT, show_default=True,
               type=click.IntRange(1, 65535))
 @click.option("--authorize", metavar="DOTTED.PATH",
               help="A callable (request, action, run_id) -> bool deciding every request.")
-@click.option("--token", envvar="PIKKU_DASHBOARD_TOKEN", metavar="SECRET",
-              help="Let in whoever opens the printed URL with this token (env "
-                   "PIKKU_DASHBOARD_TOKEN).")
+@click.option("--https", "behind_https", is_flag=True,
+              help="Browsers reach it over HTTPS (a TLS proxy in front): the session "
+                   "cookie is Secure on loopback too.")
+@click.option("--token", "token_argument", hidden=True,
+              help="Refused: a command line shows in ps; use PIKKU_DASHBOARD_TOKEN.")
 @click.option("--show-tracebacks", is_flag=True, help="Show error tracebacks to readers.")
 @click.pass_context
 def dashboard(ctx: click.Context, host: str, port: int, authorize: str | None,
-              token: str | None, show_tracebacks: bool) -> None:
-    """Serve the dashboard (and the JSON API) standalone.
+              behind_https: bool, token_argument: str | None, show_tracebacks: bool) -> None:
+    """Serve the dashboard (and the JSON API) standalone, on waitress.
 
-    Its session cookie is signed with PIKKU_DASHBOARD_SECRET_KEY (an environment variable
-    only, at least 32 characters) when set, so logins survive a restart; else with a key
-    drawn at random for this process."""
+    Who gets in: --authorize decides every request; else whoever has the token
+    (PIKKU_DASHBOARD_TOKEN, an environment variable only, 16 characters or more). On a
+    loopback address without either, a random token is drawn for this process and the
+    URL carrying it is printed once. The session cookie is signed with
+    PIKKU_DASHBOARD_SECRET_KEY (environment only, at least 32 characters) when set, so
+    logins survive a restart; else with a key drawn at random for this process."""
+    from pikku_celery.dashboard import standalone
+
     with one_line_errors():
-        if authorize is None and token is None and not is_loopback(host):
+        if token_argument is not None:
+            raise CommandFailed("--token is not accepted (a command line shows in ps and "
+                                "shell history): set PIKKU_DASHBOARD_TOKEN instead")
+        token = standalone.token_from_env()
+        loopback = is_loopback(host)
+        if authorize is None and token is None and not loopback:
             raise CommandFailed(
-                f"refusing to serve the dashboard on {host} without --authorize or --token "
-                "(on 127.0.0.1 it lets in requests from this machine only)")
-        from pikku_celery.dashboard.standalone import make_app, secret_key_from_env
-
-        app = resolve(ctx)
-        web = make_app(app, authorize=authorize, token=token,
-                       show_tracebacks=show_tracebacks, secret_key=secret_key_from_env())
+                f"refusing to serve the dashboard on {host} without --authorize or "
+                "PIKKU_DASHBOARD_TOKEN (on 127.0.0.1 it draws a random token and prints "
+                "the URL carrying it)")
+        drawn = standalone.new_token() if authorize is None and token is None else None
+        web = standalone.make_app(
+            resolve(ctx), authorize=authorize, token=token or drawn,
+            show_tracebacks=show_tracebacks, secret_key=standalone.secret_key_from_env(),
+            plain_http=loopback and not behind_https)
+        server = standalone.create_server(web, host, port)
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
-    click.echo(f"pikku dashboard on {url} (Ctrl-C to stop)")
+    where = f"http://{shown}:{server.effective_port}/"
+    if drawn is not None:
+        click.echo(f"pikku dashboard on {where}?token={drawn} (open it once; Ctrl-C to stop)")
+    else:
+        click.echo(f"pikku dashboard on {where} (Ctrl-C to stop)")
     with one_line_errors():
-        web.run(host=host, port=port, threaded=True, use_reloader=False)
+        try:
+            server.run()
+        finally:
+            server.close()
 
 
 def is_loopback(host: str) -> bool:

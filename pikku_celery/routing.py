@@ -179,3 +179,6 @@ class Routing:
             for note in self._notes:
                 log.info(note)
             self._notes.clear()
+            from pikku_celery._isolation import warn_at_worker_start
+
+            warn_at_worker_start(self._app)  # runs shared with other apps by default

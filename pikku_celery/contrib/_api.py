@@ -4,8 +4,10 @@ The Django and Flask adapters translate requests and responses; everything a req
 through is decided here, once, in this order:
 
 1. the caller is authorized for the route's action (``read``, ``start``, ``cancel``,
-   ``resume``, ``approve``) by the adapter's ``authorize(request, action, run_id)``: 401 for an
-   anonymous caller, 403 for one without the right;
+   ``resume``, ``approve``) by the deployment's rules (``_access``): 401 for an anonymous
+   caller, 403 for one without the right; an approval's check is told the gate; what the
+   caller may read also narrows every read (``_access.Caller.match``: the listing, its
+   cursor, single runs) and every listed run is checked on its own;
 2. a POST body must be ``application/json`` (415 otherwise: a cross-site form can only send
    ``text/plain``, form or multipart bodies), at most ``max_body_bytes`` (413), and nested
    no deeper than MongoDB stores (400);
@@ -31,7 +33,6 @@ traceback only ever reaches a caller allowed to ``read``.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping
@@ -41,6 +42,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pikku_celery.app import PikkuCelery
+from pikku_celery.contrib._access import (
+    ApiError,
+    Caller,
+    forbidden,
+    not_authenticated,
+)
 from pikku_celery.errors import (
     InvalidInputError,
     PikkuConfigurationError,
@@ -49,23 +56,24 @@ from pikku_celery.errors import (
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
 )
+from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.store.base import run_matches
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH
 
 log = logging.getLogger("pikku_celery.contrib")
 
 Response = tuple[int, Any]
-#: ``authorize(request, action, run_id) -> bool``; ``run_id`` is ``None`` for ``runs`` and
-#: ``start``.
-Authorize = Callable[[Any, str, "str | None"], bool]
-#: ``identify(request) -> str | None``: the caller's name, an approval's ``by``.
-Identify = Callable[[Any], "str | None"]
+__all__ = ["ApiError", "forbidden", "not_authenticated"]  # kept here for the adapters
 
 READ, START, CANCEL, RESUME, APPROVE = "read", "start", "cancel", "resume", "approve"
 ACTIONS = (READ, START, CANCEL, RESUME, APPROVE)
-ALLOW_LOCAL = "allow-local"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
+#: ``/steps`` and ``/history`` pages: their entries carry no values (a step's data and
+#: result are served by ``/steps/<step_name>``), so a page stays small with any step.
+DEFAULT_STEP_LIMIT = 100
+MAX_STEP_LIMIT = 500
 JSON_TYPE = "application/json"
 _ERROR_FIELDS = ("type", "message")
 
@@ -79,25 +87,16 @@ class ApiOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
-class ApiError(Exception):
-    """A refusal with its status, served as ``{"error": ..., "message": ...}``."""
+@dataclass(frozen=True)
+class Served:
+    """What one request is served with, made by an adapter: the app, the API's options,
+    the caller, and the origins trusted to POST from another site (for frameworks
+    without a CSRF check of their own)."""
 
-    def __init__(self, status: int, error: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error = error
-        self.message = message
-
-    def response(self) -> Response:
-        return self.status, {"error": self.error, "message": self.message}
-
-
-def not_authenticated() -> ApiError:
-    return ApiError(401, "NotAuthenticated", "log in to use the pikku API")
-
-
-def forbidden(action: str) -> ApiError:
-    return ApiError(403, "PermissionDenied", f"not allowed to {action} runs")
+    pikku: PikkuCelery
+    options: ApiOptions
+    caller: Caller
+    trusted_origins: Collection[str] = ()
 
 
 def internal_error() -> Response:
@@ -225,81 +224,6 @@ def cross_origin_refusal(header: Callable[[str], str | None], host: str,
     return None
 
 
-_LOCAL_NAMES = {"localhost", "127.0.0.1", "[::1]"}
-_FORWARDED = ("Forwarded", "X-Forwarded-For", "X-Real-Ip")
-
-
-def is_local_request(remote_addr: str | None, host: str,
-                     header: Callable[[str], str | None]) -> bool:
-    """``PIKKU_AUTHORIZE = "allow-local"``: a request from this machine, sent to a loopback
-    name (a page from the internet that rebinds its name to 127.0.0.1 sends its own
-    ``Host``), not relayed by a proxy on this machine (it adds a forwarding header)."""
-    try:
-        loopback = remote_addr is not None and ipaddress.ip_address(remote_addr).is_loopback
-    except ValueError:
-        return False
-    hostname = host.lower().rsplit(":", 1)[0] if not host.endswith("]") else host.lower()
-    return (loopback and hostname in _LOCAL_NAMES
-            and not any(header(h) for h in _FORWARDED))
-
-
-def import_authorize(value: Any, setting: str) -> Authorize | str:
-    """``PIKKU_AUTHORIZE`` as a callable (or ``"allow-local"``): a callable, or the dotted
-    path of one (``"myproj.auth.can_use_pikku"`` or ``"myproj.auth:can_use_pikku"``)."""
-    if value == ALLOW_LOCAL:
-        return ALLOW_LOCAL
-    authorize: Authorize = _callable_setting(
-        value, setting, f"a callable (request, action, run_id) -> bool, a dotted path to "
-                        f"one, or {ALLOW_LOCAL!r}")
-    return authorize
-
-
-def import_identify(value: Any, setting: str) -> Identify:
-    """``PIKKU_IDENTIFY`` as a callable: a callable, or the dotted path of one."""
-    identify: Identify = _callable_setting(
-        value, setting, "a callable (request) -> the caller's name (str) or None, or a "
-                        "dotted path to one")
-    return identify
-
-
-def _callable_setting(value: Any, setting: str, expected: str) -> Any:
-    """A setting that is a callable or the dotted path of one."""
-    if isinstance(value, str):
-        value = import_dotted(value, setting)
-    if not callable(value):
-        raise TypeError(f"{setting} must be {expected}; got {value!r}")
-    return value
-
-
-def caller_of(identify: Identify | None, request: Any, setting: str) -> str | None:
-    """Who ``identify(request)`` says the caller is (``None``: it cannot tell). Anything
-    but a non-empty ``str`` or ``None`` is the deployment's mistake (a 500, logged)."""
-    if identify is None:
-        return None
-    caller = identify(request)
-    if caller is None or (isinstance(caller, str) and caller):
-        return caller
-    raise PikkuConfigurationError(f"{setting} returned a value of type "
-                                  f"{type(caller).__name__}: it must return the caller's "
-                                  "name (a non-empty str), or None when it cannot tell")
-
-
-def import_dotted(path: str, setting: str) -> Any:
-    """``"pkg.module:attr"`` or ``"pkg.module.attr"``."""
-    import importlib
-
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module_name), attr) if module_name else None
-    except (ImportError, AttributeError) as exc:
-        raise ImportError(f"{setting} = {path!r} cannot be imported: {exc}") from exc
-    if found is None:
-        raise ImportError(f"{setting} = {path!r} is not a dotted path")
-    return found
-
-
 # --- the routes --------------------------------------------------------------------------
 
 
@@ -340,64 +264,87 @@ UNKNOWN_CALLER = (
 
 
 class RunsApi:
-    """The handlers; each returns ``(status, payload)``."""
+    """The handlers; each returns ``(status, payload)``. ``caller`` is the request's caller
+    (``_access.Caller``): its run filter narrows every read, and an approval is recorded
+    as given by its name (the adapter's: Django's signed-in user, Flask's
+    ``PIKKU_IDENTIFY``), never by whoever the body names."""
 
-    def __init__(self, pikku: PikkuCelery, options: ApiOptions = ApiOptions(), *,
-                 caller: str | None = None) -> None:
+    def __init__(self, pikku: PikkuCelery, options: ApiOptions, caller: Caller) -> None:
         self.pikku = pikku
         self.options = options
-        # Who the adapter authenticated (Django: the user's username; Flask: what
-        # PIKKU_IDENTIFY returns), or ``None``. An approval is recorded as given by them,
-        # never by whoever the body names; without a caller, a body naming ``by`` is
-        # refused (403) and an approval without it is recorded with no approver.
         self.caller = caller
 
     def _present(self, record: Any) -> Any:
         return present(record, show_tracebacks=self.options.show_tracebacks)
 
     def list_runs(self, query: Mapping[str, str]) -> Response:
-        raw = query.get("limit", str(DEFAULT_LIMIT))
-        try:
-            limit = int(raw)
-        except ValueError:
-            raise InvalidInputError(f"limit must be an integer, got {raw!r}") from None
-        if not 1 <= limit <= MAX_LIMIT:
-            raise InvalidInputError(f"limit must be from 1 to {MAX_LIMIT}, got {limit}")
-        before = query.get("before")
-        runs = self.pikku.list_runs(
-            workflow=query.get("workflow"), status=query.get("status"), limit=limit,
-            created_before=self.pikku.get_run(before) if before else None)
-        return 200, {"runs": [self._present(r) for r in runs],
-                     "next": runs[-1].run_id if len(runs) == limit else None}
+        limit = bounded_int(query.get("limit"), "limit", DEFAULT_LIMIT, MAX_LIMIT)
+        runs, more = readable_page(self.pikku, self.caller, workflow=query.get("workflow"),
+                                   status=query.get("status"), limit=limit,
+                                   before=query.get("before"))
+        return 200, {"runs": [self._present(r) for r in runs], "next": more}
 
     def get_run(self, run_id: str) -> Response:
-        return 200, self._present(self.pikku.get_run(run_id))
+        return 200, self._present(readable_run(self.pikku, self.caller, run_id))
 
-    def get_steps(self, run_id: str) -> Response:
-        return 200, {"steps": [self._present(s) for s in self.pikku.get_steps(run_id)]}
+    def get_steps(self, run_id: str, query: Mapping[str, str]) -> Response:
+        """A page of the run's steps in creation order, without their data and result
+        (``get_step`` serves them): ``?limit=`` (1 to 500, default 100) and ``?after=<the
+        last step name of the page before>``."""
+        readable_run(self.pikku, self.caller, run_id)
+        page, more = _page(self.pikku.get_steps(run_id), query, key=lambda s: s.step_name)
+        return 200, {"steps": [self._summary(s) for s in page], "next": more}
 
-    def get_history(self, run_id: str) -> Response:
-        return 200, {"attempts": [self._present(a) for a in self.pikku.get_history(run_id)]}
+    def get_step(self, run_id: str, step_name: str) -> Response:
+        """One step, with its data and result."""
+        readable_run(self.pikku, self.caller, run_id)
+        for step in self.pikku.get_steps(run_id):
+            if step.step_name == step_name:
+                return 200, self._present(step)
+        raise ApiError(404, "WorkflowStepNotFoundError",
+                       f"run {run_id!r} has no step {step_name!r}")
+
+    def get_history(self, run_id: str, query: Mapping[str, str]) -> Response:
+        """A page of the attempts, oldest first, without their results (the step's route
+        serves its result): ``?limit=`` and ``?after=<the page before's next>``."""
+        readable_run(self.pikku, self.caller, run_id)
+        attempts = self.pikku.get_history(run_id)
+        page, more = _page(attempts, query, key=lambda a: f"{a.step_name}#{a.attempt}")
+        return 200, {"attempts": [self._summary(a) for a in page], "next": more}
+
+    def _summary(self, record: StepState | StepAttempt) -> Any:
+        served = self._present(record)
+        for name in VALUE_FIELDS:
+            served.pop(name, None)
+        return served
 
     def start(self, workflow: str, body: Any) -> Response:
         fields = _fields(body, allowed=("input", "run_id"),
                          what="'input' (and optionally 'run_id')")
+        run_id = fields.get("run_id")
+        conflict = ApiError(409, "WorkflowRunConflictError",
+                            f"run id {run_id!r} is taken by a run of another workflow or "
+                            "with another input")
+        if isinstance(run_id, str) and not self.caller.can(READ, run_id) \
+                and _exists(self.pikku, run_id):
+            # Before the idempotent match: a caller who may not read that run must not
+            # learn whether its input is the one they sent (202 for the same, else 409).
+            raise conflict
         try:
-            run_id = self.pikku.start(workflow, fields.get("input"),
-                                      run_id=fields.get("run_id"))
+            started = self.pikku.start(workflow, fields.get("input"), run_id=run_id)
         except WorkflowRunConflictError:
             # Not which workflow owns it: a caller allowed to start may not read that run.
-            raise ApiError(409, "WorkflowRunConflictError",
-                           f"run id {fields.get('run_id')!r} is taken by a run of another "
-                           "workflow or with another input") from None
-        return 202, {"run_id": run_id}
+            raise conflict from None
+        return 202, {"run_id": started}
 
     def cancel(self, run_id: str, body: Any) -> Response:
         reason = _fields(body, allowed=("reason",), what="an optional 'reason'").get("reason")
+        readable_run(self.pikku, self.caller, run_id)
         return 200, {"cancelled": self.pikku.cancel(run_id, reason)}
 
     def resume(self, run_id: str, body: Any) -> Response:
         _fields(body, allowed=(), what="nothing")
+        readable_run(self.pikku, self.caller, run_id)
         return 200, {"resumed": self.pikku.resume(run_id)}
 
     def approve(self, run_id: str, name: str, body: Any) -> Response:
@@ -408,16 +355,109 @@ class RunsApi:
         by = fields.get("by")
         if by is not None and not isinstance(by, str):
             raise InvalidInputError(f"'by' must be a string, got {by!r}")
-        if self.caller is not None:
-            if by is not None and by != self.caller:
-                raise ApiError(403, "Forbidden", f"you are {self.caller!r}: you cannot "
+        caller = self.caller.name()
+        if caller is not None:
+            if by is not None and by != caller:
+                raise ApiError(403, "Forbidden", f"you are {caller!r}: you cannot "
                                                  f"approve as {by!r}")
-            by = self.caller
+            by = caller
         elif by is not None:
             # Whoever PIKKU_AUTHORIZE lets approve could otherwise name any approver.
             raise ApiError(403, "Forbidden", UNKNOWN_CALLER.format(by=by))
+        readable_run(self.pikku, self.caller, run_id)
         step = self.pikku.approve(run_id, name, fields["decision"], by=by)
         return 200, {"approved": True, "step": self._present(step)}
+
+
+VALUE_FIELDS = ("data", "result")
+
+
+def _exists(pikku: PikkuCelery, run_id: str) -> bool:
+    try:
+        pikku.get_run(run_id)
+    except WorkflowRunNotFoundError:
+        return False
+    return True
+
+
+def bounded_int(raw: str | None, name: str, default: int, maximum: int) -> int:
+    """A query parameter from 1 to ``maximum`` (``default`` when absent)."""
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be an integer, got {raw!r}") from None
+    if not 1 <= value <= maximum:
+        raise InvalidInputError(f"{name} must be from 1 to {maximum}, got {value}")
+    return value
+
+
+def _page(records: list[Any], query: Mapping[str, str], *, key: Callable[[Any], str]
+          ) -> tuple[list[Any], str | None]:
+    limit = bounded_int(query.get("limit"), "limit", DEFAULT_STEP_LIMIT, MAX_STEP_LIMIT)
+    after = query.get("after")
+    start = 0
+    if after:
+        keys = [key(r) for r in records]
+        if after not in keys:
+            raise InvalidInputError(f"after={after!r} is not an entry of this run")
+        start = keys.index(after) + 1
+    page = records[start:start + limit]
+    more = key(page[-1]) if page and start + limit < len(records) else None
+    return page, more
+
+
+# --- what a caller may read (shared with the dashboard's pages) -------------------------
+
+
+def readable_run(pikku: PikkuCelery, caller: Caller, run_id: str) -> WorkflowRun:
+    """The run, if the caller's run filter keeps it; else unknown to them (404)."""
+    run = pikku.get_run(run_id)
+    match = caller.match()
+    if match is not None and not run_matches(run.input, match):
+        raise WorkflowRunNotFoundError(run_id)
+    return run
+
+
+def readable_page(pikku: PikkuCelery, caller: Caller, *, workflow: str | None,
+                  status: str | None, limit: int, before: str | None
+                  ) -> tuple[list[WorkflowRun], str | None]:
+    """A page of the runs the caller may read, newest first, and the ``before`` of the
+    next page. The page is a store query with the caller's run filter (``match``); the
+    cursor must be a run they may read; every run is then checked with ``read`` on its
+    own, and a refused one is left out (the page can come back short, never with
+    another's run)."""
+    cursor = None
+    if before:
+        if not caller.can(READ, before):
+            raise WorkflowRunNotFoundError(before)
+        cursor = readable_run(pikku, caller, before)
+    match = caller.match()
+    if match is None:
+        runs = pikku.list_runs(workflow=workflow, status=status, limit=limit,
+                               created_before=cursor)
+    else:
+        runs = pikku.engine.store.list_runs(
+            workflow=workflow, status=status, limit=limit, match=match,
+            created_before_ms=None if cursor is None else _ms(cursor.created_at),
+            before_run_id=None if cursor is None else cursor.run_id)
+    more = runs[-1].run_id if len(runs) == limit else None
+    return [r for r in runs if caller.can(READ, r.run_id)], more
+
+
+def readable_count(pikku: PikkuCelery, caller: Caller, status: str, *,
+                   workflow: str | None, limit: int) -> int:
+    """How many runs of ``status`` the caller's run filter keeps, up to ``limit``."""
+    match = caller.match()
+    if match is None:
+        return pikku.count_runs(status, workflow=workflow, limit=limit)
+    return int(pikku.engine.store.count_runs(status=status, workflow=workflow, limit=limit,
+                                             match=match))
+
+
+def _ms(when: datetime) -> int:
+    return round(when.timestamp() * 1000)
 
 
 def _fields(body: Any, *, allowed: tuple[str, ...], what: str) -> Mapping[str, Any]:
@@ -444,8 +484,11 @@ class Route:
 
     def serve(self, api: RunsApi, params: Mapping[str, str], query: Mapping[str, str],
               read_body: Callable[[], Any]) -> Response:
-        """Read the body (POST) and run the handler; every failure becomes a response."""
+        """Authorize the caller for the route's action (an approval: for its gate), read
+        the body (POST) and run the handler; every failure becomes a response."""
         def call() -> Response:
+            api.caller.check(self.action, params.get("run_id"),
+                             params.get("name") if self.action == APPROVE else None)
             body = read_body() if self.method == "POST" else None
             return self.call(api, params, query, body)
         return handle(call)
@@ -455,9 +498,11 @@ ROUTES = (
     Route("runs", "GET", "api/runs", READ, lambda api, p, q, b: api.list_runs(q)),
     Route("run", "GET", "api/runs/<run_id>", READ, lambda api, p, q, b: api.get_run(p["run_id"])),
     Route("steps", "GET", "api/runs/<run_id>/steps", READ,
-          lambda api, p, q, b: api.get_steps(p["run_id"])),
+          lambda api, p, q, b: api.get_steps(p["run_id"], q)),
+    Route("step", "GET", "api/runs/<run_id>/steps/<step_name>", READ,
+          lambda api, p, q, b: api.get_step(p["run_id"], p["step_name"])),
     Route("history", "GET", "api/runs/<run_id>/history", READ,
-          lambda api, p, q, b: api.get_history(p["run_id"])),
+          lambda api, p, q, b: api.get_history(p["run_id"], q)),
     Route("cancel", "POST", "api/runs/<run_id>/cancel", CANCEL,
           lambda api, p, q, b: api.cancel(p["run_id"], b)),
     Route("resume", "POST", "api/runs/<run_id>/resume", RESUME,

@@ -5,8 +5,12 @@
 - ``PIKKU_URL_PREFIX`` (default ``"/pikku"``): where the JSON API is mounted (routes in
   ``_api.ROUTES``, under ``<prefix>/api/``); ``None`` mounts nothing.
 - ``PIKKU_AUTHORIZE`` (required to mount the API): a callable ``(request, action, run_id)
-  -> bool`` or its dotted path, or ``"allow-local"`` (development only: requests from this
-  machine to a loopback name). ``False`` is a 403; call ``abort(401)`` in it for a 401.
+  -> bool`` or its dotted path (one that also takes a ``gate`` keyword is told which gate
+  an approval decides). ``False`` is a 403; call ``abort(401)`` in it for a 401. The old
+  ``"allow-local"`` is refused with what to use instead (``contrib._access``).
+- ``PIKKU_RUN_FILTER`` (default none): a callable ``(request) -> {"input.<field>": value}
+  | None`` or its dotted path: the runs the caller may read, as a store query (the
+  listing, its cursor, the dashboard's counts; another run reads as unknown).
 - ``PIKKU_IDENTIFY`` (default none): a callable ``(request) -> str | None`` or its dotted
   path, naming the caller (with Flask-Login, ``current_user.get_id()`` when
   ``current_user.is_authenticated``; a verified token's subject); ``None`` when it cannot
@@ -37,42 +41,30 @@ refused with 403 unless its origin is in ``PIKKU_TRUSTED_ORIGINS``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from flask import Blueprint, Flask, current_app, jsonify, request
-from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import HTTPException
+from flask import Flask, current_app
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.cli import bound
-from pikku_celery.contrib import _api
+from pikku_celery.contrib import _access, _api
+from pikku_celery.contrib._flask_web import EXTENSION, PikkuState, blueprint, state
 from pikku_celery.errors import PikkuConfigurationError
 
-EXTENSION = "pikku"
+__all__ = ["PikkuFlask", "PikkuState", "current_pikku", "trusted_origins"]
+
 DEFAULT_URL_PREFIX = "/pikku"
 WEB_SETTINGS = frozenset({"PIKKU_URL_PREFIX", "PIKKU_AUTHORIZE", "PIKKU_IDENTIFY",
-                          "PIKKU_SHOW_TRACEBACKS", "PIKKU_MAX_BODY_BYTES",
+                          "PIKKU_RUN_FILTER", "PIKKU_SHOW_TRACEBACKS", "PIKKU_MAX_BODY_BYTES",
                           "PIKKU_TRUSTED_ORIGINS", "PIKKU_CELERY_APP"})
 NO_AUTHORIZE = (
     "pikku: PIKKU_AUTHORIZE is not set, and the pikku API will not be mounted without it "
     "(it starts, reads and cancels runs). Set app.config['PIKKU_AUTHORIZE'] to a callable "
     "(request, action, run_id) -> bool, or its dotted path ('myapp.auth:can_use_pikku'); "
-    "action is one of 'read', 'start', 'cancel', 'resume', 'approve'. For local "
-    "development only, PIKKU_AUTHORIZE = 'allow-local' allows requests from 127.0.0.1. Or set "
-    "PIKKU_URL_PREFIX = None to mount no API.")
-
-
-@dataclass(frozen=True)
-class PikkuState:
-    """What ``init_app`` put in ``app.extensions["pikku"]``."""
-
-    pikku: PikkuCelery
-    authorize: _api.Authorize | str | None
-    options: _api.ApiOptions
-    trusted_origins: Collection[str]
-    identify: _api.Identify | None = None
+    "action is one of 'read', 'start', 'cancel', 'resume', 'approve'. To look at runs "
+    "from this machine without a login, run `flask pikku dashboard` (a random token in the "
+    "URL it prints). Or set PIKKU_URL_PREFIX = None to mount no API.")
 
 
 class PikkuFlask:
@@ -87,27 +79,32 @@ class PikkuFlask:
         """Bind to ``app``: its ``PikkuCelery``, the API blueprint, ``flask pikku``."""
         config = app.config
         prefix = config.get("PIKKU_URL_PREFIX", DEFAULT_URL_PREFIX)
-        authorize = identify = None
+        rules = None
         if prefix is not None:
             if config.get("PIKKU_AUTHORIZE") is None:
                 raise PikkuConfigurationError(NO_AUTHORIZE)
-            authorize = _api.import_authorize(config["PIKKU_AUTHORIZE"], "PIKKU_AUTHORIZE")
-            if config.get("PIKKU_IDENTIFY") is not None:
-                identify = _api.import_identify(config["PIKKU_IDENTIFY"], "PIKKU_IDENTIFY")
+            identify = config.get("PIKKU_IDENTIFY")
+            rules = _access.Rules(
+                authorize=_access.import_authorize(config["PIKKU_AUTHORIZE"],
+                                                   "PIKKU_AUTHORIZE"),
+                run_filter=_access.import_run_filter(config.get("PIKKU_RUN_FILTER"),
+                                                     "PIKKU_RUN_FILTER"),
+                identify=None if identify is None else _access.import_identify(
+                    identify, "PIKKU_IDENTIFY"))
         app.extensions[EXTENSION] = PikkuState(
             pikku=self.pikku if self.pikku is not None else _find_pikku(app),
-            authorize=authorize,
+            rules=rules,
             options=_api.ApiOptions(
                 show_tracebacks=bool(config.get("PIKKU_SHOW_TRACEBACKS", False)),
                 max_body_bytes=int(config.get("PIKKU_MAX_BODY_BYTES",
                                               _api.DEFAULT_MAX_BODY_BYTES))),
-            trusted_origins=trusted_origins(config.get("PIKKU_TRUSTED_ORIGINS")),
-            identify=identify)
+            trusted_origins=trusted_origins(config.get("PIKKU_TRUSTED_ORIGINS")))
         if self.pikku is not None:
             _copy_settings(app, self.pikku.app)
         if prefix is not None:
             app.register_blueprint(blueprint(), url_prefix=prefix)
-        app.cli.add_command(bound(lambda: _state(app).pikku))
+        app.cli.add_command(bound(lambda: state(app).pikku,
+                                  web_checks=lambda: web_problems(app)))
 
 
 def trusted_origins(value: Any) -> tuple[str, ...]:
@@ -138,18 +135,31 @@ def trusted_origins(value: Any) -> tuple[str, ...]:
 
 def current_pikku() -> PikkuCelery:
     """The ``PikkuCelery`` of the current Flask app."""
-    return _state(current_app).pikku
+    return state(current_app).pikku
 
 
-def _state(app: Flask) -> PikkuState:
-    state: PikkuState = app.extensions[EXTENSION]
-    return state
+def web_problems(app: Flask) -> list[str]:
+    """What ``flask pikku check`` reports of this app's web settings: a session cookie a
+    browser would send over plain HTTP, to scripts, or with another site's requests (it
+    carries the dashboard's CSRF token, and your login if ``PIKKU_AUTHORIZE`` reads it)."""
+    config = app.config
+    found = []
+    if not config.get("SESSION_COOKIE_SECURE") and not app.debug:
+        found.append("the Flask session cookie is not Secure (SESSION_COOKIE_SECURE = "
+                     "False): a browser sends it over plain HTTP too; set it True behind HTTPS")
+    if not config.get("SESSION_COOKIE_HTTPONLY", True):
+        found.append("the Flask session cookie is readable by scripts "
+                     "(SESSION_COOKIE_HTTPONLY = False)")
+    if config.get("SESSION_COOKIE_SAMESITE") not in ("Lax", "Strict"):
+        found.append("the Flask session cookie goes with other sites' requests "
+                     "(SESSION_COOKIE_SAMESITE is not 'Lax' or 'Strict')")
+    return found
 
 
 def _find_pikku(app: Flask) -> PikkuCelery:
     named = app.config.get("PIKKU_CELERY_APP")
     if isinstance(named, str):
-        named = _api.import_dotted(named, "PIKKU_CELERY_APP")
+        named = _access.import_dotted(named, "PIKKU_CELERY_APP")
     celery_app = named if named is not None else app.extensions.get("celery")
     if celery_app is None:
         raise PikkuConfigurationError(
@@ -170,76 +180,3 @@ def _copy_settings(app: Flask, celery_app: Any) -> None:
             name = key.lower()
             if celery_app.conf.get(name) is None:
                 celery_app.conf[name] = value
-
-
-# --- the API -----------------------------------------------------------------------------
-
-
-def blueprint() -> Blueprint:
-    """The API's routes and the dashboard's pages; each view reads its settings from the
-    current app."""
-    from pikku_celery.dashboard.flask import add_routes
-
-    bp = Blueprint("pikku", __name__)
-    for route in _api.ROUTES:
-        bp.add_url_rule("/" + route.path, route.name, _view(route), methods=[route.method])
-    add_routes(bp)
-    return bp
-
-
-def _view(route: _api.Route) -> Callable[..., ResponseReturnValue]:
-    def view(**params: str) -> ResponseReturnValue:
-        status, payload = _api.handle(lambda: _serve(route, params))
-        return jsonify(payload), status
-    return view
-
-
-def _serve(route: _api.Route, params: dict[str, str]) -> _api.Response:
-    state = _state(current_app)
-    try:
-        if route.method == "POST":
-            why = _api.cross_origin_refusal(request.headers.get, request.host,
-                                            state.trusted_origins)
-            if why is not None:
-                raise _api.ApiError(403, "CrossSiteRequest",
-                                    f"refused a cross-site request ({why})")
-        _authorize(state, route.action, params.get("run_id"))
-        caller = None
-        if route.action == _api.APPROVE:  # the approver (None: a body's ``by`` is refused)
-            caller = _api.caller_of(state.identify,
-                                    request._get_current_object(),  # type: ignore[attr-defined]
-                                    "PIKKU_IDENTIFY")
-        api = _api.RunsApi(state.pikku, state.options, caller=caller)
-        return route.serve(api, params, request.args,
-                           lambda: _read_body(state.options.max_body_bytes, route.action))
-    except HTTPException as exc:  # abort(401) in PIKKU_AUTHORIZE
-        raise _http_error(exc, route.action) from None
-
-
-def _read_body(max_bytes: int, action: str) -> Any:
-    try:
-        return _api.read_json_body(request.mimetype, request.content_length,
-                                   request.stream.read, max_bytes)
-    except HTTPException as exc:  # Flask's own MAX_CONTENT_LENGTH
-        raise _http_error(exc, action) from None
-
-
-def _authorize(state: PikkuState, action: str, run_id: str | None) -> None:
-    if state.authorize == _api.ALLOW_LOCAL:
-        allowed = _api.is_local_request(request.remote_addr, request.host,
-                                          request.headers.get)
-    else:
-        assert callable(state.authorize)
-        allowed = bool(state.authorize(request._get_current_object(),  # type: ignore[attr-defined]
-                                       action, run_id))
-    if not allowed:
-        raise _api.forbidden(action)
-
-
-def _http_error(exc: HTTPException, action: str) -> _api.ApiError:
-    if exc.code == 401:
-        return _api.not_authenticated()
-    if exc.code == 403:
-        return _api.forbidden(action)
-    return _api.ApiError(exc.code or 500, (exc.name or "HTTPError").replace(" ", ""),
-                         exc.description or "")

@@ -6,14 +6,20 @@ and step names are user data. Errors are shown as the JSON API serves them (type
 message; tracebacks only with ``PIKKU_SHOW_TRACEBACKS``). Each page costs a bounded number
 of index-served reads: the runs page one page of runs (``limit`` at most 200) and one
 count per status that stops at ``COUNT_LIMIT``; a run page the run, its steps and its
-history.
+history, of which it shows ``STEPS_PER_PAGE`` steps (``?steps_after=<step name>`` pages
+on), so it stays small with thousands of steps.
+
+What a caller may read is the JSON API's rule (``contrib._api.readable_page`` and
+``readable_run``): the runs page and its counts are queried with the caller's run filter,
+and a run it refuses is left out or unknown. A button's outcome comes back as a fixed
+``?notice=`` code (``NOTICES``): the page never shows text taken from its address.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +28,17 @@ from urllib.parse import quote, urlencode
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.contrib._api import CANCEL, RESUME, ApiError, ApiOptions, present
+from pikku_celery.contrib._access import Caller
+from pikku_celery.contrib._api import (
+    CANCEL,
+    RESUME,
+    ApiError,
+    ApiOptions,
+    present,
+    readable_count,
+    readable_page,
+    readable_run,
+)
 from pikku_celery.contrib._api import content_length as content_length_of
 from pikku_celery.dashboard.chart import chart
 from pikku_celery.errors import (
@@ -32,7 +48,7 @@ from pikku_celery.errors import (
     WorkflowRunNotFoundError,
 )
 from pikku_celery.records import RUN_STATUSES, RUN_SUSPENDED
-from pikku_celery.timeline import build, error_line, format_duration, format_time
+from pikku_celery.timeline import Timeline, build, error_line, format_duration, format_time
 from pikku_celery.validate import check_name
 
 log = logging.getLogger("pikku_celery.contrib")
@@ -44,8 +60,16 @@ MAX_SHOWN_CHARS = 64 * 1024  # of one value: the API serves the whole of it
 MAX_FORM_BYTES = 16 * 1024
 MAX_REASON_CHARS = 500
 REFRESH_S = 5
+STEPS_PER_PAGE = 100
 ACTIONS = (CANCEL, RESUME)
-DONE = {CANCEL: "cancelled", RESUME: "resumed"}
+#: ``?notice=<code>`` after a button: the page shows the text of a known code, nothing else.
+NOTICES = {
+    "cancelled": "run cancelled",
+    "resumed": "run resumed",
+    "not-cancelled": "nothing to cancel: the run has already ended",
+    "not-resumed": "nothing to resume: the run is not suspended",
+}
+DONE = {CANCEL: ("cancelled", "not-cancelled"), RESUME: ("resumed", "not-resumed")}
 
 
 @dataclass(frozen=True)
@@ -58,15 +82,19 @@ class Page:
 @dataclass(frozen=True)
 class View:
     """What an adapter knows of the request: where the dashboard is mounted (``base``,
-    ending in ``/``), the query string, whether the caller may do an action to a run (for
-    the buttons), the CSRF form field (``None``: no forms), and the CSP nonce of the page's
-    script."""
+    ending in ``/``), the query string, the caller (what they may do and read), the CSRF
+    form field (``None``: no forms), the CSP nonce of the page's script, and the origins
+    trusted to POST from another site."""
 
     base: str
     query: Mapping[str, str]
-    can: Callable[[str, str | None], bool]
+    caller: Caller
     csrf: tuple[str, str] | None
     nonce: str
+    trusted_origins: Collection[str] = ()
+
+    def can(self, action: str, run_id: str | None) -> bool:
+        return self.caller.can(action, run_id)
 
 
 class PageError(Exception):
@@ -121,16 +149,26 @@ class Dashboard:
         the browser back to the run page."""
         def act() -> Page:
             check_name("run id", run_id)
+            readable_run(self.pikku, view.caller, run_id)
             if action == CANCEL:
                 reason = (form.get("reason") or "").strip()[:MAX_REASON_CHARS] or None
                 done = self.pikku.cancel(run_id, reason or "cancelled from the dashboard")
             else:
                 done = self.pikku.resume(run_id)
-            notice = (f"run {DONE[action]}" if done
-                      else f"nothing to {action}: the run is {self.pikku.get_run(run_id).status}")
+            notice = DONE[action][0 if done else 1]
             return Page(303, redirect=f"{view.base}runs/{segment(run_id)}?"
                         + urlencode({"notice": notice}))
         return self._page(view.base, act)
+
+    def refusal(self, caller: Caller, action: str, run_id: str | None, home: str,
+                login_url: Callable[[], str] | None = None) -> Page | None:
+        """The page refusing ``caller`` the ``action``, or ``None`` when they may."""
+        try:
+            caller.check(action, run_id)
+        except ApiError as exc:
+            login = login_url() if exc.status == 401 and login_url is not None else None
+            return self.refused(exc.status, exc.message, home, login)
+        return None
 
     def refused(self, status: int, message: str, home: str,
                 login_url: str | None = None) -> Page:
@@ -150,11 +188,10 @@ class Dashboard:
             raise InvalidInputError(f"unknown run status {status!r}")
         limit = _limit(query.get("limit"))
         before = query.get("before") or None
-        runs = self.pikku.list_runs(
-            workflow=workflow, status=status, limit=limit,
-            created_before=self.pikku.get_run(before) if before else None)
-        counts = {s: self.pikku.count_runs(s, workflow=workflow, limit=COUNT_LIMIT)
-                  for s in RUN_STATUSES}
+        runs, more = readable_page(self.pikku, view.caller, workflow=workflow, status=status,
+                                   limit=limit, before=before)
+        counts = {s: readable_count(self.pikku, view.caller, s, workflow=workflow,
+                                    limit=COUNT_LIMIT) for s in RUN_STATUSES}
 
         def link(**changes: str | None) -> str:
             params = {"workflow": workflow, "status": status, "limit": (
@@ -167,15 +204,16 @@ class Dashboard:
             runs=[present(r, show_tracebacks=False) for r in runs],
             counts=counts, count_limit=COUNT_LIMIT, workflow=workflow, status=status,
             workflows=sorted(self.pikku.registry.workflows), statuses=RUN_STATUSES,
-            older=link(before=runs[-1].run_id) if len(runs) == limit else None,
+            older=link(before=more) if more else None,
             newest=link() if before else None, link=link, refresh_s=REFRESH_S,
             now=datetime.now(UTC)))
 
     def _run(self, view: View, run_id: str) -> Page:
         check_name("run id", run_id)
-        run = self.pikku.get_run(run_id)
-        timeline = build(run, self.pikku.get_steps(run_id), self.pikku.get_history(run_id),
-                         datetime.now(UTC))
+        run = readable_run(self.pikku, view.caller, run_id)
+        whole = build(run, self.pikku.get_steps(run_id), self.pikku.get_history(run_id),
+                      datetime.now(UTC))
+        timeline, later = _steps_page(whole, view.query.get("steps_after") or None)
         shown = self.options.show_tracebacks
         attempts = [(a, present({"error": a.error}, show_tracebacks=shown)["error"])
                     for a in timeline.attempts]
@@ -188,7 +226,12 @@ class Dashboard:
             can_cancel=live and view.csrf is not None and view.can(CANCEL, run_id),
             can_resume=(run.status == RUN_SUSPENDED and view.csrf is not None
                         and view.can(RESUME, run_id)),
-            notice=view.query.get("notice"), live=live, refresh_s=REFRESH_S))
+            notice=NOTICES.get(view.query.get("notice") or ""), live=live,
+            refresh_s=REFRESH_S, progress=whole.progress(), steps_total=len(whole.steps),
+            later=later and (f"{view.base}runs/{segment(run_id)}?"
+                             + urlencode({"steps_after": later})),
+            first=(f"{view.base}runs/{segment(run_id)}"
+                   if view.query.get("steps_after") else None)))
 
     def _page(self, home: str, make: Callable[[], Page]) -> Page:
         """Run a page and map its failure to an error page, as the API maps statuses."""
@@ -215,6 +258,20 @@ class Dashboard:
     def error(self, status: int, title: str, message: str, home: str) -> Page:
         return Page(status, ENV.get_template("error.html").render(
             title=title, message=message, status=status, home=home))
+
+
+def _steps_page(timeline: Timeline, after: str | None) -> tuple[Timeline, str | None]:
+    """``STEPS_PER_PAGE`` steps of the timeline (after the step named ``after``), and the
+    name to page on from, if more follow."""
+    names = [s.state.step_name for s in timeline.steps]
+    start = 0
+    if after is not None:
+        if after not in names:
+            raise InvalidInputError(f"steps_after={after!r} is not a step of this run")
+        start = names.index(after) + 1
+    steps = timeline.steps[start:start + STEPS_PER_PAGE]
+    more = steps[-1].state.step_name if steps and start + STEPS_PER_PAGE < len(names) else None
+    return Timeline(timeline.run, steps, timeline.start, timeline.end), more
 
 
 def _limit(raw: str | None) -> int:

@@ -24,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt, csrf_protect, ensure_csrf_
 from django.views.decorators.http import require_http_methods
 
 from pikku_celery.contrib.django import project_pikku
-from pikku_celery.contrib.django.views import options, refusal
+from pikku_celery.contrib.django.views import caller, options
 from pikku_celery.dashboard._pages import (
     ACTIONS,
     Dashboard,
@@ -43,19 +43,17 @@ def _serve(request: HttpRequest, action: str, run_id: str | None,
     board = Dashboard(project_pikku(), options())
     base = reverse("pikku:dashboard")
     nonce = secrets.token_urlsafe(16)
-    denied = refusal(request, action, run_id)
-    if denied is not None:
-        login = None
-        if denied.status == 401:
-            login = (resolve_url(settings.LOGIN_URL) + "?"
-                     + urlencode({"next": request.get_full_path()}))
-        return _respond(board.refused(denied.status, denied.message, base, login), nonce)
+    who = caller(request)
 
-    def can(other: str, other_run_id: str | None) -> bool:
-        return refusal(request, other, other_run_id) is None
+    def login() -> str:
+        return (str(resolve_url(settings.LOGIN_URL)) + "?"
+                + urlencode({"next": request.get_full_path()}))
 
-    view = View(base=base, query=request.GET, can=can, csrf=(CSRF_FIELD, get_token(request)),
-                nonce=nonce)
+    refused = board.refusal(who, action, run_id, base, login)
+    if refused is not None:
+        return _respond(refused, nonce)
+    view = View(base=base, query=request.GET, caller=who,
+                csrf=(CSRF_FIELD, get_token(request)), nonce=nonce)
     try:
         return _respond(page(board, view), nonce)
     except PageError as exc:

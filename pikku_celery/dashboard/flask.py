@@ -1,7 +1,9 @@
 """The dashboard in Flask: pages on the ``PikkuFlask`` extension's blueprint, beside the
 JSON API, under ``PIKKU_URL_PREFIX`` (``/pikku/`` by default: the runs page; ``/pikku/runs/
-<run_id>``: a run). Every request goes through the API's ``PIKKU_AUTHORIZE`` with the
-action it needs (``read`` for a page, ``cancel``/``resume`` for a button).
+<run_id>``: a run). Every request goes through the caller the adapter makes
+(``contrib._access.Caller``) with the action it needs (``read`` for a page,
+``cancel``/``resume`` for a button). This module imports no Flask extension code: the
+adapter hands it ``served`` (``contrib._flask_web``).
 
 The buttons POST small urlencoded forms, which a cross-site page can also send, so each
 carries a CSRF token kept in Flask's signed session (the app needs a ``SECRET_KEY``;
@@ -14,10 +16,8 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections.abc import Callable
-from typing import Any
 
 from flask import Blueprint, Response, current_app, redirect, request, session, url_for
-from werkzeug.exceptions import HTTPException
 
 from pikku_celery.contrib import _api
 from pikku_celery.dashboard._pages import (
@@ -32,30 +32,38 @@ from pikku_celery.dashboard._pages import (
 
 CSRF_FIELD = "pikku_csrf"
 CSRF_SESSION_KEY = "pikku_csrf"
+#: What a page is served with for the current request (the adapter's ``served``).
+CurrentServed = Callable[[], _api.Served]
 
 
-def add_routes(bp: Blueprint) -> None:
-    """The pages, on the extension's blueprint (``contrib.flask.blueprint``)."""
-    bp.add_url_rule("/", "dashboard", runs_view, methods=["GET"])
-    bp.add_url_rule("/runs/<run_id>", "dashboard_run", run_view, methods=["GET"])
+def add_routes(bp: Blueprint, served: CurrentServed) -> None:
+    """The pages, on the Flask adapter's blueprint (``contrib._flask_web.blueprint``);
+    ``served()`` gives each request its app, options and caller."""
+    bp.add_url_rule("/", "dashboard", _runs_view(served), methods=["GET"])
+    bp.add_url_rule("/runs/<run_id>", "dashboard_run", _run_view(served), methods=["GET"])
     for action in ACTIONS:
         bp.add_url_rule(f"/runs/<run_id>/{action}", f"dashboard_{action}",
-                        _action_view(action), methods=["POST"])
+                        _action_view(served, action), methods=["POST"])
 
 
-def runs_view() -> Response:
-    return _serve(_api.READ, None, lambda board, view: board.runs_page(view))
+def _runs_view(served: CurrentServed) -> Callable[[], Response]:
+    def view() -> Response:
+        return _serve(served, _api.READ, None, lambda board, page: board.runs_page(page))
+    return view
 
 
-def run_view(run_id: str) -> Response:
-    return _serve(_api.READ, run_id, lambda board, view: board.run_page(view, run_id))
+def _run_view(served: CurrentServed) -> Callable[[str], Response]:
+    def view(run_id: str) -> Response:
+        return _serve(served, _api.READ, run_id,
+                      lambda board, page: board.run_page(page, run_id))
+    return view
 
 
-def _action_view(action: str) -> Callable[..., Response]:
+def _action_view(served: CurrentServed, action: str) -> Callable[..., Response]:
     def view(run_id: str) -> Response:
         def act(board: Dashboard, page_view: View) -> Page:
             why = _api.cross_origin_refusal(request.headers.get, request.host,
-                                            _state().trusted_origins)
+                                            page_view.trusted_origins)
             if why is not None:
                 raise PageError(403, "Cross-site request", f"refused ({why})")
             # The header as sent: werkzeug reads one that is not a number as 0 (an empty
@@ -68,54 +76,25 @@ def _action_view(action: str) -> Callable[..., Response]:
                 raise PageError(403, "CSRF check failed",
                                 "the form's token is missing or stale: reload the page")
             return board.act(page_view, run_id, action, request.form)
-        return _serve(action, run_id, act)
+        return _serve(served, action, run_id, act)
     return view
 
 
-def _state() -> Any:
-    from pikku_celery.contrib.flask import _state as state
-
-    return state(current_app)
-
-
-def _serve(action: str, run_id: str | None,
+def _serve(served: CurrentServed, action: str, run_id: str | None,
            page: Callable[[Dashboard, View], Page]) -> Response:
-    state = _state()
-    board = Dashboard(state.pikku, state.options)
     base = url_for("pikku.dashboard")
     nonce = secrets.token_urlsafe(16)
-    refused = _refusal(board, action, run_id, base)
+    now = served()
+    board = Dashboard(now.pikku, now.options)
+    refused = board.refusal(now.caller, action, run_id, base)
     if refused is not None:
         return _respond(refused, nonce)
-    view = View(base=base, query=request.args, can=_can, csrf=_csrf_field(), nonce=nonce)
+    view = View(base=base, query=request.args, caller=now.caller, csrf=_csrf_field(),
+                nonce=nonce, trusted_origins=now.trusted_origins)
     try:
         return _respond(page(board, view), nonce)
     except PageError as exc:
         return _respond(board.error(exc.status, exc.title, exc.message, base), nonce)
-
-
-def _refusal(board: Dashboard, action: str, run_id: str | None, base: str) -> Page | None:
-    from pikku_celery.contrib.flask import _authorize, _http_error
-
-    try:
-        _authorize(_state(), action, run_id)
-    except _api.ApiError as exc:
-        return board.refused(exc.status, exc.message, base)
-    except HTTPException as exc:  # abort(401) in PIKKU_AUTHORIZE
-        error = _http_error(exc, action)
-        return board.refused(error.status, error.message, base)
-    return None
-
-
-def _can(action: str, run_id: str | None) -> bool:
-    """May the caller do ``action``? (For the buttons: a refusal here is just no button.)"""
-    from pikku_celery.contrib.flask import _authorize
-
-    try:
-        _authorize(_state(), action, run_id)
-    except (_api.ApiError, HTTPException):
-        return False
-    return True
 
 
 def _csrf_field() -> tuple[str, str] | None:

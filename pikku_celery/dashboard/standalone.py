@@ -1,36 +1,42 @@
-"""``pikku dashboard``: the dashboard (and the JSON API) as a Flask app of its own.
+"""``pikku dashboard``: the dashboard (and the JSON API) as a WSGI app of its own, served by
+waitress, a production WSGI server (a bounded pool of threads, a cap on connections and a
+timeout for idle or slow clients, before any request reaches the app).
 
-Who gets in, in this order: ``authorize`` (a callable ``(request, action, run_id) ->
-bool`` or its dotted path, as ``PIKKU_AUTHORIZE``) decides every request when given; else
-with a ``token``, whoever opens ``/?token=<token>`` once (the token is kept in the signed
-session cookie) or sends ``Authorization: Bearer <token>``; else only requests from this
-machine to a loopback name (``"allow-local"``). The CLI refuses to bind anything but
-loopback without an authorize callable or a token.
+Who gets in: ``authorize`` (a callable ``(request, action, run_id) -> bool`` or its dotted
+path, as ``PIKKU_AUTHORIZE``) decides every request when given; else a **token**: whoever
+opens ``/?token=<token>`` once (the token is then kept in the signed session cookie, and
+the browser sent on to the same page without it) or sends ``Authorization: Bearer
+<token>``. The token comes from ``PIKKU_DASHBOARD_TOKEN`` only (a command-line argument
+shows in ``ps`` and shell history); without it, ``pikku dashboard`` on loopback draws a
+random one per process and prints the URL carrying it once, as Jupyter does. Loopback
+alone lets nobody in: a proxy, ``ssh -R`` or a port-forward on this host looks local.
+
+The session cookie is ``HttpOnly``, ``SameSite=Lax`` and ``Secure`` unless ``plain_http``
+(which ``pikku dashboard`` sets only when it serves plain HTTP on a loopback address and
+was not told that browsers reach it over HTTPS). It is signed with
+``PIKKU_DASHBOARD_SECRET_KEY`` (at least 32 characters) when set, else with a key drawn
+at random when the app is made: enough for one process, but every process draws its own,
+so a server with several worker processes must set it. It is never printed or logged.
 
 None of these names the caller, so the JSON API here records approvals with no approver:
 a body naming ``by`` is refused (403), and a decision without it is taken only by a gate
-without approvers. To record who approves, mount ``PikkuFlask`` in your own app with
-``PIKKU_IDENTIFY``.
+without approvers. To record who approves, mount ``PikkuFlask`` with ``PIKKU_IDENTIFY``.
 
-``make_app`` returns a WSGI app: behind a real server,
-``gunicorn 'pikku_celery.dashboard.standalone:from_env()'`` (reads the same settings from
-``PIKKU_DASHBOARD_*`` environment variables) serves it on many threads.
-
-The session cookie (the token login, the buttons' CSRF token) is signed with a secret key:
-``PIKKU_DASHBOARD_SECRET_KEY`` (``from_env()`` and ``pikku dashboard``; at least 32
-characters) when set, else one drawn at random when the app is made. A random key is
-enough for one process, but every process draws its own: under ``gunicorn -w 4`` a cookie
-one worker signed is refused by the others (401s and failed CSRF checks at random), and
-every restart logs everyone out. Give every process the same key. It is never printed or
-logged.
+Access log: ``serve`` logs one line per request on ``pikku_celery.dashboard.access`` with
+every ``token=`` value replaced by ``***``; ``RedactTokens`` does the same for another
+server's access log (``logging.getLogger("gunicorn.access").addFilter(RedactTokens())``;
+``from_env()`` adds it to gunicorn's and werkzeug's loggers).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
+import re
 import secrets
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -38,53 +44,74 @@ from flask import Flask, abort, redirect, request, session
 from flask.typing import ResponseReturnValue
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.contrib._api import ALLOW_LOCAL, Authorize, import_authorize
+from pikku_celery.contrib import _access, _api
+from pikku_celery.contrib._flask_web import EXTENSION, PikkuState, blueprint
 
 TOKEN_SESSION_KEY = "pikku_token"
+TOKEN_ENV = "PIKKU_DASHBOARD_TOKEN"
 SECRET_KEY_ENV = "PIKKU_DASHBOARD_SECRET_KEY"
 MIN_SECRET_KEY_CHARS = 32
+MIN_TOKEN_CHARS = 16
+#: waitress: threads serving requests, open connections at most (more wait in the listen
+#: backlog), and seconds a connection may sit idle or trickle a request before it is closed.
+THREADS = 8
+CONNECTION_LIMIT = 64
+CHANNEL_TIMEOUT_S = 30
+MAX_REQUEST_BODY_BYTES = 1024 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+_TOKEN_IN_TEXT = re.compile(r"((?:^|[?&;\s])token=)[^&;\s\"']*", re.IGNORECASE)
+access_log = logging.getLogger("pikku_celery.dashboard.access")
 
 
-def make_app(pikku: PikkuCelery, *, authorize: Authorize | str | None = None,
+def make_app(pikku: PikkuCelery, *, authorize: _access.Authorize | str | None = None,
              token: str | None = None, show_tracebacks: bool = False,
-             secret_key: str | bytes | None = None) -> Flask:
-    """A Flask app serving the dashboard at ``/`` and the JSON API at ``/api/``.
-    ``secret_key`` signs its session cookie (``None``: a random one, for this process
-    only)."""
-    from pikku_celery.contrib.flask import PikkuFlask
-
+             secret_key: str | bytes | None = None, plain_http: bool = False) -> Flask:
+    """A Flask app serving the dashboard at ``/`` and the JSON API at ``/api/``, letting
+    in the callers ``authorize`` allows, else whoever has ``token``; one of them is
+    required. ``secret_key`` signs its session cookie (``None``: a random one, for this
+    process only). ``plain_http``: served over plain HTTP on loopback, so the cookie
+    cannot be ``Secure``."""
     if secret_key is not None and len(secret_key) < MIN_SECRET_KEY_CHARS:
         # Never the key itself in the message: it is one line on a terminal or in a log.
         raise ValueError(
             f"a dashboard secret key ({SECRET_KEY_ENV}) must have at least "
             f"{MIN_SECRET_KEY_CHARS} characters; make one with "
             "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
-
     if authorize is not None:
-        rule: Authorize | str = import_authorize(authorize, "--authorize")
+        rule = _access.import_authorize(authorize, "--authorize")
     elif token is not None:
-        if len(token) < 16:
-            raise ValueError("a dashboard token must have at least 16 characters")
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"a dashboard token ({TOKEN_ENV}) must have at least "
+                             f"{MIN_TOKEN_CHARS} characters")
         rule = _token_rule(token)
     else:
-        rule = ALLOW_LOCAL
+        raise ValueError(f"the dashboard needs an authorize callable or a token "
+                         f"({TOKEN_ENV}): loopback is not an identity")
     app = Flask("pikku_celery.dashboard")
     app.config.update(
         SECRET_KEY=secret_key if secret_key is not None else secrets.token_bytes(32),
         SESSION_COOKIE_NAME="pikku_dashboard", SESSION_COOKIE_HTTPONLY=True,
-        SESSION_COOKIE_SAMESITE="Lax", MAX_CONTENT_LENGTH=1024 * 1024,
-        PIKKU_URL_PREFIX="", PIKKU_AUTHORIZE=rule, PIKKU_SHOW_TRACEBACKS=show_tracebacks)
+        SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_SECURE=not plain_http,
+        MAX_CONTENT_LENGTH=MAX_REQUEST_BODY_BYTES)
     if token is not None and authorize is None:
         app.before_request(_token_login(token))
-    PikkuFlask(pikku).init_app(app)
+    app.extensions[EXTENSION] = PikkuState(
+        pikku=pikku, rules=_access.Rules(authorize=rule),
+        options=_api.ApiOptions(show_tracebacks=show_tracebacks))
+    app.register_blueprint(blueprint(), url_prefix="")
     return app
+
+
+def new_token() -> str:
+    """A random token for one ``pikku dashboard`` process."""
+    return secrets.token_urlsafe(32)
 
 
 def _digest(token: str) -> str:
     return hashlib.sha256(b"pikku-dashboard:" + token.encode()).hexdigest()
 
 
-def _token_rule(token: str) -> Authorize:
+def _token_rule(token: str) -> _access.Authorize:
     expected = _digest(token)
 
     def authorize(req: Any, action: str, run_id: str | None) -> bool:
@@ -97,7 +124,7 @@ def _token_rule(token: str) -> Authorize:
     return authorize
 
 
-def _token_login(token: str) -> Any:
+def _token_login(token: str) -> Callable[[], ResponseReturnValue | None]:
     expected = _digest(token)
 
     def login() -> ResponseReturnValue | None:
@@ -113,21 +140,79 @@ def _token_login(token: str) -> Any:
     return login
 
 
+# --- serving --------------------------------------------------------------------------------
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` with every ``token=<value>`` as ``token=***``."""
+    return _TOKEN_IN_TEXT.sub(r"\1***", text)
+
+
+class RedactTokens(logging.Filter):
+    """A logging filter that masks ``token=`` values in a record's message (an access log
+    line of any server)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_tokens(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+class AccessLog:
+    """WSGI middleware: one line per request (method, path and query with tokens masked,
+    status) on ``pikku_celery.dashboard.access``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
+                 ) -> Iterable[bytes]:
+        def logged(status: str, headers: Any, *rest: Any) -> Any:
+            query = environ.get("QUERY_STRING", "")
+            path = environ.get("PATH_INFO", "") + (f"?{query}" if query else "")
+            access_log.info("%s %s %s %s", environ.get("REMOTE_ADDR", "-"),
+                            environ.get("REQUEST_METHOD", "-"), redact_tokens(path),
+                            status.split(" ", 1)[0])
+            return start_response(status, headers, *rest)
+        result: Iterable[bytes] = self.app(environ, logged)
+        return result
+
+
+def create_server(app: Flask, host: str, port: int) -> Any:
+    """A waitress server for ``app`` on ``host:port`` (not yet serving: call ``run()``)."""
+    from waitress import create_server as waitress_server
+
+    return waitress_server(
+        AccessLog(app), host=host, port=port, threads=THREADS,
+        connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
+        max_request_body_size=MAX_REQUEST_BODY_BYTES,
+        max_request_header_size=MAX_HEADER_BYTES, expose_tracebacks=False,
+        ident="pikku", clear_untrusted_proxy_headers=True)
+
+
 def secret_key_from_env() -> str | None:
     """``PIKKU_DASHBOARD_SECRET_KEY``, or ``None`` when it is not set."""
     return os.environ.get(SECRET_KEY_ENV)
 
 
+def token_from_env() -> str | None:
+    """``PIKKU_DASHBOARD_TOKEN``, or ``None`` when it is not set (or empty)."""
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def from_env() -> Flask:
     """For a WSGI server: the app of ``PIKKU_DASHBOARD_CELERY_APP`` (``"proj.celery:app"``)
     with ``PIKKU_DASHBOARD_AUTHORIZE`` or ``PIKKU_DASHBOARD_TOKEN``, its session signed
-    with ``PIKKU_DASHBOARD_SECRET_KEY`` (needed with more than one worker process)."""
+    with ``PIKKU_DASHBOARD_SECRET_KEY`` (needed with more than one worker process), its
+    cookie ``Secure`` (put it behind HTTPS)."""
     from pikku_celery.app import get_pikku
-    from pikku_celery.contrib._api import import_dotted
 
-    celery_app = import_dotted(os.environ["PIKKU_DASHBOARD_CELERY_APP"],
-                               "PIKKU_DASHBOARD_CELERY_APP")
+    for name in ("gunicorn.access", "werkzeug"):
+        logging.getLogger(name).addFilter(RedactTokens())
+    celery_app = _access.import_dotted(os.environ["PIKKU_DASHBOARD_CELERY_APP"],
+                                       "PIKKU_DASHBOARD_CELERY_APP")
     return make_app(get_pikku(celery_app),
                     authorize=os.environ.get("PIKKU_DASHBOARD_AUTHORIZE"),
-                    token=os.environ.get("PIKKU_DASHBOARD_TOKEN"),
-                    secret_key=secret_key_from_env())
+                    token=token_from_env(), secret_key=secret_key_from_env())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -109,16 +110,18 @@ def test_pikku_dashboard_serves_the_runs_page_from_its_own_process(
         env: dict[str, str]) -> None:
     run_id = completed_run(env)
     port = free_port()
-    token = "t0ken-for-this-test-only"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", APP, "pikku", "dashboard", "--port", str(port),
-         "--token", token], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(  # no PIKKU_DASHBOARD_TOKEN: it draws one, served by waitress
+        [sys.executable, "-m", "celery", "-A", APP, "pikku", "dashboard", "--port", str(port)],
+        cwd=ROOT, env={k: v for k, v in env.items() if k != "PIKKU_DASHBOARD_TOKEN"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert server.stdout is not None
-        first = server.stdout.readline()  # printed once the app is built, before it binds
-        assert first.strip() == f"pikku dashboard on http://127.0.0.1:{port}/?token={token} " \
-                                "(Ctrl-C to stop)"
+        first = server.stdout.readline()  # printed once the server is bound
+        printed = re.fullmatch(rf"pikku dashboard on http://127\.0\.0\.1:{port}/\?token=(\S+) "
+                               r"\(open it once; Ctrl-C to stop\)", first.strip())
+        assert printed is not None, first
+        token = printed.group(1)
+        assert len(token) >= 32
         base = f"http://127.0.0.1:{port}"
         refused = _get(f"{base}/", None)
         assert refused[0] == 401

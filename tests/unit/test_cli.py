@@ -399,9 +399,7 @@ def test_an_app_without_pikku_is_one_line() -> None:
 def test_the_dashboard_binds_beyond_loopback_only_with_authorize_or_token(
         pikku: PikkuCelery) -> None:
     line = one_line_error(run_cli(pikku, "dashboard", "--host", "0.0.0.0"))
-    assert "without --authorize or --token" in line
-    short = run_cli(pikku, "dashboard", "--host", "0.0.0.0", "--token", "short")
-    assert "at least 16 characters" in one_line_error(short)
+    assert "without --authorize or PIKKU_DASHBOARD_TOKEN" in line
     assert cli_module.is_loopback("127.0.0.1") and cli_module.is_loopback("::1")
     assert cli_module.is_loopback("localhost") and not cli_module.is_loopback("10.0.0.1")
 

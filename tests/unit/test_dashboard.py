@@ -311,13 +311,14 @@ def test_the_cancel_button_cancels_with_the_pages_token(site: Site) -> None:
     field, token = page.form_token()
     done = site.post(f"{BASE}runs/{run_id}/cancel", {field: token, "reason": "dup <order>"})
     assert done.status == 303
-    assert done.headers["Location"].endswith(f"{BASE}runs/{run_id}?notice=run+cancelled")
+    assert done.headers["Location"].endswith(f"{BASE}runs/{run_id}?notice=cancelled")
     run = site.pikku.get_run(run_id)
     assert run.status == "cancelled" and run.cancel_reason == "dup <order>"
-    after = site.get(f"{BASE}runs/{run_id}?notice=run+cancelled")
+    after = site.get(f"{BASE}runs/{run_id}?notice=cancelled")
     assert "run cancelled" in after.text and 'id="cancel"' not in after.text
     again = site.post(f"{BASE}runs/{run_id}/cancel", {field: token})
-    assert again.status == 303 and "nothing+to+cancel" in again.headers["Location"]
+    assert again.status == 303 and again.headers["Location"].endswith("notice=not-cancelled")
+    assert "nothing to cancel" in site.get(again.headers["Location"]).text
 
 
 def test_the_resume_button_resumes(site: Site) -> None:
@@ -431,19 +432,6 @@ def test_standalone_api_approvals_name_no_approver() -> None:
     assert open_gate.status_code == 200 and pikku.get_run(opened).status == "running"
 
 
-def test_standalone_without_a_token_lets_in_this_machine_only() -> None:
-    app = make_app(make_pikku())
-    local = {"REMOTE_ADDR": "127.0.0.1"}
-    assert app.test_client().get("/", base_url="http://127.0.0.1:5580",
-                                 environ_base=local).status_code == 200
-    rebound = app.test_client().get("/", base_url="http://evil.example:5580",
-                                    environ_base=local)
-    assert rebound.status_code == 403
-    remote = app.test_client().get("/", base_url="http://127.0.0.1:5580",
-                                   environ_base={"REMOTE_ADDR": "10.1.2.3"})
-    assert remote.status_code == 403
-
-
 def test_standalone_with_an_authorize_callable() -> None:
     app = make_app(make_pikku(), authorize=lambda request, action, run_id: action == "read")
     assert app.test_client().get("/").status_code == 200
@@ -479,8 +467,8 @@ def _hrefs(answer: Answer, pattern: str) -> list[str]:
 def test_run_ids_are_url_encoded_in_links_forms_and_redirects(site: Site) -> None:
     """A run id is any name (``check_name``): ``#``, ``?`` and ``%`` in it must not end or
     change the path of a link to it, or the link 404s (or opens another run)."""
-    for run_id in ODD_RUN_IDS:
-        site.pikku.start("waits", None, inline=True, run_id=run_id)
+    for run_id in ODD_RUN_IDS:  # no longer startable (issue 22 item 11), still stored
+        site.pikku.engine.store.create_run(NewRun(run_id, "waits", None), now_ms())
     links = _hrefs(site.get(BASE), r'<td class="mono"><a href="([^"]+)"')
     assert sorted(links) == sorted(f"{BASE}runs/{quote(r, safe='')}" for r in ODD_RUN_IDS)
     for link in links:
@@ -490,12 +478,11 @@ def test_run_ids_are_url_encoded_in_links_forms_and_redirects(site: Site) -> Non
             in page.text, (link, page.status)
         action = _hrefs(page, r'action="([^"]+)" id="cancel-form"')
         assert action == [f"{link}/cancel"]
-        assert _hrefs(page, r'action="([^"]+)" id="resume-form"') == [f"{link}/resume"]
         field, token = page.form_token()
         done = site.post(action[0], {field: token})
         assert done.status == 303
         location = done.headers["Location"]
-        assert location.endswith(f"{link}?notice=run+cancelled"), location
+        assert location.endswith(f"{link}?notice=cancelled"), location
         back = site.get(location[location.index(BASE):])
         assert back.status == 200 and "run cancelled" in back.text
         assert site.pikku.get_run(run_id).status == "cancelled"
@@ -598,15 +585,30 @@ def test_pikku_dashboard_signs_with_the_secret_key_and_never_prints_it(
     from flask import Flask
 
     from pikku_celery.cli import pikku as pikku_group
+    from pikku_celery.dashboard import standalone
     from tests.unit.test_contrib_flask import CeleryCLIContext
 
-    served: list[Any] = []
-    monkeypatch.setattr(Flask, "run", lambda self, **kwargs: served.append(self))
+    served: list[Flask] = []
+
+    class Server:  # waitress's, not serving
+        effective_port = 5580
+
+        def run(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    def create_server(app: Flask, host: str, port: int) -> Server:
+        served.append(app)
+        return Server()
+
+    monkeypatch.setattr(standalone, "create_server", create_server)
     pikku = make_pikku()
 
     def dashboard(secret_key: str | None) -> Any:
-        env = {"PIKKU_DASHBOARD_SECRET_KEY": secret_key}
-        return CliRunner().invoke(pikku_group, ["dashboard", "--token", TOKEN],
+        env = {"PIKKU_DASHBOARD_SECRET_KEY": secret_key, "PIKKU_DASHBOARD_TOKEN": TOKEN}
+        return CliRunner().invoke(pikku_group, ["dashboard"],
                                   obj=CeleryCLIContext(pikku.app), env=env)
 
     result = dashboard(SECRET_KEY)

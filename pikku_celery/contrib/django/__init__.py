@@ -58,7 +58,7 @@ def project_pikku() -> PikkuCelery:
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
 
-    from pikku_celery.contrib._api import import_dotted
+    from pikku_celery.contrib._access import import_dotted
 
     named = getattr(settings, "PIKKU_CELERY_APP", None)
     if named is None:

@@ -31,14 +31,19 @@ class PikkuConfig(AppConfig):
 
 def check_settings(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
     """``manage.py check``: the API's access settings can work."""
-    from pikku_celery.contrib._api import import_authorize
+    from pikku_celery.contrib._access import import_authorize, import_run_filter
+    from pikku_celery.errors import PikkuConfigurationError
 
     found: list[checks.CheckMessage] = []
     authorize = getattr(settings, "PIKKU_AUTHORIZE", None)
+    try:
+        import_run_filter(getattr(settings, "PIKKU_RUN_FILTER", None), "PIKKU_RUN_FILTER")
+    except (ImportError, TypeError) as exc:
+        found.append(checks.Error(str(exc), id="pikku.E001"))
     if authorize is not None:
         try:
             import_authorize(authorize, "PIKKU_AUTHORIZE")
-        except (ImportError, TypeError) as exc:
+        except (ImportError, TypeError, PikkuConfigurationError) as exc:
             found.append(checks.Error(str(exc), id="pikku.E001"))
     elif ("django.contrib.auth" not in settings.INSTALLED_APPS
           or "django.contrib.auth.middleware.AuthenticationMiddleware"

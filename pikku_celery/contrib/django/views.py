@@ -1,11 +1,13 @@
 """The JSON API's Django views, one per ``_api.ROUTES`` entry.
 
 Access follows Django's conventions: ``PIKKU_AUTHORIZE`` (a callable or the dotted path of
-one, ``(request, action, run_id) -> bool``) decides, and by default only active staff users
-get in, as for the admin. A refused anonymous caller gets 401, a refused user 403. Every
-POST goes through Django's CSRF check (``csrf_protect``, with or without
-``CsrfViewMiddleware``): send the ``csrftoken`` cookie's value in ``X-CSRFToken``; every
-GET sets that cookie.
+one, ``(request, action, run_id) -> bool``, told the gate of an approval when it takes a
+``gate`` keyword) decides, and by default only active staff users get in, as for the
+admin; ``PIKKU_RUN_FILTER`` (``(request) -> {"input.<field>": value} | None``) narrows what
+a caller reads to their runs, as a store query (see ``contrib._access``). A refused
+anonymous caller gets 401, a refused user 403. Every POST goes through Django's CSRF
+check (``csrf_protect``, with or without ``CsrfViewMiddleware``): send the ``csrftoken``
+cookie's value in ``X-CSRFToken``; every GET sets that cookie.
 
 An approval is recorded as given by the signed-in user: a body whose ``by`` names anyone
 else is refused (403), and so is any ``by`` from an anonymous caller ``PIKKU_AUTHORIZE``
@@ -25,7 +27,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_protect, ensure_csrf_cookie
 from django.views.decorators.http import require_http_methods
 
-from pikku_celery.contrib import _api
+from pikku_celery.contrib import _access, _api
 from pikku_celery.contrib.django import project_pikku
 
 log = logging.getLogger("pikku_celery.contrib")
@@ -44,26 +46,38 @@ def options() -> _api.ApiOptions:
                                    _api.DEFAULT_MAX_BODY_BYTES)))
 
 
-def refusal(request: HttpRequest, action: str, run_id: str | None) -> _api.ApiError | None:
-    """Why ``request`` may not do ``action``, or ``None``."""
+def rules() -> _access.Rules:
+    """The settings' rules, read at every request (tests change settings)."""
     configured = getattr(settings, "PIKKU_AUTHORIZE", None)
-    authorize = staff_only if configured is None else _api.import_authorize(
+    authorize = staff_only if configured is None else _access.import_authorize(
         configured, "PIKKU_AUTHORIZE")
-    if authorize == _api.ALLOW_LOCAL:
-        allowed = _api.is_local_request(request.META.get("REMOTE_ADDR"), request.get_host(),
-                                        request.headers.get)
-    else:
-        assert callable(authorize)
+    return _access.Rules(authorize=authorize, run_filter=_access.import_run_filter(
+        getattr(settings, "PIKKU_RUN_FILTER", None), "PIKKU_RUN_FILTER"))
+
+
+def caller(request: HttpRequest) -> _access.Caller:
+    """The request's caller: refused anonymous callers get 401, others 403 (raising
+    ``PermissionDenied`` in ``PIKKU_AUTHORIZE`` counts as refusing); an approval is
+    recorded as given by the signed-in user."""
+    found = rules()
+
+    def check(action: str, run_id: str | None, gate: str | None) -> None:
         try:
-            allowed = bool(authorize(request, action, run_id))
+            allowed = found.allowed(request, action, run_id, gate)
         except PermissionDenied:
             allowed = False
-    if allowed:
-        return None
-    user = getattr(request, "user", None)
-    if not getattr(user, "is_authenticated", False):
-        return _api.not_authenticated()
-    return _api.forbidden(action)
+        if allowed:
+            return
+        user = getattr(request, "user", None)
+        if not getattr(user, "is_authenticated", False):
+            raise _api.not_authenticated()
+        raise _api.forbidden(action)
+
+    def name() -> str | None:
+        user: Any = getattr(request, "user", None)
+        return user.get_username() if getattr(user, "is_authenticated", False) else None
+
+    return _access.Caller(found, request, check, name=name)
 
 
 def _read_body(request: HttpRequest, max_bytes: int) -> Any:
@@ -74,13 +88,7 @@ def _read_body(request: HttpRequest, max_bytes: int) -> Any:
 def make_view(route: _api.Route) -> Callable[..., JsonResponse]:
     def view(request: HttpRequest, **params: str) -> JsonResponse:
         def serve() -> _api.Response:
-            denied = refusal(request, route.action, params.get("run_id"))
-            if denied is not None:
-                return denied.response()
-            user: Any = getattr(request, "user", None)
-            caller = (user.get_username() if getattr(user, "is_authenticated", False)
-                      else None)  # an approval is recorded as given by the signed-in user
-            api = _api.RunsApi(project_pikku(), options(), caller=caller)
+            api = _api.RunsApi(project_pikku(), options(), caller(request))
             return route.serve(api, params, request.GET,
                                lambda: _read_body(request, api.options.max_body_bytes))
         status, payload = _api.handle(serve)
