@@ -18,7 +18,13 @@ import redis
 
 from pikku_celery.heartbeat import Heartbeat
 from tests.support import mongomock_compat
-from tests.support.mongod import ExternalMongo, MongodReplicaSet, describe, mongo_target
+from tests.support.mongod import (
+    TEST_COMMANDS,
+    ExternalMongo,
+    MongodReplicaSet,
+    describe,
+    mongo_target,
+)
 from tests.support.redis_cluster import RedisClusterServer
 
 mongomock_compat.install()  # $unionWith, which the store's reads use (MongoDB 4.4+)
@@ -111,8 +117,9 @@ def pooled_database(server: Any) -> Iterator[pymongo.database.Database]:
 @pytest.fixture(scope="session")
 def mongod_replset3() -> Iterator[MongodReplicaSet]:
     """A real three-node replica set (election timeout 2 s) for the failover tests; each
-    test that kills or pauses a node must leave all three up again."""
-    replset = MongodReplicaSet(3).start()
+    test that kills or pauses a node must leave all three up again, and one that sets a
+    failpoint (test commands are on) must lift it."""
+    replset = MongodReplicaSet(3, options=TEST_COMMANDS).start()
     _MONGO_TESTED.append(describe(replset))
     yield replset
     replset.stop()

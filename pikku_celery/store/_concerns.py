@@ -57,18 +57,24 @@ lease; a settle gives each write what is left of the lease it holds (at least 1 
 claim gets the step lease, an orchestration pass's calls the run lease, a reaper's sweep
 its interval (``pikku_celery.claims``, ``passes``, ``tasks``).
 
-Why majority reads are enough, and no causal session: a read at ``majority`` returns only
-writes a majority has, which no failover rolls back, so no pass acts on a write that
-vanishes (a ``local`` read on the primary would: it sees a write still waiting for its
-majority, as after a ``WTimeoutError``). Such a read may be *stale* right after a failover
-(a new primary serves majority reads from its commit point, which catches up with its first
-write of the term), never wrong: every decision the engine makes from a read is a guarded
-write that repeats what it read, so a stale read loses its write's guard (the claim, the
-settle and the transitions are refused, nothing is recorded twice) and a pass that saw too
-little is woken again by the settle's own wake or by the stalled-run sweep. A causally
-consistent session would only order one process's reads after its own writes; the wakes
-that matter cross processes (a worker settles, another passes), where only the guards
-help. Reads go to the primary: pymongo's default read preference, which the store leaves
+Why majority reads, and a causally consistent session per thread: a read at ``majority``
+returns only writes a majority has, which no failover rolls back, so no pass acts on a write
+that vanishes (a ``local`` read on the primary would: it sees a write still waiting for its
+majority, as after a ``WTimeoutError``). Such a read may be *stale* right after a failover:
+a new primary serves majority reads from its commit point, which can be behind a write the
+old primary acknowledged until the new term's first write commits. Most decisions survive
+that (every decision is a guarded write that repeats what it read, so a stale read loses its
+guard, and a pass that saw too little is woken again by a settle's wake or the stalled-run
+sweep), but the Dekker pairs of a run's end do not (``store._ended``): a claim that writes
+its step and then reads its run stale lets a body run on an ended run, and an end that
+writes the run and then reads its steps stale misses a claim made before it. So each
+thread's store calls run in one causally consistent chain (``MongoWorkflowStore._causally``):
+every read carries ``afterClusterTime`` of the thread's last operation and the new primary
+waits until its majority snapshot covers it. It costs no command (the session only adds
+fields to the commands sent anyway) and no wait on a healthy set (the primary's snapshot
+already covers its own acknowledged writes). The wakes that cross processes (a worker
+settles, another passes) are not ordered by it; there only the guards help, as above.
+Reads go to the primary: pymongo's default read preference, which the store leaves
 alone (a URL's ``readPreference=secondary`` makes passes read further behind, still safe by
 the same guards, only slower to converge).
 """

@@ -77,15 +77,19 @@ import heapq
 import inspect
 import itertools
 import re
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 from bson.errors import InvalidDocument
+from bson.timestamp import Timestamp
 from pymongo import ASCENDING, DESCENDING, MongoClient, ReturnDocument
+from pymongo.client_session import ClientSession
 from pymongo.database import Database
 from pymongo.errors import (
     BulkWriteError,
+    ConfigurationError,
     DocumentTooLarge,
     DuplicateKeyError,
     OperationFailure,
@@ -153,6 +157,8 @@ class MongoWorkflowStore:
         self._steps = db[keys.STEPS]
         self._history = db[keys.HISTORY]
         self._versions = db[keys.VERSIONS]
+        self._causal = _CausalClock()
+        self._sessions = True  # until the deployment says it has none (see ``_public``)
         # Indexes are created before the first insert, not here: constructing a store (at
         # import of a Celery app module, say) must not open a connection.
         self._indexes_ready = not create_indexes
@@ -203,6 +209,50 @@ class MongoWorkflowStore:
         return cls(client.get_default_database(default=keys.DEFAULT_DATABASE,
                                                write_concern=writes, read_concern=reads))
 
+    @property
+    def _session(self) -> ClientSession | None:
+        """The causally consistent session of this thread's call in progress (``_public``);
+        every command of the store names it."""
+        return self._causal.session
+
+    @contextlib.contextmanager
+    def _causally(self) -> Iterator[None]:
+        """Run one public call in a causally consistent session that starts where this
+        thread's previous calls ended: its reads wait until they reflect every write and
+        read this thread made before, on whichever primary serves them.
+
+        Why: the Dekker pairs of ``store._ended`` (a claim writes its step, then reads the
+        run; a run's end writes the run, then reads its steps; a child's creation and its
+        parent's cancel likewise) need each side's read to see its own write. On one
+        primary a majority read after a majority write does; right after an election a new
+        primary serves majority reads from a commit point that may be behind a write the
+        old primary acknowledged, so the read can miss it (and miss the other side's write
+        ordered before it). ``afterClusterTime`` makes the new primary wait until its
+        majority snapshot covers the write. The pairs' writes and reads are separate store
+        calls of one thread (``transition_run`` then ``cancel_steps``), so the times carry
+        from call to call per thread, not per call. No extra command is sent: the session
+        only adds ``lsid`` and ``afterClusterTime`` to the commands it would send anyway."""
+        clock = self._causal
+        if clock.session is not None or not self._sessions:  # nested call, or no sessions
+            yield
+            return
+        with self.db.client.start_session(causal_consistency=True) as session:
+            if clock.cluster_time is not None:
+                session.advance_cluster_time(clock.cluster_time)
+            if clock.operation_time is not None:
+                session.advance_operation_time(clock.operation_time)
+            clock.session = session
+            try:
+                yield
+            finally:
+                clock.session = None
+            # Reached only when the call returned. A call that raised may carry the time of
+            # a write whose outcome is unknown (a ``WTimeoutError``: it waits for a
+            # majority it may never get, or is rolled back): later reads must not wait for
+            # it, or every read of this thread would hang while the set lacks its majority.
+            clock.cluster_time = session.cluster_time or clock.cluster_time
+            clock.operation_time = session.operation_time or clock.operation_time
+
     def describe(self) -> str:
         """``MongoDB at mongodb://<hosts>/<database>``, for log lines: never credentials."""
         return describe_database(self.db)
@@ -241,10 +291,10 @@ class MongoWorkflowStore:
         doc = _docs.new_run_doc(run, now_ms)
         try:
             with _storable("workflow input"):
-                self._runs.insert_one(doc)
+                self._runs.insert_one(doc, session=self._session)
             return _docs.run_from_doc(doc), True
         except DuplicateKeyError:
-            existing = self._runs.find_one({R.ID: run.run_id})
+            existing = self._runs.find_one({R.ID: run.run_id}, session=self._session)
             if existing is None:  # pragma: no cover - purged between the two calls
                 raise
             if existing[R.WORKFLOW] != run.workflow:
@@ -256,7 +306,7 @@ class MongoWorkflowStore:
 
     def get_run(self, run_id: str) -> WorkflowRun | None:
         check_name("run id", run_id)
-        doc = self._runs.find_one({R.ID: run_id})
+        doc = self._runs.find_one({R.ID: run_id}, session=self._session)
         return None if doc is None else _docs.run_from_doc(doc)
 
     def transition_run(self, run_id: str, from_statuses: Iterable[str], to_status: str,
@@ -271,13 +321,15 @@ class MongoWorkflowStore:
             fields[R.CANCEL_REASON] = cancel_reason
         with _storable("workflow output"):
             found = self._runs.update_one(
-                {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields})
+                {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields},
+                session=self._session)
         return found.matched_count == 1
 
     def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
                         version: int, now_ms: int) -> WorkflowRun | None:
         check_name("run id", run_id)
-        current = self._runs.find_one({R.ID: run_id}, projection={R.STATE: 1})
+        current = self._runs.find_one({R.ID: run_id}, projection={R.STATE: 1},
+                                      session=self._session)
         if current is None:
             return None
         # Checked against the map as read; the guard below makes sure it is still that map.
@@ -289,13 +341,14 @@ class MongoWorkflowStore:
             {"$set": {**{f"{R.STATE}.{k}": v for k, v in stored.items()},
                       R.STATE_VERSION: version + 1},
              "$push": {R.STATE_WRITERS: writer}, "$max": {R.UPDATED: now_ms}},
-            return_document=_AFTER)
+            return_document=_AFTER, session=self._session)
         return None if doc is None else _docs.run_from_doc(doc)
 
     def touch_run(self, run_id: str, now_ms: int) -> str | None:
         check_name("run id", run_id)
         doc = self._runs.find_one_and_update({R.ID: run_id}, {"$max": {R.UPDATED: now_ms}},
-                                             projection={R.STATUS: 1}, return_document=_AFTER)
+                                             projection={R.STATUS: 1}, return_document=_AFTER,
+                                             session=self._session)
         return None if doc is None else str(doc[R.STATUS])
 
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
@@ -321,7 +374,8 @@ class MongoWorkflowStore:
                 query[R.CREATED] = {"$lte": before_ms}
                 query["$or"] = [{R.CREATED: {"$lt": before_ms}},
                                 {R.RUN: {"$lt": check_name("run id", before_run_id)}}]
-        cursor = self._runs.find(query).sort([(R.CREATED, DESCENDING), (R.RUN, DESCENDING)])
+        cursor = self._runs.find(query, session=self._session).sort(
+            [(R.CREATED, DESCENDING), (R.RUN, DESCENDING)])
         return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
 
     # --- steps ------------------------------------------------------------------------
@@ -330,16 +384,16 @@ class MongoWorkflowStore:
         check_name("run id", step.run_id)
         check_name("step name", step.step_name)
         check_value(f"data of step {step.step_name!r}", step.data)
-        if self._runs.find_one({R.ID: step.run_id}, {R.ID: 1}) is None:
+        if self._runs.find_one({R.ID: step.run_id}, {R.ID: 1}, session=self._session) is None:
             raise InvalidInputError(f"cannot add step {step.step_name!r}: no run "
                                     f"{step.run_id!r}")
         doc = _docs.new_step_doc(step, now_ms)
         try:
             with _storable(f"data of step {step.step_name!r}"):
-                self._steps.insert_one(doc)
+                self._steps.insert_one(doc, session=self._session)
             return _docs.step_from_doc(doc), True
         except DuplicateKeyError:
-            existing = self._steps.find_one({S.ID: doc[S.ID]})
+            existing = self._steps.find_one({S.ID: doc[S.ID]}, session=self._session)
             if existing is None:  # pragma: no cover - purged between the two calls
                 raise
             return _docs.step_from_doc(existing), False
@@ -358,13 +412,14 @@ class MongoWorkflowStore:
         taken: set[str] = set()
         try:
             with _storable("data of a step"):
-                self._steps.insert_many(docs, ordered=False)
+                self._steps.insert_many(docs, ordered=False, session=self._session)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             if any(e.get("code") != DUPLICATE_KEY for e in errors):
                 raise
             taken = {docs[e["index"]][S.ID] for e in errors}
-        existing = {d[S.ID]: d for d in self._steps.find({S.ID: {"$in": sorted(taken)}})
+        existing = {d[S.ID]: d for d in self._steps.find({S.ID: {"$in": sorted(taken)}},
+                                                         session=self._session)
                     } if taken else {}
         return [(_docs.step_from_doc(existing[d[S.ID]]), False) if d[S.ID] in existing
                 else (_docs.step_from_doc(d), True) for d in docs]
@@ -375,7 +430,7 @@ class MongoWorkflowStore:
         check_name("run id", run_id)
         wanted = _steps_filter(run_id, all_steps, step_names, recorded_after)
         if not run:
-            found = [] if wanted is None else list(self._steps.find(wanted))
+            found = [] if wanted is None else list(self._steps.find(wanted, session=self._session))
             return RunRead(None, [_docs.step_from_doc(d) for d in found])
         # The run and its steps in one command: the run's document, then the steps'.
         pipeline: list[Doc] = [{"$match": {R.ID: run_id}}]
@@ -384,13 +439,14 @@ class MongoWorkflowStore:
         if wanted is not None:
             pipeline.append({"$unionWith": {"coll": keys.STEPS,
                                             "pipeline": [{"$match": wanted}]}})
-        docs = list(self._runs.aggregate(pipeline))
+        docs = list(self._runs.aggregate(pipeline, session=self._session))
         head = docs[0] if docs and S.NAME not in docs[0] else None
         return RunRead(None if head is None else _docs.run_from_doc(head),
                        [_docs.step_from_doc(d) for d in docs[1 if head else 0:]])
 
     def get_step(self, run_id: str, step_name: str) -> StepState | None:
-        doc = self._steps.find_one({S.ID: keys.invocation_id(run_id, step_name)})
+        doc = self._steps.find_one({S.ID: keys.invocation_id(run_id, step_name)},
+                                   session=self._session)
         return None if doc is None else _docs.step_from_doc(doc)
 
     def list_steps(self, run_id: str) -> list[StepState]:
@@ -405,10 +461,10 @@ class MongoWorkflowStore:
         claimed = self._steps.find_one_and_update(
             first_claim_filter(step_id, function, now_ms),
             {"$set": running_fields(now_ms, lease_ms, worker, task_id, attempt=1)},
-            return_document=_AFTER)
+            return_document=_AFTER, session=self._session)
         if claimed is not None:
             return self._unless_run_ended(claimed, now_ms)
-        doc = self._steps.find_one({S.ID: step_id})
+        doc = self._steps.find_one({S.ID: step_id}, session=self._session)
         if doc is None:
             raise WorkflowStepNotFoundError(run_id, step_name)
         decision = decide_claim(doc, function, now_ms)
@@ -424,7 +480,8 @@ class MongoWorkflowStore:
         update: Doc = {"$set": fields}
         if decision.action is Action.RECLAIM:
             update["$inc"] = {S.ATTEMPT: 1}
-        claimed = self._steps.find_one_and_update(guard, update, return_document=_AFTER)
+        claimed = self._steps.find_one_and_update(guard, update, return_document=_AFTER,
+                                                  session=self._session)
         if claimed is None:
             return ClaimResult(None)  # lost the race to another claimer
         return self._unless_run_ended(claimed, now_ms)
@@ -434,14 +491,16 @@ class MongoWorkflowStore:
         run *after* the claim's write; when it has ended, fence the attempt just started
         (guarded on it: a fence by the ender that landed first is kept) and claim nothing.
         One point read by ``_id`` per claim that won; a lost claim reads nothing."""
-        run = self._runs.find_one({R.ID: claimed[S.RUN]}, {R.STATUS: 1, R.ERROR: 1})
+        run = self._runs.find_one({R.ID: claimed[S.RUN]}, {R.STATUS: 1, R.ERROR: 1},
+                                  session=self._session)
         if run is None or run[R.STATUS] not in RUN_TERMINAL:
             return ClaimResult(_docs.step_from_doc(claimed))
         attempt = claimed[S.ATTEMPT]
         error = _ended.ended_error(claimed[S.RUN], run[R.STATUS], run.get(R.ERROR))
         self._steps.update_one(
             {S.ID: claimed[S.ID], S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING},
-            {"$set": _ended.fence_fields(attempt, error, now_ms, running=True)})
+            {"$set": _ended.fence_fields(attempt, error, now_ms, running=True)},
+            session=self._session)
         return ClaimResult(None)
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
@@ -486,20 +545,20 @@ class MongoWorkflowStore:
             matched += self._steps.update_many(
                 {S.ID: {"$in": step_ids}, S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING,
                  S.LEASE: {"$ne": None}},
-                {"$set": {S.LEASE: now_ms + lease_ms}}).matched_count
+                {"$set": {S.LEASE: now_ms + lease_ms}}, session=self._session).matched_count
         if matched == len(ids):
             return set()
         # Rare path: find out which renewals were refused.
         live = {d[S.ID] for d in self._steps.find(
             {S.ID: {"$in": list(ids)}, S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None}},
-            {S.ID: 1, S.ATTEMPT: 1}) if d[S.ATTEMPT] == ids[d[S.ID]][2]}
+            {S.ID: 1, S.ATTEMPT: 1}, session=self._session) if d[S.ATTEMPT] == ids[d[S.ID]][2]}
         return {(run, name) for sid, (run, name, _) in ids.items() if sid not in live}
 
     def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
         found = self._steps.update_one(
             {S.ID: keys.invocation_id(run_id, step_name), S.ATTEMPT: attempt,
              S.STATUS: STEP_RUNNING},
-            {"$set": {S.LEASE: None}})
+            {"$set": {S.LEASE: None}}, session=self._session)
         return found.matched_count == 1
 
     def settle_waiting_step(self, run_id: str, step_name: str, now_ms: int, *,
@@ -528,16 +587,17 @@ class MongoWorkflowStore:
                 # whole collection). A gate's due time is fixed while it waits, so at most
                 # one of the two can match; a gate without expiry takes one write.
                 return any(self._steps.update_one({**guard, S.DUE: due},
-                                                  {"$set": fields}).matched_count == 1
+                                                  {"$set": fields},
+                                                  session=self._session).matched_count == 1
                            for due in (None, {"$ne": None, "$gt": now_ms}))
             guard[S.DUE] = {"$ne": None, "$lte": now_ms}
-        found = self._steps.update_one(guard, {"$set": fields})
+        found = self._steps.update_one(guard, {"$set": fields}, session=self._session)
         return found.matched_count == 1
 
     def clear_wake_check(self, run_id: str, step_name: str, due_ms: int) -> bool:
         found = self._steps.update_one(
             {S.ID: keys.invocation_id(run_id, step_name), S.STATUS: STEP_SUCCEEDED,
-             S.DUE: due_ms}, {"$set": {S.DUE: None}})
+             S.DUE: due_ms}, {"$set": {S.DUE: None}}, session=self._session)
         return found.matched_count == 1
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
@@ -545,7 +605,7 @@ class MongoWorkflowStore:
         fenced = 0
         # Only what the guard repeats (a projection built per call: drivers may keep it).
         read = {S.ATTEMPT: 1, S.STATUS: 1, S.DUE: 1}
-        for doc in self._steps.find({S.RUN: run_id, **_UNSETTLED}, read):
+        for doc in self._steps.find({S.RUN: run_id, **_UNSETTLED}, read, session=self._session):
             # Each step is fenced by a write that repeats what was read (attempt, status,
             # due): one that settled since the read keeps its outcome and its history entry.
             # An attempt in flight ends here, its entry closed by the same write; a failed
@@ -557,7 +617,8 @@ class MongoWorkflowStore:
                           S.DUE: doc.get(S.DUE)}
             fields = _ended.fence_fields(doc[S.ATTEMPT], error, now_ms,
                                          running=doc[S.STATUS] == STEP_RUNNING)
-            fenced += self._steps.update_one(guard, {"$set": fields}).matched_count
+            fenced += self._steps.update_one(guard, {"$set": fields},
+                                             session=self._session).matched_count
         return fenced
 
     # --- history ----------------------------------------------------------------------
@@ -567,7 +628,7 @@ class MongoWorkflowStore:
         steps = self._run_steps(run_id)
         # Entries live in the step documents; a step written by an earlier version kept
         # them in the history collection, read only when such a step is there.
-        legacy = (list(self._history.find({H.RUN: run_id}))
+        legacy = (list(self._history.find({H.RUN: run_id}, session=self._session))
                   if any(S.ATTEMPTS not in d for d in steps) else None)
         return _docs.merge_history(steps, legacy)
 
@@ -577,13 +638,13 @@ class MongoWorkflowStore:
         try:
             self._versions.insert_one({V.ID: f"{workflow}:{version}", V.WORKFLOW: workflow,
                                        V.VERSION: version, V.SOURCE: source,
-                                       V.CREATED: now_ms})
+                                       V.CREATED: now_ms}, session=self._session)
             return True
         except DuplicateKeyError:
             return False
 
     def get_version(self, workflow: str, version: str) -> dict[str, Any] | None:
-        doc = self._versions.find_one({V.ID: f"{workflow}:{version}"})
+        doc = self._versions.find_one({V.ID: f"{workflow}:{version}"}, session=self._session)
         return None if doc is None else {k: v for k, v in doc.items() if k != V.ID}
 
     # --- sweeps -----------------------------------------------------------------------
@@ -593,7 +654,8 @@ class MongoWorkflowStore:
         # (status, lease_expires_ms, _id) serves the range and the order: no sort in memory.
         query: Doc = {S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None, "$lt": now_ms}}
         query.update(_page_after(S.LEASE, after))
-        cursor = self._steps.find(query).sort([(S.LEASE, ASCENDING), (S.ID, ASCENDING)])
+        cursor = self._steps.find(query, session=self._session).sort(
+            [(S.LEASE, ASCENDING), (S.ID, ASCENDING)])
         return [_docs.step_from_doc(d) for d in cursor.limit(limit)]
 
     def find_due_steps(self, now_ms: int, dispatched_before_ms: int, limit: int,
@@ -604,31 +666,34 @@ class MongoWorkflowStore:
         # an $or had to sort the whole backlog in memory (no index orders both branches).
         undispatched = self._steps.find(
             {S.STATUS: STEP_PENDING, S.UPDATED: {"$lt": dispatched_before_ms},
-             **_page_after(S.UPDATED, after)}
+             **_page_after(S.UPDATED, after)}, session=self._session
         ).sort([(S.UPDATED, ASCENDING), (S.ID, ASCENDING)]).limit(limit)
         due = self._steps.find(
             {S.STATUS: {"$in": [STEP_SCHEDULED, STEP_FAILED, STEP_SUCCEEDED]},
-             S.DUE: {"$ne": None, "$lte": now_ms}, **_page_after(S.DUE, after)}
+             S.DUE: {"$ne": None, "$lte": now_ms}, **_page_after(S.DUE, after)},
+            session=self._session
         ).sort([(S.DUE, ASCENDING), (S.ID, ASCENDING)]).limit(limit)
         merged = heapq.merge([_docs.step_from_doc(d) for d in undispatched],
                              [_docs.step_from_doc(d) for d in due], key=due_sweep_key)
         return list(itertools.islice(merged, limit))
 
     def find_stalled_runs(self, idle_since_ms: int, limit: int) -> list[WorkflowRun]:
-        cursor = self._runs.find({R.STATUS: RUN_RUNNING, R.UPDATED: {"$lt": idle_since_ms}})
+        cursor = self._runs.find({R.STATUS: RUN_RUNNING, R.UPDATED: {"$lt": idle_since_ms}},
+                                 session=self._session)
         return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
 
     def touch_runs(self, run_ids: Collection[str], now_ms: int) -> None:
         if run_ids:
             self._runs.update_many({R.ID: {"$in": list(run_ids)}},
-                                   {"$max": {R.UPDATED: now_ms}})
+                                   {"$max": {R.UPDATED: now_ms}}, session=self._session)
 
     def find_unsettled_steps(self, run_ids: Collection[str]) -> list[StepState]:
         if not run_ids:
             return []
         # Served by the (run_id, status, seq) index: a few keys per run, its unsettled
         # steps (and failed ones), not every step a long run has settled.
-        found = self._steps.find({S.RUN: {"$in": list(run_ids)}, **_UNSETTLED})
+        found = self._steps.find({S.RUN: {"$in": list(run_ids)}, **_UNSETTLED},
+                                 session=self._session)
         return [_docs.step_from_doc(d) for d in found]
 
     # --- retention and counts -----------------------------------------------------------
@@ -645,7 +710,7 @@ class MongoWorkflowStore:
             query[R.WORKFLOW] = workflow
         if updated_before_ms is not None:
             query[R.UPDATED] = {"$lt": updated_before_ms}
-        return int(self._runs.count_documents(query, limit=limit))
+        return int(self._runs.count_documents(query, limit=limit, session=self._session))
 
     def purge_runs(self, ended_before_ms: int, *, statuses: Iterable[str] = RUN_TERMINAL,
                    limit: int = 500) -> list[str]:
@@ -659,7 +724,8 @@ class MongoWorkflowStore:
         unheard: set[str] = set()
         while True:
             found = list(self._runs.find({**ended, R.UPDATED: {"$lt": ended_before_ms}},
-                                         {R.ID: 1, R.PARENT_RUN: 1, R.PARENT_STEP: 1}
+                                         {R.ID: 1, R.PARENT_RUN: 1, R.PARENT_STEP: 1},
+                                         session=self._session
                                          ).limit(limit + len(unheard)))
             more = self._unheard_children([d for d in found if d[R.ID] not in unheard])
             unheard |= more
@@ -668,10 +734,10 @@ class MongoWorkflowStore:
         ids = [d[R.ID] for d in found if d[R.ID] not in unheard][:limit]
         if not ids:
             return []
-        self._steps.delete_many({S.RUN: {"$in": ids}})
-        self._history.delete_many({H.RUN: {"$in": ids}})
+        self._steps.delete_many({S.RUN: {"$in": ids}}, session=self._session)
+        self._history.delete_many({H.RUN: {"$in": ids}}, session=self._session)
         # The ended status again, in the delete itself: whatever was read, nothing live goes.
-        self._runs.delete_many({R.ID: {"$in": ids}, **ended})
+        self._runs.delete_many({R.ID: {"$in": ids}, **ended}, session=self._session)
         return ids
 
     # --- internals --------------------------------------------------------------------
@@ -685,10 +751,11 @@ class MongoWorkflowStore:
             return set()
         return {d[S.CHILD_RUN] for d in self._steps.find(
             {S.ID: {"$in": sorted(parked)}, S.STATUS: STEP_RUNNING},
-            {S.CHILD_RUN: 1}) if parked.get(d[S.ID]) == d.get(S.CHILD_RUN)}
+            {S.CHILD_RUN: 1}, session=self._session) if parked.get(d[S.ID]) == d.get(S.CHILD_RUN)}
 
     def _run_steps(self, run_id: str) -> list[Doc]:
-        return list(self._steps.find({S.RUN: run_id}).sort([(S.CREATED, ASCENDING),
+        return list(self._steps.find({S.RUN: run_id},
+                                     session=self._session).sort([(S.CREATED, ASCENDING),
                                                             (S.NAME, ASCENDING)]))
 
     def _settle(self, run_id: str, step_name: str, attempt: int, fields: Doc, *,
@@ -698,11 +765,11 @@ class MongoWorkflowStore:
                       **(extra_guard or {})}
         with _storable(f"outcome of step {step_name!r}"):
             doc = self._steps.find_one_and_update(guard, {"$set": fields},
-                                                  return_document=_AFTER)
+                                                  return_document=_AFTER, session=self._session)
         if doc is None and not must_match:
             return None
         if doc is None:
-            current = self._steps.find_one({S.ID: step_id}, {S.ATTEMPT: 1})
+            current = self._steps.find_one({S.ID: step_id}, {S.ATTEMPT: 1}, session=self._session)
             raise WorkflowStepSupersededError(run_id, step_name, attempt,
                                               None if current is None else current[S.ATTEMPT])
         return _docs.step_from_doc(doc)
@@ -712,7 +779,7 @@ class MongoWorkflowStore:
         found = self._steps.update_one(guard, {"$set": {
             S.STATUS: STEP_FAILED, S.LEASE: None, S.DUE: None, S.RESULT: None, S.ERROR: error,
             S.UPDATED: now_ms, **_docs.closing_fields(doc[S.ATTEMPT], STEP_FAILED, now_ms,
-                                                      error)}})
+                                                      error)}}, session=self._session)
         if found.matched_count == 0:
             return ClaimResult(None)  # renewed (or claimed) since we read it
         return ClaimResult(None, wake_run=True)
@@ -801,24 +868,50 @@ def _unreachable(db: Any, exc: ServerSelectionTimeoutError) -> MongoUnreachableE
         f"(server_selection_timeout): {reason[:300]}")
 
 
-def _naming_the_server(method: Callable[P, T]) -> Callable[P, T]:
+class _CausalClock(threading.local):
+    """Per thread and store: the newest cluster and operation times the thread's calls
+    saw, and the session of its call in progress (``MongoWorkflowStore._causally``).
+    Plain values, so a forked worker's copy is harmless."""
+
+    session: ClientSession | None = None
+    cluster_time: Mapping[str, Any] | None = None
+    operation_time: Timestamp | None = None
+
+
+def _public(method: Callable[P, T]) -> Callable[P, T]:
+    """A public store method: run in this thread's causal session, and an unreachable
+    server reported by name, whichever call (a start, a read of the web API, a worker's
+    sweep) met it first."""
     @functools.wraps(method)
     def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        store: Any = args[0]
         try:
-            return method(*args, **kwargs)
+            try:
+                with store._causally():
+                    return method(*args, **kwargs)
+            except (ConfigurationError, NotImplementedError) as exc:
+                if not store._sessions or not _no_sessions(exc):
+                    raise
+                # A deployment without sessions (a standalone server too old, an emulator)
+                # refuses the session before its first command is sent: nothing was
+                # written, so the call runs again without one, as every later call will.
+                store._sessions = False
+                return method(*args, **kwargs)
         except MongoUnreachableError:
             raise
         except ServerSelectionTimeoutError as exc:
-            store: Any = args[0]
             raise _unreachable(store.db, exc) from exc
     return call
 
 
-# Every public store method reports an unreachable server by name, whichever call (a start,
-# a read of the web API, a worker's sweep) met it first.
+def _no_sessions(exc: Exception) -> bool:
+    return ("Sessions are not supported" in str(exc)
+            or "does not support sessions" in str(exc))
+
+
 for _name, _method in list(vars(MongoWorkflowStore).items()):
     if inspect.isfunction(_method) and not _name.startswith("_"):
-        setattr(MongoWorkflowStore, _name, _naming_the_server(_method))
+        setattr(MongoWorkflowStore, _name, _public(_method))
 
 
 # Server errors that no retry can fix: the write itself is impossible.

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -45,6 +45,8 @@ NODE_OPTIONS = [
     "--setParameter", "shutdownTimeoutMillisForSignaledShutdown=500",
     "--quiet",
 ]
+# configureFailPoint needs it; only the tests that set failpoints start nodes with it.
+TEST_COMMANDS = ("--setParameter", "enableTestCommands=1")
 ELECTION_TIMEOUT_MS = 2000  # the default 10 s makes a 3-node set take ~11 s to elect
 
 
@@ -97,8 +99,10 @@ def _die_with_parent() -> Callable[[], None] | None:
 class MongodNode:
     """One ``mongod`` process: its port, data directory, log and PID."""
 
-    def __init__(self, binary: str, replset: str, workdir: Path) -> None:
+    def __init__(self, binary: str, replset: str, workdir: Path,
+                 options: Sequence[str] = ()) -> None:
         self.binary = binary
+        self.options = list(options)
         self.replset = replset
         self.port = free_port()
         self.dir = workdir / str(self.port)
@@ -125,7 +129,7 @@ class MongodNode:
         self.proc = subprocess.Popen(
             [self.binary, "--dbpath", str(self.dir / "db"), "--port", str(self.port),
              "--replSet", self.replset, "--logpath", str(self.log), "--logappend",
-             *NODE_OPTIONS],
+             *NODE_OPTIONS, *self.options],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent())
 
@@ -175,7 +179,10 @@ class MongodReplicaSet:
     kind = "mongod"
 
     def __init__(self, members: int = 1, *, binary: str | None = None,
-                 election_timeout_ms: int = ELECTION_TIMEOUT_MS) -> None:
+                 election_timeout_ms: int = ELECTION_TIMEOUT_MS,
+                 options: Sequence[str] = ()) -> None:
+        """``options``: more ``mongod`` arguments for every node (``TEST_COMMANDS`` lets a
+        test set failpoints)."""
         found = binary or mongod_binary()
         if found is None:
             raise RuntimeError(
@@ -183,7 +190,8 @@ class MongodReplicaSet:
                 "(Linux x86_64), or set PIKKU_TEST_MONGO_URL to an external server")
         self.name = f"pikku-rs-{uuid.uuid4().hex[:6]}"
         self.workdir = Path(tempfile.mkdtemp(prefix="pikku-mongod-"))
-        self.nodes = [MongodNode(found, self.name, self.workdir) for _ in range(members)]
+        self.nodes = [MongodNode(found, self.name, self.workdir, options)
+                      for _ in range(members)]
         self.election_timeout_ms = election_timeout_ms
 
     @property

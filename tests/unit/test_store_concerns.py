@@ -199,7 +199,9 @@ def test_writes_and_reads_carry_the_concerns_to_the_server(
         assert inserts and finds
         assert all(c.get("writeConcern") == {"w": "majority", "wtimeout": 10_000}
                    for c in inserts), inserts
-        assert all(c.get("readConcern") == {"level": "majority"} for c in finds), finds
+        assert all(c["readConcern"]["level"] == "majority" for c in finds), finds
+        # The read after the thread's write waits for it (``MongoWorkflowStore._causally``).
+        assert all("afterClusterTime" in c["readConcern"] for c in finds), finds
     finally:
         store.db.client.close()
 
@@ -211,7 +213,7 @@ def test_chosen_concerns_reach_the_server(database: tuple[str, str]) -> None:
         inserts, finds = _sent(listener, "insert"), _sent(listener, "find")
         assert inserts and finds
         assert all(c.get("writeConcern") == {"w": 1, "j": True} for c in inserts), inserts
-        assert all(c.get("readConcern") == {"level": "local"} for c in finds), finds
+        assert all(c["readConcern"]["level"] == "local" for c in finds), finds
     finally:
         store.db.client.close()
 
