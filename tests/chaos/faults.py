@@ -460,14 +460,23 @@ class FaultInjector:
             self.extra_specs[squatter] = {"kind": "squatter", "expect": "completed"}
             detail = f"{squatter} started"
         parent_id = f"chaos-parent-{self.rng.randrange(10**9)}"
-        taken = keys.child_run_id(parent_id, "invoice")
-        self.pikku.start("chaos.invoice", {"order": -2}, run_id=taken)
-        self.extra_specs[taken] = {"kind": "squat_child", "expect": "completed"}
+        # The id the parent's child will take is reserved (``@``...): start refuses it.
+        # The id earlier versions derived is a caller's to take, and the parent must not
+        # adopt a run it did not create there: it completes with a child of its own.
+        try:
+            self.pikku.start("chaos.invoice", {"order": -2},
+                             run_id=keys.child_run_id(parent_id, "invoice"))
+        except InvalidInputError:
+            child = "its child id refused"
+        else:
+            raise AssertionError(f"start took the reserved child id of {parent_id}")
+        legacy = keys.legacy_child_run_id(parent_id, "invoice")
+        self.pikku.start("chaos.invoice", {"order": -2}, run_id=legacy)
+        self.extra_specs[legacy] = {"kind": "squat_child", "expect": "completed"}
         self.pikku.start("chaos.parent", {}, run_id=parent_id)
-        self.extra_specs[parent_id] = {"kind": "parent", "expect": "failed",
-                                       "error": "WorkflowRunConflictError"}
+        self.extra_specs[parent_id] = {"kind": "parent", "expect": "completed"}
         return FaultEvent("colliding_run_ids", time.monotonic(),
-                          detail=f"{detail}; child id of {parent_id} taken first")
+                          detail=f"{detail}; {parent_id}: {child}, its old-style id taken")
 
     # --- issue 21: cancels timed to land inside a claim or a child's creation --------------
 
