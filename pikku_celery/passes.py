@@ -27,11 +27,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from pikku_celery import keys
 from pikku_celery.claims import serialize_error
-from pikku_celery.definitions import StepDefinition
+from pikku_celery.clock import Clock
+from pikku_celery.definitions import Registry, StepDefinition
 from pikku_celery.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -40,9 +41,10 @@ from pikku_celery.errors import (
     WorkflowCancelledError,
     WorkflowRunNotFoundError,
 )
-from pikku_celery.leases.base import LeaseBusy
+from pikku_celery.leases.base import LeaseBusy, LeaseService
 from pikku_celery.leases.hold import hold_granted
 from pikku_celery.leases.memory import WATCH_SLACK_MS
+from pikku_celery.protocols import Dispatcher, RunEnds, Settings
 from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
@@ -57,12 +59,9 @@ from pikku_celery.records import (
 from pikku_celery.replay import PassInterrupted, Pause, WorkflowContext
 from pikku_celery.store import _docs
 from pikku_celery.store._concerns import deadline
-from pikku_celery.store.base import NewStep
+from pikku_celery.store.base import NewStep, WorkflowStore
 from pikku_celery.validate import check_name
 from pikku_celery.views import ALL, RunView, Views
-
-if TYPE_CHECKING:
-    from pikku_celery.engine import Dispatcher, Engine
 
 log = logging.getLogger("pikku_celery")
 
@@ -72,11 +71,22 @@ def _ms(when: datetime) -> int:
 
 
 class Passes:
-    """The passes of one engine, and the views of the runs they advanced."""
+    """The passes of one engine, and the views of the runs they advanced. A run that ends
+    is finished through ``runs`` (the lifecycle, ``runs.Runs``); ``clock`` is the engine's
+    (it sets it again when it is replaced)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, store: WorkflowStore, leases: LeaseService, registry: Registry,
+                 settings: Settings, clock: Clock, runs: RunEnds) -> None:
+        self.store = store
+        self.leases = leases
+        self.registry = registry
+        self.settings = settings
+        self.clock = clock
+        self.runs = runs
         self.views = Views()
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
 
     def advance(self, run_id: str, dispatcher: Dispatcher, *, mark: str = ALL,
                 settled: StepState | None = None) -> str:
@@ -86,13 +96,12 @@ class Passes:
 
         Raises ``LeaseTakenError`` (having left the mark) when another pass holds the run,
         ``LeaseLostError`` when the lease was lost (whatever the pass wrote stands)."""
-        engine = self._engine
         check_name("run id", run_id)
         key = keys.run_lease_key(run_id)
-        ttl_ms = engine.settings.run_lease_ms
+        ttl_ms = self.settings.run_lease_ms
         view = self.views.take(run_id)
         requested = time.monotonic()
-        got = engine.leases.acquire_or_mark(key, uuid.uuid4().hex, ttl_ms, mark)
+        got = self.leases.acquire_or_mark(key, uuid.uuid4().hex, ttl_ms, mark)
         if isinstance(got, LeaseBusy):
             if view is not None:
                 if settled is not None:
@@ -107,7 +116,7 @@ class Passes:
         if view is not None and got.token <= view.token:
             view = None  # the token went backwards: Redis lost its counters, trust nothing
         marks = set(got.marks) | {mark}
-        with hold_granted(engine.leases, got, ttl_ms, requested) as held:
+        with hold_granted(self.leases, got, ttl_ms, requested) as held:
             while True:
                 # Every MongoDB call of a pass ends within the run lease: the lease is
                 # renewed while the pass runs, so a call stuck on a primary that stopped
@@ -143,7 +152,7 @@ class Passes:
         if view.run.is_terminal:
             self._ended(view, dispatcher)
             return view.run.status, None, False
-        host = _PassHost(self._engine, dispatcher, view, token, fresh)
+        host = _PassHost(self, dispatcher, view, token, fresh)
         status = self._replay(view, host, dispatcher)
         if status in (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED):
             return status, None, False
@@ -153,7 +162,7 @@ class Passes:
               settled: StepState | None) -> tuple[RunView, set[str]]:
         """The view brought up to date for this pass, and the names of the steps read (or
         written by their settle) just now."""
-        store = self._engine.store
+        store = self.store
         if view is None:
             read = store.read_run(run_id, all_steps=True)
             if read.run is None:
@@ -190,19 +199,18 @@ class Passes:
         held the lease while a cancel landed may have recorded steps after the cancel's
         fence, and the writer that completed or failed the run may have stopped between
         that write and its fence."""
-        engine = self._engine
+        runs = self.runs
         run = view.run
         if run.status == RUN_CANCELLED and view.unsettled:
-            engine.cancel(run.run_id, None)
+            runs.cancel(run.run_id, None)
         elif view.unsettled:
-            engine.fence_leftovers(run.run_id, run.status)
+            runs.fence_leftovers(run.run_id, run.status)
         if run.parent_run_id is not None:
-            engine.notify_parent(run.run_id, dispatcher)
+            runs.notify_parent(run.run_id, dispatcher)
 
     def _replay(self, view: RunView, host: _PassHost, dispatcher: Dispatcher) -> str:
-        engine = self._engine
         run = view.run
-        fn = engine.registry.workflow(run.workflow).fn
+        fn = self.registry.workflow(run.workflow).fn
         wf = WorkflowContext(run.run_id, run.input, view.steps, host)
         try:
             output = fn(wf, run.input)
@@ -232,21 +240,20 @@ class Passes:
         for ``stalled_after``: touch the run when its last touch is half that old (one write
         every few seconds of activity, not one per pass). The touch reads the status too: a
         cancel found there fences what this pass recorded."""
-        engine = self._engine
         now = host.now_ms()
-        if now - view.touched_ms < engine.settings.stalled_after_ms // 2:
+        if now - view.touched_ms < self.settings.stalled_after_ms // 2:
             return "paused"
-        status = engine.store.touch_run(view.run.run_id, now)
+        status = self.store.touch_run(view.run.run_id, now)
         view.touched_ms = now
         if status == RUN_CANCELLED:
-            engine.cancel(view.run.run_id, None)
+            self.runs.cancel(view.run.run_id, None)
             view.run = dataclasses.replace(view.run, status=RUN_CANCELLED)
         return "paused"
 
     def _finish(self, view: RunView, status: str, dispatcher: Dispatcher, *,
                 output: Any = None, error: dict[str, Any] | None = None,
                 reason: str | None = None) -> str:
-        return self._engine.finish(view.run, status, output=output, error=error,
+        return self.runs.finish(view.run, status, output=output, error=error,
                                    dispatcher=dispatcher, reason=reason,
                                    leftovers=bool(view.unsettled))
 
@@ -259,9 +266,9 @@ class _PassHost:
     messages. Every other write flushes first, since it may need them (a sleep settled at
     once, a child run, a suspension gate)."""
 
-    def __init__(self, engine: Engine, dispatcher: Dispatcher, view: RunView, token: int,
+    def __init__(self, passes: Passes, dispatcher: Dispatcher, view: RunView, token: int,
                  fresh: set[str]) -> None:
-        self._engine = engine
+        self._passes = passes
         self._dispatcher = dispatcher
         self._view = view
         self._token = token
@@ -270,7 +277,7 @@ class _PassHost:
         self.again = False  # the batch met steps the view lacked: replay with them
 
     def now_ms(self) -> int:
-        return _guarded(self._engine.now_ms)
+        return _guarded(self._passes.now_ms)
 
     # --- recording ----------------------------------------------------------------------
 
@@ -285,7 +292,7 @@ class _PassHost:
         if not self._pending:
             return
         batch, self._pending = self._pending, []
-        recorded = _guarded(lambda: self._engine.store.insert_steps(
+        recorded = _guarded(lambda: self._passes.store.insert_steps(
             batch, self.now_ms(), seq=self._token))
         sending: list[NewStep] = []
         for step, (state, created) in zip(batch, recorded, strict=True):
@@ -332,7 +339,7 @@ class _PassHost:
         opens gates before it moves the run, so if it moved the run first, the gate is open
         by now and the run is taken back to ``running`` here."""
         self.flush()
-        store = self._engine.store
+        store = self._passes.store
         _guarded(lambda: store.transition_run(run_id, [RUN_RUNNING], RUN_SUSPENDED,
                                               self.now_ms()))
         self._view.run = dataclasses.replace(self._view.run, status=RUN_SUSPENDED)
@@ -353,9 +360,9 @@ class _PassHost:
         from ``suspended``. ``False``: it no longer waits (the caller suspends, re-reading
         the gate there)."""
         self.flush()
-        store = self._engine.store
+        store = self._passes.store
         now = self.now_ms()
-        check = self._engine.wake_check_ms(now)
+        check = self._passes.settings.wake_check_ms(now)
         if not _guarded(lambda: store.settle_waiting_step(run_id, gate, now, result=result,
                                                           wake_check_ms=check)):
             return False
@@ -383,7 +390,7 @@ class _PassHost:
         if state.status == STEP_RUNNING and state.lease_expires_at is not None:
             return _ms(state.lease_expires_at) < now
         if state.status == STEP_PENDING:
-            return now - _ms(state.updated_at) > self._engine.settings.undispatched_after_ms
+            return now - _ms(state.updated_at) > self._passes.settings.undispatched_after_ms
         return False
 
     def run_state(self) -> tuple[Mapping[str, Any], tuple[str, ...]]:
@@ -395,7 +402,7 @@ class _PassHost:
         under the lease (a pass of another process makes the next one re-read it), so a
         refused write means a write whose reply was lost, or a lease lost meanwhile: read
         the run to tell which."""
-        store = self._engine.store
+        store = self._passes.store
         run = self._view.run
         written = _guarded(lambda: store.write_run_state(run_id, writer, values,
                                                          run.state_version, self.now_ms()))
@@ -417,7 +424,7 @@ class _PassHost:
     def settle_sleep(self, run_id: str, step_name: str) -> bool:
         self.flush()
         now = self.now_ms()
-        settled = _guarded(lambda: self._engine.store.settle_waiting_step(run_id, step_name,
+        settled = _guarded(lambda: self._passes.store.settle_waiting_step(run_id, step_name,
                                                                           now))
         if settled:
             self._view.put(dataclasses.replace(
@@ -429,7 +436,7 @@ class _PassHost:
     def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
                      child_run_id: str) -> None:
         self.flush()
-        _guarded(lambda: self._engine.ensure_child(parent_run_id, step_name, workflow, data,
+        _guarded(lambda: self._passes.runs.ensure_child(parent_run_id, step_name, workflow, data,
                                                    child_run_id, self._dispatcher))
 
     def step_definition(self, step: Any) -> StepDefinition:
@@ -438,8 +445,8 @@ class _PassHost:
         attached = getattr(step, "pikku_step", None)
         if isinstance(attached, StepDefinition):
             return attached
-        if isinstance(step, str) and step in self._engine.registry.steps:
-            return self._engine.registry.steps[step]
+        if isinstance(step, str) and step in self._passes.registry.steps:
+            return self._passes.registry.steps[step]
         raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")
 
 

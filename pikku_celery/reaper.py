@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
 
+from pikku_celery.definitions import Registry
+from pikku_celery.leases.base import LeaseService
+from pikku_celery.protocols import Dispatcher, RunEnds, Settings
 from pikku_celery.records import (
     RUN_RUNNING,
     RUN_SUSPENDED,
@@ -24,17 +26,23 @@ from pikku_celery.records import (
     StepState,
 )
 from pikku_celery.replay import APPROVAL_PREFIX, CHILD_PREFIX, SUSPEND_PREFIX
-
-if TYPE_CHECKING:
-    from pikku_celery.engine import Dispatcher, Engine
+from pikku_celery.store.base import WorkflowStore
 
 log = logging.getLogger("pikku_celery")
 _MEMORY = 10_000  # redispatch memory entries before it is cleared
 
 
 class Reaper:
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    """One engine's sweeps; a child run that ended unheard is reported through ``runs``
+    (the lifecycle, ``runs.Runs``). Its clock is the lease service's."""
+
+    def __init__(self, store: WorkflowStore, leases: LeaseService, registry: Registry,
+                 settings: Settings, runs: RunEnds) -> None:
+        self.store = store
+        self.leases = leases
+        self.registry = registry
+        self.settings = settings
+        self.runs = runs
         # (kind, step, attempt) -> when this process last re-sent it: one re-send per window.
         self._sent: dict[tuple[str, str, int], int] = {}
         # Where the next sweep's page starts, per kind: (sort key ms, invocation id).
@@ -42,17 +50,17 @@ class Reaper:
         self._unknown: set[str] = set()
 
     def sweep(self, dispatcher: Dispatcher) -> dict[str, int]:
-        engine, s = self._engine, self._engine.settings
-        now = engine.leases.now_ms()
+        store, s = self.store, self.settings
+        now = self.leases.now_ms()
         counts = {"lapsed": 0, "due": 0, "stalled": 0}
-        lapsed = engine.store.find_lapsed_steps(now, s.sweep_limit,
+        lapsed = store.find_lapsed_steps(now, s.sweep_limit,
                                                 after=self._cursor.get("lapsed"))
         self._advance("lapsed", lapsed, lambda step: step.lease_expires_at)
         for step in lapsed:
             if step.function and self._first_in("lapsed", step, now, s.step_lease_ms):
                 self._dispatch(step, dispatcher)
                 counts["lapsed"] += 1
-        due = engine.store.find_due_steps(now, now - s.undispatched_after_ms, s.sweep_limit,
+        due = store.find_due_steps(now, now - s.undispatched_after_ms, s.sweep_limit,
                                           after=self._cursor.get("due"))
         # The store's order (``due_sweep_key``): pending steps by dispatch, others by due time.
         self._advance("due", due, lambda step: step.updated_at if step.status == STEP_PENDING
@@ -67,16 +75,16 @@ class Reaper:
                 dispatcher.wake_run(step.run_id, step_name=step.step_name)
             else:
                 self._dispatch(step, dispatcher)
-        stalled = engine.store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit)
+        stalled = store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit)
         if not stalled:
             return counts
         # Three commands however many runs wait (a backlog of waiting runs is checked
         # again every ``stalled_after``): touched either way, so the sweep rotates through
         # idle runs instead of re-checking the same ``sweep_limit`` ones forever.
         run_ids = [run.run_id for run in stalled]
-        engine.store.touch_runs(run_ids, now)
+        store.touch_runs(run_ids, now)
         unsettled: dict[str, list[StepState]] = {run_id: [] for run_id in run_ids}
-        for step in engine.store.find_unsettled_steps(run_ids):
+        for step in store.find_unsettled_steps(run_ids):
             unsettled[step.run_id].append(step)
         for run_id, steps in unsettled.items():
             live_children = self._recover_children(steps, dispatcher)
@@ -90,7 +98,7 @@ class Reaper:
         opener may have died before moving the run, so move it (only a ``suspended`` run
         moves: one that went on and stopped at a later gate passes it again and suspends
         there), wake it, and end the check."""
-        store = self._engine.store
+        store = self.store
         waiting_elsewhere = any(
             step.function is None and step.status == STEP_SCHEDULED
             and step.step_name.startswith((APPROVAL_PREFIX, SUSPEND_PREFIX))
@@ -116,11 +124,11 @@ class Reaper:
         live: set[str] = set()
         for step in steps:
             if step.status == STEP_RUNNING and step.child_run_id is not None:
-                child = self._engine.store.get_run(step.child_run_id)
+                child = self.store.get_run(step.child_run_id)
                 if child is None:
                     continue
                 if child.is_terminal:
-                    self._engine.notify_parent(child.run_id, dispatcher)
+                    self.runs.notify_parent(child.run_id, dispatcher)
                 else:
                     live.add(step.step_name)
         return live
@@ -134,7 +142,7 @@ class Reaper:
             lease = step.lease_expires_at
             return lease is None or lease.timestamp() * 1000 >= now_ms
         if step.status == STEP_PENDING:
-            recent_ms = now_ms - self._engine.settings.undispatched_after_ms
+            recent_ms = now_ms - self.settings.undispatched_after_ms
             return step.updated_at.timestamp() * 1000 >= recent_ms
         if step.due_at is not None:
             return step.due_at.timestamp() * 1000 > now_ms
@@ -146,7 +154,7 @@ class Reaper:
         follow, so the next sweep starts after its last step; a short one wraps around.
         Oldest-first alone would leave steps nobody can claim (a task removed by a deploy)
         at the head of every page, and the steps behind them would never be seen."""
-        if len(page) < self._engine.settings.sweep_limit:
+        if len(page) < self.settings.sweep_limit:
             self._cursor.pop(kind, None)
             return
         last = key(page[-1])
@@ -156,7 +164,7 @@ class Reaper:
     def _dispatch(self, step: StepState, dispatcher: Dispatcher) -> None:
         function = step.function
         assert function is not None
-        if function not in self._engine.registry.steps and function not in self._unknown:
+        if function not in self.registry.steps and function not in self._unknown:
             self._unknown.add(function)  # once per task per process, not once per sweep
             log.error("pikku reaper: step %r of run %s needs task %r, which this worker "
                       "does not register (removed by a deploy?); it stays unclaimed until "

@@ -64,7 +64,7 @@ def test_a_child_created_after_its_parent_was_cancelled_is_cancelled(
         return wf.child("sub", "child.inner", data)
 
     engine = pikku.engine
-    create_run = engine.create_run
+    create_run = engine.runs.create_run
     cancelled: list[str] = []
 
     def parent_cancelled_first(workflow: Any, data: Any, **kwargs: Any) -> Any:
@@ -74,7 +74,7 @@ def test_a_child_created_after_its_parent_was_cancelled_is_cancelled(
             assert pikku.cancel(parent[0], "cancelled while its child was being created")
         return create_run(workflow, data, **kwargs)
 
-    monkeypatch.setattr(engine, "create_run", parent_cancelled_first)
+    monkeypatch.setattr(engine.runs, "create_run", parent_cancelled_first)
     run_id = pikku.start("child.outer", {"n": 1})
     engine.advance(run_id)
     assert cancelled == [run_id], "the cancel did not land in the child's creation"

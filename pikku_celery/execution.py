@@ -1,0 +1,258 @@
+"""Step execution, the check-run-record core: claim one attempt through the claim layer
+(``claims.py``: one guarded write), run the body, settle its outcome once (a write the
+attempt no longer owns is refused with ``WorkflowStepSupersededError``), then tell the run
+(in place under the run lease, or with a message).
+
+One delivery of a step message, in order: ``claim`` (or, claiming nothing, report how the
+step settled) -> the body, renewed by the heartbeat -> ``succeed`` or ``fail`` (a retry
+delay arms a timer) -> ``_continue`` (a pass of the run). No Celery: ``tasks.py`` maps the
+``StepOutcome`` to the task's result."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pikku_celery.claims import Claimed, Claimer, NotClaimed, StepContext, serialize_error
+from pikku_celery.clock import Clock
+from pikku_celery.definitions import StepDefinition
+from pikku_celery.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    LeaseTakenError,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.heartbeat import HeldStep
+from pikku_celery.protocols import Advancer, Dispatcher, Emit, Settings
+from pikku_celery.records import STEP_FAILED, STEP_SUCCEEDED, StepState
+from pikku_celery.redaction import redact_error
+from pikku_celery.store.base import WorkflowStore
+
+log = logging.getLogger("pikku_celery")
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one delivery of a step message did."""
+
+    kind: str  # "succeeded" | "failed" | "not_claimed" | "settled"
+    result: Any = None
+    error: BaseException | None = None
+    attempt: int = 0  # the attempt that ran (0 when not claimed)
+    max_attempts: int = 0
+    retry_at: datetime | None = None  # failed with attempts left: when the next may start
+
+
+class RecordedStepError(Exception):
+    """A step's failure as its store recorded it (``error``: type, message, traceback),
+    for a delivery that reports an outcome it did not produce (see ``_settled_outcome``)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.error = error
+        super().__init__(error)
+
+
+class StepExecution:
+    """Executes step deliveries; ``dispatcher`` and ``clock`` are the engine's (it sets
+    them again when they are replaced)."""
+
+    def __init__(self, store: WorkflowStore, claimer: Claimer, passes: Advancer,
+                 settings: Settings, clock: Clock, dispatcher: Dispatcher,
+                 emit: Emit) -> None:
+        self.store = store
+        self.claimer = claimer
+        self.passes = passes
+        self.settings = settings
+        self.clock = clock
+        self.dispatcher = dispatcher
+        self.emit = emit
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def recorded_error(self, error: dict[str, Any]) -> dict[str, Any]:
+        """``error`` masked as ``runs.Runs.recorded_error`` masks it."""
+        return redact_error(error, self.settings.redact_error)
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def execute_step(self, definition: StepDefinition, run_id: str, step_name: str,
+                     dispatcher: Dispatcher | None = None, *, task_id: str | None = None
+                     ) -> StepOutcome:
+        """Claim, run and settle one attempt. Raises ``WorkflowStepSupersededError`` when
+        the attempt lost the step before it could record its outcome. ``task_id`` (the
+        Celery task id of this delivery) is recorded with the attempt."""
+        dispatcher = dispatcher or self.dispatcher
+        lease_ms = definition.lease_ms or self.settings.step_lease_ms
+        # The claim hands its attempt to ``holding`` before the heartbeat starts renewing
+        # it, so the ``finally`` covers everything from ``heartbeat.add`` on: an exception
+        # landing after it (a heartbeat thread that cannot start, Celery's soft time limit
+        # between the claim and the body) must not leave an attempt renewed forever.
+        holding: list[HeldStep] = []
+        try:
+            claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms,
+                                       task_id=task_id, holding=holding)
+            if isinstance(claim, NotClaimed):
+                if claim.wake_run:  # it failed the step for good: its lease had lapsed
+                    dispatcher.wake_run(run_id, step_name=step_name)
+                return self._settled_outcome(run_id, step_name, task_id, dispatcher)
+            return self._run_claimed(definition, claim, task_id, dispatcher)
+        finally:
+            # Whatever escaped (a settle that raised, an error whose message cannot be
+            # read, a time limit while the result was checked), the heartbeat must not keep
+            # renewing an attempt nothing runs: its lease lapses and the reaper takes the
+            # step back. After a settle this changes nothing (the settle let go already).
+            for held in holding:
+                self.claimer.heartbeat.remove(held)
+
+    def _run_claimed(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
+                     dispatcher: Dispatcher) -> StepOutcome:
+        attempt = _AttemptReport(self, definition.name, claim, task_id)
+        try:
+            result = self._call_body(definition, claim)
+        except Exception as exc:
+            return self._record_failure(definition, claim, exc, dispatcher, attempt)
+        try:
+            settled = self.claimer.succeed(claim, result)
+        except InvalidInputError as exc:
+            # The body returned something that can never be stored (a datetime, a result
+            # too large beside the step's data): another attempt would return the same, so
+            # the step fails at once, whatever attempts are left.
+            return self._record_failure(definition, claim, exc, dispatcher, attempt,
+                                        final=True)
+        except WorkflowStepSupersededError as exc:
+            attempt.superseded(exc)
+            raise
+        attempt.finished("succeeded", result=result)
+        self._continue(settled, dispatcher)
+        return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
+                           max_attempts=claim.state.max_attempts)
+
+    def _recheck(self, run_id: str, step_name: str, dispatcher: Dispatcher) -> None:
+        """The redelivery of the delivery that settled a step may follow a worker that
+        died in the pass after the step (in place, that pass runs inside the step's task,
+        before its message is acknowledged): make sure the run heard of the step, with a
+        pass here or a mark for the pass holding the run. Without it, such a run would wait
+        for the stalled-run sweep. Other deliveries that claim nothing stay cheap (a storm
+        of redeliveries must not become a storm of passes)."""
+        try:
+            self.passes.advance(run_id, dispatcher, mark=step_name)
+        except (LeaseTakenError, LeaseLostError):
+            pass  # marked, or another pass has the run: it will see the step
+        except Exception:
+            log.exception("pikku: the pass after a duplicate of step %r of run %s failed",
+                          step_name, run_id)
+
+    def _settled_outcome(self, run_id: str, step_name: str, task_id: str | None,
+                         dispatcher: Dispatcher) -> StepOutcome:
+        """A delivery that claimed nothing. When the step has settled for good and this
+        delivery is not the one whose attempt settled it (a re-dispatch by replay or the
+        reaper carries a new task id), its task reports the recorded outcome (``settled``:
+        ``result`` or the stored ``error`` dict, and the attempt that recorded it), so
+        ``AsyncResult`` of every task id of the step sees how it ended. Anything else (a
+        live worker holds the step, it waits for a retry, or this is the settling
+        delivery itself, whose task already reported) is ``not_claimed``: nothing runs and
+        nothing is reported. One read, on this rare path only."""
+        state = self.store.get_step(run_id, step_name)
+        settled = state is not None and (state.status == STEP_SUCCEEDED or (
+            state.status == STEP_FAILED and state.due_at is None))
+        if (settled and state is not None and task_id is not None
+                and state.task_id == task_id and self.settings.continue_in_place):
+            self._recheck(run_id, step_name, dispatcher)  # the settling delivery, again
+        if state is None or task_id is None or state.task_id == task_id or not settled:
+            return StepOutcome("not_claimed")
+        return StepOutcome("settled", result=state.result, attempt=state.attempt,
+                           max_attempts=state.max_attempts,
+                           error=None if state.status == STEP_SUCCEEDED
+                           else RecordedStepError(state.error or {}))
+
+    def _continue(self, settled: StepState, dispatcher: Dispatcher) -> None:
+        """Tell the run a step settled: in place (replay here, under the run lease) when
+        configured, else with a message to the orchestrator. In place, a run being advanced
+        elsewhere gets a mark instead (the holder passes again before it lets go): no
+        message either way."""
+        run_id, step_name = settled.run_id, settled.step_name
+        if self.settings.continue_in_place:
+            try:
+                self.passes.advance(run_id, dispatcher, mark=step_name, settled=settled)
+                return
+            except LeaseTakenError:
+                return  # marked: the pass holding the run sees this step before it lets go
+            except LeaseLostError:
+                pass  # our pass lost the run: whoever has it now may not know, so wake
+            except Exception:
+                log.exception("pikku: in-place continuation of run %s failed", run_id)
+        dispatcher.wake_run(run_id, step_name=step_name)
+
+    def _call_body(self, definition: StepDefinition, claim: Claimed) -> Any:
+        try:
+            if definition.bind:
+                return definition.fn(StepContext(claim.state, claim.held), claim.state.data)
+            return definition.fn(claim.state.data)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # SystemExit & co: let the lease lapse
+                self.claimer.heartbeat.remove(claim.held)
+            raise
+
+    def _record_failure(self, definition: StepDefinition, claim: Claimed, exc: Exception,
+                        dispatcher: Dispatcher, attempt: _AttemptReport, *,
+                        final: bool = False) -> StepOutcome:
+        state = claim.state
+        override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
+        delay_ms = definition.delay_before(state.attempt + 1, override)
+        final = final or isinstance(exc, definition.no_retry_for)
+        error = self.recorded_error(serialize_error(exc))
+        try:
+            try:
+                settled = self.claimer.fail(claim, error, delay_ms, final=final)
+            except InvalidInputError as unstorable:
+                # Even the error does not fit beside the step's data: record its type alone.
+                error = self.recorded_error({
+                    "type": type(exc).__name__,
+                    "message": f"the error could not be stored: {unstorable}"[:2000]})
+                settled = self.claimer.fail(claim, error, delay_ms, final=final)
+        except WorkflowStepSupersededError as superseded:
+            attempt.superseded(superseded)
+            raise
+        attempt.finished("failed", error=error, retry_at=settled.due_at)
+        if settled.due_at is not None:
+            dispatcher.arm_timer(state.run_id, state.step_name,
+                                 int(settled.due_at.timestamp() * 1000))
+        else:
+            self._continue(settled, dispatcher)
+        return StepOutcome("failed", error=exc, attempt=state.attempt,
+                           max_attempts=state.max_attempts, retry_at=settled.due_at)
+
+
+class _AttemptReport:
+    """The signals of one claimed attempt: started now, then finished or superseded."""
+
+    def __init__(self, execution: StepExecution, function: str, claim: Claimed,
+                 task_id: str | None) -> None:
+        self._execution = execution
+        self._function = function
+        self._state = claim.state
+        self._task_id = task_id
+        self._started_ms = execution.now_ms()
+        self._emit("step_attempt_started", worker=execution.claimer.worker)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        state = self._state
+        self._execution.emit(event, self._function, run_id=state.run_id,
+                          step_name=state.step_name, attempt=state.attempt,
+                          max_attempts=state.max_attempts, function=self._function,
+                          task_id=self._task_id, **fields)
+
+    def _duration(self) -> float:
+        return max(0.0, (self._execution.now_ms() - self._started_ms) / 1000)
+
+    def finished(self, status: str, *, result: Any = None, error: dict[str, Any] | None = None,
+                 retry_at: datetime | None = None) -> None:
+        self._emit("step_attempt_finished", status=status, result=result, error=error,
+                   retry_at=retry_at, duration=self._duration())
+
+    def superseded(self, exc: WorkflowStepSupersededError) -> None:
+        self._emit("step_attempt_superseded", status="superseded",
+                   current_attempt=exc.current_attempt, duration=self._duration())

@@ -1,0 +1,86 @@
+"""The interfaces between the engine's parts, below all of them: how work is sent
+(``Dispatcher``), where the engine reports what it did (``Emit``), the engine's settings,
+and what the orchestration passes and the reaper ask of the run lifecycle (``RunEnds``,
+``Advancer``). The parts (``runs``, ``execution``, ``gates``, ``reads``, ``passes``,
+``reaper``) import these, never ``engine``, so imports point one way::
+
+    protocols <- runs <- passes <- execution <- engine
+    protocols <- reaper, gates, reads        <- engine
+
+No Celery here, nor anywhere in the core (``tasks.py`` is the adapter)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pikku_celery.records import StepState, WorkflowRun
+from pikku_celery.redaction import Redactor
+
+
+class Emit(Protocol):
+    """Where the engine reports what it did (``pikku_celery.signals`` sends them as Celery
+    signals): ``event`` names the signal, ``sender`` is the workflow name for run events
+    and the step's task name for attempt events."""
+
+    def __call__(self, event: str, sender: str, **fields: Any) -> None: ...
+
+
+def no_emit(event: str, sender: str, **fields: Any) -> None:
+    return None
+
+
+class Dispatcher(Protocol):
+    """How the engine sends work: Celery messages, or the inline driver's queue."""
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None: ...
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
+        """Ask for a pass of ``run_id``; ``step_name``: the step whose change it is for (the
+        pass reads that step; ``None``: it reads the run and every unsettled step)."""
+        ...
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    step_lease_ms: int = 60_000
+    run_lease_ms: int = 30_000
+    undispatched_after_ms: int = 30_000
+    stalled_after_ms: int = 30_000
+    sweep_limit: int = 100
+    continue_in_place: bool = True
+    # The user's redaction of recorded errors, after the built-in masking (redaction.py).
+    redact_error: Redactor | None = None
+
+    def wake_check_ms(self, now_ms: int) -> int:
+        """When the reaper makes sure that a gate opened now has its run moving: the
+        opener moves the run itself right after (a second write), so the check only acts
+        when the opener died in between (see ``store.settle_waiting_step``)."""
+        return now_ms + self.stalled_after_ms
+
+
+class RunEnds(Protocol):
+    """What a pass and the reaper ask of the run lifecycle (``runs.Runs``)."""
+
+    def finish(self, run: WorkflowRun, status: str, *, output: Any = None,
+               error: dict[str, Any] | None = None, dispatcher: Dispatcher | None = None,
+               reason: str | None = None, leftovers: bool = True) -> str: ...
+
+    def fence_leftovers(self, run_id: str, status: str) -> None: ...
+
+    def cancel(self, run_id: str, reason: str | None = None) -> bool: ...
+
+    def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None: ...
+
+    def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
+                     child_run_id: str, dispatcher: Dispatcher) -> None: ...
+
+
+class Advancer(Protocol):
+    """What step execution asks of the orchestration passes (``passes.Passes``)."""
+
+    def advance(self, run_id: str, dispatcher: Dispatcher, *, mark: str = ...,
+                settled: StepState | None = None) -> str: ...
