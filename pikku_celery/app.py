@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from celery import Celery, signals
 
-from pikku_celery import shared
+from pikku_celery import on_commit, shared
 from pikku_celery._fork import reset_in_forked_child
 from pikku_celery._graph_rounds import run_graph
 from pikku_celery.clock import Clock
@@ -30,7 +31,7 @@ from pikku_celery.errors import InvalidInputError
 from pikku_celery.graph import build_graph
 from pikku_celery.inline import DrivingDispatcher, run_inline
 from pikku_celery.leases.base import LeaseService
-from pikku_celery.records import RUN_TERMINAL, StepAttempt, StepState, WorkflowRun
+from pikku_celery.operations import RunOperations
 from pikku_celery.replay import WorkflowContext
 from pikku_celery.routing import Routing
 from pikku_celery.signals import SignalSender
@@ -42,13 +43,14 @@ from pikku_celery.tasks import (
     make_step_task,
     register_internal_tasks,
 )
+from pikku_celery.validate import check_name, check_value
 
 F = TypeVar("F", bound=Callable[..., Any])
 EngineFactory = Callable[["PikkuCelery"], Engine]
 log = logging.getLogger("pikku_celery")
 
 
-class PikkuCelery:
+class PikkuCelery(RunOperations):
     """Durable, fenced workflows on ``celery_app``.
 
     Registers pikku's tasks (``pikku.orchestrate``, ``pikku.timer``, ``pikku.reap``) on the
@@ -296,79 +298,20 @@ class PikkuCelery:
 
     def start_on_commit(self, workflow: str | Callable[..., Any], data: Any = None, *,
                         run_id: str | None = None, using: str | None = None) -> str:
-        """Django: return the run id (``run_id`` or a fresh one) at once, and create and
-        dispatch the run after the current transaction on database ``using`` commits (at
-        once outside a transaction), like Celery's ``delay_on_commit``. See
-        ``pikku_celery.contrib.django.start_on_commit``."""
-        from pikku_celery.contrib.django import start_on_commit
-
-        return start_on_commit(self, workflow, data, run_id=run_id, using=using)
-
-    def get_run(self, run_id: str) -> WorkflowRun:
-        return self.engine.get_run(run_id)
-
-    def get_steps(self, run_id: str) -> list[StepState]:
-        return self.engine.get_steps(run_id)
-
-    def get_history(self, run_id: str) -> list[StepAttempt]:
-        return self.engine.get_history(run_id)
-
-    def wait(self, run_id: str, timeout: float) -> WorkflowRun:
-        """Block until the run is completed, failed or cancelled and return it;
-        ``TimeoutError`` only when ``timeout`` seconds pass first."""
-        return self.engine.wait(run_id, timeout)
-
-    def resume(self, run_id: str) -> bool:
-        """Resume a run suspended by ``wf.suspend(reason)``. Returns ``False`` if it was not
-        suspended."""
-        return self.engine.resume(run_id)
-
-    def approve(self, run_id: str, name: str, decision: Any, *, by: str | None = None
-                ) -> StepState:
-        """Record ``decision`` for the run's ``wf.approval(name, ...)`` gate and wake the
-        run; the decision becomes the gate's result. Raises ``WorkflowApprovalError``,
-        recording nothing, when the run does not wait on that gate, ``by`` is not one of
-        its ``approvers``, or the decision does not match its ``schema``."""
-        return self.engine.approve(run_id, name, decision, by=by)
-
-    def cancel(self, run_id: str, reason: str | None = None) -> bool:
-        """Cancel the run durably; in-flight steps are fenced and told through their
-        context. Returns ``False`` if the run had already ended."""
-        return self.engine.cancel(run_id, reason)
-
-    def list_runs(self, *, workflow: str | None = None, status: str | None = None,
-                  limit: int = 50, created_before: WorkflowRun | None = None
-                  ) -> list[WorkflowRun]:
-        """Newest first, at most ``limit``; pass the last run of a page as
-        ``created_before`` for the next page."""
-        before_ms = before_id = None
-        if created_before is not None:
-            before_ms = round(created_before.created_at.timestamp() * 1000)
-            before_id = created_before.run_id
-        return self.engine.store.list_runs(workflow=workflow, status=status, limit=limit,
-                                           created_before_ms=before_ms,
-                                           before_run_id=before_id)
-
-    def count_runs(self, status: str, *, workflow: str | None = None,
-                   limit: int = 10_000) -> int:
-        """How many runs have ``status`` (and ``workflow``), counting at most ``limit``
-        (an index-served count that stops there)."""
-        return self.engine.store.count_runs(status=status, workflow=workflow, limit=limit)
-
-    def purge(self, older_than: Duration, *, statuses: Iterable[str] = RUN_TERMINAL,
-              dry_run: bool = False, batch: int = 500) -> int:
-        """Delete the runs that ended (``statuses``: completed, failed, cancelled) more
-        than ``older_than`` ago, with their steps and history, ``batch`` runs per round
-        trip; never a live run. Returns how many were deleted (with ``dry_run``: would
-        be, deleting nothing). See ``pikku_celery.retention``."""
-        from pikku_celery.retention import purge
-
-        return purge(self.engine, older_than, statuses=statuses, dry_run=dry_run,
-                     batch=batch)
-
-    def reap(self) -> dict[str, int]:
-        """Sweep for lost work now (workers also do this every ``reaper_interval``)."""
-        return self.engine.reap()
+        """Return the run id (``run_id`` or a fresh one) at once, and create and dispatch
+        the run after the current transaction on database ``using`` commits (at once
+        outside a transaction), like Celery's ``delay_on_commit``. The transaction is the
+        web framework's: its adapter registers how to wait for the commit
+        (``pikku_celery.contrib.django``, loaded from ``INSTALLED_APPS``; see
+        ``pikku_celery.on_commit``). Everything that can be checked before the commit is
+        (the workflow is registered, the run id and the input can be stored), so a bad
+        call fails inside the transaction and rolls back with it."""
+        after_commit = on_commit.registered()
+        definition = self.registry.workflow(workflow)
+        run_id = check_name("run id", run_id) if run_id is not None else str(uuid.uuid4())
+        check_value("workflow input", data)
+        after_commit(lambda: self.start(definition.name, data, run_id=run_id), using)
+        return run_id
 
     def beat_schedule_entry(self, every: Duration | None = None) -> dict[str, Any]:
         """An optional beat entry: ``app.conf.beat_schedule = {"pikku-reaper":

@@ -17,13 +17,14 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from celery import current_app
 
 from pikku_celery.definitions import (
     DEFAULT_RETRIES,
     StepDefinition,
+    WorkflowDefinition,
     make_step,
     make_workflow,
 )
@@ -33,18 +34,27 @@ from pikku_celery.errors import InvalidInputError
 if TYPE_CHECKING:
     from celery import Task
 
-    from pikku_celery.app import PikkuCelery
-
 F = TypeVar("F", bound=Callable[..., Any])
-Hook = Callable[["PikkuCelery"], None]
+
+
+class Instance(Protocol):
+    """What a declaration needs of a ``PikkuCelery`` (this module is below ``app``: the
+    instances register here, it never imports them)."""
+
+    def add_step(self, definition: StepDefinition, task_options: dict[str, Any]) -> Any: ...
+
+    def add_workflow(self, definition: WorkflowDefinition) -> None: ...
+
+
+Hook = Callable[[Any], None]  # given each ``PikkuCelery``
 
 _lock = threading.RLock()
-_instances: weakref.WeakSet[PikkuCelery] = weakref.WeakSet()
+_instances: weakref.WeakSet[Instance] = weakref.WeakSet()
 _hooks: list[Hook] = []
 _shared_workflows: dict[str, Callable[..., Any]] = {}
 
 
-def bind(pikku: PikkuCelery) -> None:
+def bind(pikku: Instance) -> None:
     """Register a new instance and run every hook on it (called by ``PikkuCelery``)."""
     with _lock:
         _instances.add(pikku)
@@ -73,7 +83,7 @@ def on_every_instance(hook: Hook) -> Callable[[], None]:
     return remove
 
 
-def instances() -> list[PikkuCelery]:
+def instances() -> list[Instance]:
     """Every live ``PikkuCelery`` of the process."""
     with _lock:
         return list(_instances)

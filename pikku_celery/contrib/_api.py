@@ -433,15 +433,8 @@ def readable_page(pikku: PikkuCelery, caller: Caller, *, workflow: str | None,
         if not caller.can(READ, before):
             raise WorkflowRunNotFoundError(before)
         cursor = readable_run(pikku, caller, before)
-    match = caller.match()
-    if match is None:
-        runs = pikku.list_runs(workflow=workflow, status=status, limit=limit,
-                               created_before=cursor)
-    else:
-        runs = pikku.engine.store.list_runs(
-            workflow=workflow, status=status, limit=limit, match=match,
-            created_before_ms=None if cursor is None else _ms(cursor.created_at),
-            before_run_id=None if cursor is None else cursor.run_id)
+    runs = pikku.list_runs(workflow=workflow, status=status, limit=limit,
+                           created_before=cursor, match=caller.match())
     more = runs[-1].run_id if len(runs) == limit else None
     return [r for r in runs if caller.can(READ, r.run_id)], more
 
@@ -449,15 +442,7 @@ def readable_page(pikku: PikkuCelery, caller: Caller, *, workflow: str | None,
 def readable_count(pikku: PikkuCelery, caller: Caller, status: str, *,
                    workflow: str | None, limit: int) -> int:
     """How many runs of ``status`` the caller's run filter keeps, up to ``limit``."""
-    match = caller.match()
-    if match is None:
-        return pikku.count_runs(status, workflow=workflow, limit=limit)
-    return int(pikku.engine.store.count_runs(status=status, workflow=workflow, limit=limit,
-                                             match=match))
-
-
-def _ms(when: datetime) -> int:
-    return round(when.timestamp() * 1000)
+    return pikku.count_runs(status, workflow=workflow, limit=limit, match=caller.match())
 
 
 def _fields(body: Any, *, allowed: tuple[str, ...], what: str) -> Mapping[str, Any]:

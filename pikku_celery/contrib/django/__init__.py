@@ -8,8 +8,9 @@
   (``views``): staff users only unless ``PIKKU_AUTHORIZE`` says otherwise, CSRF on every
   POST.
 - ``python manage.py pikku ...`` runs the ``pikku`` command group (``pikku_celery.cli``).
-- ``pikku.start_on_commit(...)`` (``start_on_commit`` here) starts a run once the current
-  transaction commits.
+- ``pikku.start_on_commit(...)`` starts a run once the current transaction commits: this
+  module registers Django's ``transaction.on_commit`` with the core when it is imported
+  (``after_commit``; the core never imports Django or ``contrib/``).
 
 The ``PikkuCelery`` is the one bound to the project's Celery app: the app named by the
 ``PIKKU_CELERY_APP`` setting (a dotted path, ``"proj.celery.app"``), else Celery's current
@@ -19,21 +20,20 @@ guide. Nothing here imports Django until it is used: pikku does not depend on it
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
+from pikku_celery import on_commit
 from pikku_celery.app import PikkuCelery
-from pikku_celery.validate import check_name, check_value
 
 WORKFLOWS_MODULE = "workflows"
 
 
 def start_on_commit(pikku: PikkuCelery, workflow: str | Callable[..., Any], data: Any = None,
                     *, run_id: str | None = None, using: str | None = None) -> str:
-    """Return the run id now; create and dispatch the run once the transaction open on
-    database ``using`` commits (at once when none is open), like Celery's
-    ``delay_on_commit``. A rolled-back transaction starts nothing.
+    """``pikku.start_on_commit(...)``: return the run id now; create and dispatch the run
+    once the transaction open on database ``using`` commits (at once when none is open),
+    like Celery's ``delay_on_commit``. A rolled-back transaction starts nothing.
 
     Everything that can be checked before the commit is (the workflow is registered, the
     run id and the input can be stored), so a bad call fails inside the transaction and
@@ -41,14 +41,18 @@ def start_on_commit(pikku: PikkuCelery, workflow: str | Callable[..., Any], data
     commit (MongoDB unreachable) raises from the commit, as Django's ``on_commit`` hooks
     do: keep the returned id with your rows, and ``pikku.start(workflow, data,
     run_id=that_id)`` again later is idempotent."""
+    return pikku.start_on_commit(workflow, data, run_id=run_id, using=using)
+
+
+def after_commit(start: Callable[[], object], using: str | None) -> None:
+    """Django's side of ``PikkuCelery.start_on_commit`` (``pikku_celery.on_commit``):
+    ``start`` runs when the transaction on database ``using`` commits."""
     from django.db import transaction
 
-    definition = pikku.registry.workflow(workflow)
-    run_id = check_name("run id", run_id) if run_id is not None else str(uuid.uuid4())
-    check_value("workflow input", data)
-    transaction.on_commit(lambda: pikku.start(definition.name, data, run_id=run_id),
-                          using=using)
-    return run_id
+    transaction.on_commit(start, using=using)
+
+
+on_commit.register(after_commit)
 
 
 def project_pikku() -> PikkuCelery:

@@ -1,0 +1,102 @@
+"""The read and operate half of ``PikkuCelery``: read runs, their steps and history, wait
+for a run, resume, approve and cancel it, list and count runs, purge ended ones, sweep for
+lost work. Each call goes to the engine (``engine.Engine``); nothing here sends a message
+itself. ``PikkuCelery`` inherits it; the CLI and the web API call these methods, never the
+store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pikku_celery.durations import Duration
+from pikku_celery.engine import Engine
+from pikku_celery.records import RUN_TERMINAL, StepAttempt, StepState, WorkflowRun
+from pikku_celery.store.base import RunMatch
+
+
+class RunOperations:
+    """What callers do with runs, on the engine ``engine`` gives (``PikkuCelery``'s)."""
+
+    @property
+    def engine(self) -> Engine:
+        raise NotImplementedError
+
+    def get_run(self, run_id: str) -> WorkflowRun:
+        return self.engine.get_run(run_id)
+
+    def get_steps(self, run_id: str) -> list[StepState]:
+        return self.engine.get_steps(run_id)
+
+    def get_history(self, run_id: str) -> list[StepAttempt]:
+        return self.engine.get_history(run_id)
+
+    def wait(self, run_id: str, timeout: float) -> WorkflowRun:
+        """Block until the run is completed, failed or cancelled and return it;
+        ``TimeoutError`` only when ``timeout`` seconds pass first."""
+        return self.engine.wait(run_id, timeout)
+
+    def resume(self, run_id: str) -> bool:
+        """Resume a run suspended by ``wf.suspend(reason)``. Returns ``False`` if it was not
+        suspended."""
+        return self.engine.resume(run_id)
+
+    def approve(self, run_id: str, name: str, decision: Any, *, by: str | None = None
+                ) -> StepState:
+        """Record ``decision`` for the run's ``wf.approval(name, ...)`` gate and wake the
+        run; the decision becomes the gate's result. Raises ``WorkflowApprovalError``,
+        recording nothing, when the run does not wait on that gate, ``by`` is not one of
+        its ``approvers``, or the decision does not match its ``schema``."""
+        return self.engine.approve(run_id, name, decision, by=by)
+
+    def cancel(self, run_id: str, reason: str | None = None) -> bool:
+        """Cancel the run durably; in-flight steps are fenced and told through their
+        context. Returns ``False`` if the run had already ended."""
+        return self.engine.cancel(run_id, reason)
+
+    def list_runs(self, *, workflow: str | None = None, status: str | None = None,
+                  limit: int = 50, created_before: WorkflowRun | None = None,
+                  match: RunMatch | None = None) -> list[WorkflowRun]:
+        """Newest first, at most ``limit``; pass the last run of a page as
+        ``created_before`` for the next page. ``match`` (``{"input.<path>": value}``, at
+        most 8 plain values) keeps the runs whose input has those values, in the query:
+        a page still holds ``limit`` matching runs. Raises ``InvalidInputError`` for a
+        ``match`` that names no input field or holds anything but a plain value."""
+        before_ms = before_id = None
+        if created_before is not None:
+            before_ms = round(created_before.created_at.timestamp() * 1000)
+            before_id = created_before.run_id
+        return self.engine.store.list_runs(workflow=workflow, status=status, limit=limit,
+                                           created_before_ms=before_ms,
+                                           before_run_id=before_id,
+                                           **_matching(match))
+
+    def count_runs(self, status: str, *, workflow: str | None = None,
+                   limit: int = 10_000, match: RunMatch | None = None) -> int:
+        """How many runs have ``status`` (and ``workflow``, and ``match`` as for
+        ``list_runs``), counting at most ``limit`` (an index-served count that stops
+        there)."""
+        return int(self.engine.store.count_runs(status=status, workflow=workflow,
+                                                limit=limit, **_matching(match)))
+
+    def purge(self, older_than: Duration, *, statuses: Iterable[str] = RUN_TERMINAL,
+              dry_run: bool = False, batch: int = 500) -> int:
+        """Delete the runs that ended (``statuses``: completed, failed, cancelled) more
+        than ``older_than`` ago, with their steps and history, ``batch`` runs per round
+        trip; never a live run. Returns how many were deleted (with ``dry_run``: would
+        be, deleting nothing). See ``pikku_celery.retention``."""
+        from pikku_celery.retention import purge
+
+        return purge(self.engine, older_than, statuses=statuses, dry_run=dry_run,
+                     batch=batch)
+
+    def reap(self) -> dict[str, int]:
+        """Sweep for lost work now (workers also do this every ``reaper_interval``)."""
+        return self.engine.reap()
+
+
+
+def _matching(match: RunMatch | None) -> dict[str, Any]:
+    """``match`` as the store's keyword, only when given (a store from before ``match``
+    is still called as it was)."""
+    return {} if match is None else {"match": match}
