@@ -19,10 +19,27 @@ from __future__ import annotations
 from typing import Any
 
 from pikku_celery.keys import StepField as S
-from pikku_celery.records import RUN_CANCELLED, STEP_FAILED
+from pikku_celery.records import (
+    RUN_CANCELLED,
+    STEP_FAILED,
+    STEP_PENDING,
+    STEP_RUNNING,
+    STEP_SCHEDULED,
+)
 from pikku_celery.store._docs import closing_fields
 
 Doc = dict[str, Any]
+
+# The steps a run's end fences, and the stalled-run sweep reads: every step that may still
+# run (pending, scheduled, running) and every failed step with a retry due. ``UNSETTLED`` is
+# the MongoDB filter, ``is_unsettled`` the same test on a document held as a dict.
+_LIVE = [STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING]
+UNSETTLED: Doc = {"$or": [{S.STATUS: {"$in": _LIVE}},
+                          {S.STATUS: STEP_FAILED, S.DUE: {"$ne": None}}]}
+
+
+def is_unsettled(doc: Doc) -> bool:
+    return doc[S.STATUS] in _LIVE or (doc[S.STATUS] == STEP_FAILED and doc[S.DUE] is not None)
 
 
 def ended_error(run_id: str, status: str, run_error: dict[str, Any] | None) -> dict[str, Any]:

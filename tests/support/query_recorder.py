@@ -23,7 +23,8 @@ FILTERED = ("find", "find_one", "find_one_and_update", "find_one_and_replace",
             "find_one_and_delete", "update_one", "update_many", "replace_one", "delete_one",
             "delete_many", "count_documents", "distinct")
 UNCHECKABLE = ("watch", "bulk_write")  # recorded so the check fails loudly
-STORE_FILE = os.path.join("pikku_celery", "store", "mongo.py")
+# The store's package: each concern's methods live in a module of their own there.
+STORE_DIR = os.path.join("pikku_celery", "store", "mongo")
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -33,7 +34,8 @@ def _caller() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
-        if code.co_filename.endswith(STORE_FILE) and not code.co_name.startswith("_"):
+        if (os.path.dirname(code.co_filename).endswith(STORE_DIR)
+                and not code.co_name.startswith("_")):
             return code.co_name
         frame = frame.f_back  # type: ignore[assignment]
     return "?"

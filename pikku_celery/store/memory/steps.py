@@ -1,0 +1,143 @@
+"""Steps: insert, claim (``_decide``), settle (``_settle``), leases and history, each under
+the lock. A claim of a step of an ended run fences the attempt it started, as the MongoDB
+store's claim does when it reads the run after its write (``store._ended``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from pikku_celery import keys
+from pikku_celery.errors import (
+    InvalidInputError,
+    WorkflowStepNotFoundError,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.keys import RunField as R
+from pikku_celery.keys import StepField as S
+from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
+from pikku_celery.store import _docs, _ended
+from pikku_celery.store._checks import check_new_steps
+from pikku_celery.store._decide import Action, decide_claim, running_fields
+from pikku_celery.store._settle import expired_fields, failed_fields, succeeded_fields
+from pikku_celery.store.base import ClaimResult, NewStep
+from pikku_celery.store.memory.base import Doc, MemoryStoreBase
+from pikku_celery.validate import as_stored, check_name, check_value
+
+
+class MemorySteps(MemoryStoreBase):
+    def insert_step(self, step: NewStep, now_ms: int) -> tuple[StepState, bool]:
+        check_new_steps([step])
+        with self._lock:
+            if step.run_id not in self._runs:
+                raise InvalidInputError(f"cannot add step {step.step_name!r}: no run "
+                                        f"{step.run_id!r}")
+            return self._insert(_docs.new_step_doc(step, now_ms))
+
+    def insert_steps(self, steps: Sequence[NewStep], now_ms: int, *, seq: int = 0
+                     ) -> list[tuple[StepState, bool]]:
+        check_new_steps(steps)
+        with self._lock:
+            return [self._insert(_docs.new_step_doc(step, now_ms, seq)) for step in steps]
+
+    def _insert(self, doc: Doc) -> tuple[StepState, bool]:
+        existing = self._steps.get(doc[S.ID])
+        if existing is not None:
+            return _docs.step_from_doc(copy.deepcopy(existing)), False
+        doc[S.DATA] = as_stored(doc[S.DATA])
+        self._steps[doc[S.ID]] = copy.deepcopy(doc)
+        return _docs.step_from_doc(doc), True
+
+    def get_step(self, run_id: str, step_name: str) -> StepState | None:
+        with self._lock:
+            doc = self._steps.get(keys.invocation_id(run_id, step_name))
+            return None if doc is None else _docs.step_from_doc(copy.deepcopy(doc))
+
+    def list_steps(self, run_id: str) -> list[StepState]:
+        check_name("run id", run_id)
+        with self._lock:
+            return [_docs.step_from_doc(copy.deepcopy(d)) for d in self._run_steps(run_id)]
+
+    def claim_step(self, run_id: str, step_name: str, function: str | None, now_ms: int,
+                   lease_ms: int, worker: str | None = None,
+                   task_id: str | None = None) -> ClaimResult:
+        with self._lock:
+            doc = self._steps.get(keys.invocation_id(run_id, step_name))
+            if doc is None:
+                raise WorkflowStepNotFoundError(run_id, step_name)
+            decision = decide_claim(doc, function, now_ms)
+            if decision.action is Action.NONE:
+                return ClaimResult(None)
+            if decision.action is Action.EXPIRE:
+                _docs.apply_set(doc, copy.deepcopy(expired_fields(doc, now_ms)))
+                return ClaimResult(None, wake_run=True)
+            attempt = doc[S.ATTEMPT] + (1 if decision.action is Action.RECLAIM else 0)
+            fields = running_fields(now_ms, lease_ms, worker, task_id, attempt=attempt)
+            if decision.action is Action.RECLAIM and doc[S.STATUS] == STEP_RUNNING:
+                fields.update(_docs.superseded_fields(doc))  # the attempt fenced out
+            _docs.apply_set(doc, copy.deepcopy(fields))
+            doc[S.ATTEMPT] = attempt
+            run = self._runs.get(run_id)
+            if run is not None and run[R.STATUS] in RUN_TERMINAL:
+                # What the MongoDB store's claim does when it reads the run after its write
+                # and finds it ended (``store._ended``): the attempt it started is fenced.
+                error = _ended.ended_error(run_id, run[R.STATUS], run.get(R.ERROR))
+                _docs.apply_set(doc, _ended.fence_fields(attempt, copy.deepcopy(error),
+                                                         now_ms, running=True))
+                return ClaimResult(None)
+            return ClaimResult(_docs.step_from_doc(copy.deepcopy(doc)))
+
+    def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
+                   now_ms: int) -> StepState:
+        check_value(f"result of step {step_name!r}", result)
+        with self._lock:
+            doc = self._fenced(run_id, step_name, attempt)
+            _docs.apply_set(doc, succeeded_fields(attempt, as_stored(result), now_ms))
+            return _docs.step_from_doc(copy.deepcopy(doc))
+
+    def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
+                  now_ms: int, *, retry_at_ms: int | None = None,
+                  final: bool = False) -> StepState:
+        check_value(f"error of step {step_name!r}", error)
+        with self._lock:
+            doc = self._fenced(run_id, step_name, attempt)
+            spent = final or attempt >= doc[S.MAX_ATTEMPTS]
+            due = None if spent else (retry_at_ms or now_ms)
+            _docs.apply_set(doc, copy.deepcopy(failed_fields(attempt, as_stored(error),
+                                                             now_ms, due)))
+            return _docs.step_from_doc(copy.deepcopy(doc))
+
+    def _fenced(self, run_id: str, step_name: str, attempt: int) -> Doc:
+        doc = self._steps.get(keys.invocation_id(run_id, step_name))
+        if doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING:
+            current = None if doc is None else doc[S.ATTEMPT]
+            raise WorkflowStepSupersededError(run_id, step_name, attempt, current)
+        return doc
+
+    def renew_leases(self, held: Sequence[tuple[str, str, int]], now_ms: int,
+                     lease_ms: int) -> set[tuple[str, str]]:
+        refused: set[tuple[str, str]] = set()
+        with self._lock:
+            for run_id, step_name, attempt in held:
+                doc = self._steps.get(keys.invocation_id(run_id, step_name))
+                if (doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING
+                        or doc[S.LEASE] is None):
+                    refused.add((run_id, step_name))
+                    continue
+                doc[S.LEASE] = now_ms + lease_ms
+        return refused
+
+    def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
+        with self._lock:
+            doc = self._steps.get(keys.invocation_id(run_id, step_name))
+            if doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING:
+                return False
+            doc[S.LEASE] = None
+            return True
+
+    def get_history(self, run_id: str) -> list[StepAttempt]:
+        check_name("run id", run_id)
+        with self._lock:
+            steps = copy.deepcopy(self._run_steps(run_id))
+        return _docs.merge_history(steps)

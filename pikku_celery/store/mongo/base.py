@@ -1,0 +1,126 @@
+"""What every concern of the MongoDB store shares: the database and its collections, the
+causally consistent session each public call runs in, and the indexes.
+
+Each concern (``runs``, ``steps``, ``gates``, ``retention``, ``listing``) is a class on
+``MongoStoreBase``; ``MongoWorkflowStore`` combines them. Every collection call names
+``session=self._session``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from pymongo import ASCENDING, DESCENDING
+from pymongo.client_session import ClientSession
+from pymongo.database import Database
+
+from pikku_celery import keys
+from pikku_celery.keys import HistoryField as H
+from pikku_celery.keys import RunField as R
+from pikku_celery.keys import StepField as S
+from pikku_celery.store.mongo.errors import describe_database
+from pikku_celery.store.mongo.session import CausalClock
+
+Doc = dict[str, Any]
+
+# Every index, by collection (see the schema in ``store.mongo``); ``create_indexes`` makes
+# them and ``check_indexes`` reports the missing ones.
+_NEWEST_FIRST = [(R.CREATED, DESCENDING), (R.RUN, DESCENDING)]
+INDEXES: dict[str, list[list[tuple[str, int]]]] = {
+    keys.RUNS: [[(R.STATUS, ASCENDING), (R.UPDATED, ASCENDING)],
+                [(R.STATUS, ASCENDING), *_NEWEST_FIRST],
+                [(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *_NEWEST_FIRST]],
+    keys.STEPS: [[(S.RUN, ASCENDING), (S.CREATED, ASCENDING), (S.NAME, ASCENDING)],
+                 [(S.RUN, ASCENDING), (S.STATUS, ASCENDING), (S.SEQ, ASCENDING)],
+                 *([(S.STATUS, ASCENDING), (field, ASCENDING), (S.ID, ASCENDING)]
+                   for field in (S.LEASE, S.UPDATED, S.DUE))],
+    keys.HISTORY: [[(H.RUN, ASCENDING)]],
+}
+
+
+class MongoStoreBase:
+    """The state every concern of ``MongoWorkflowStore`` works on."""
+
+    def __init__(self, db: Database[Doc], *, create_indexes: bool = True) -> None:
+        self.db = db
+        self._runs = db[keys.RUNS]
+        self._steps = db[keys.STEPS]
+        self._history = db[keys.HISTORY]
+        self._versions = db[keys.VERSIONS]
+        self._causal = CausalClock()
+        self._sessions = True  # until the deployment says it has none (``session.public``)
+        # Indexes are created before the first insert, not here: constructing a store (at
+        # import of a Celery app module, say) must not open a connection.
+        self._indexes_ready = not create_indexes
+
+    @property
+    def _session(self) -> ClientSession | None:
+        """The causally consistent session of this thread's call in progress
+        (``session.public``); every command of the store names it."""
+        return self._causal.session
+
+    @contextlib.contextmanager
+    def _causally(self) -> Iterator[None]:
+        """Run one public call in a causally consistent session that starts where this
+        thread's previous calls ended: its reads wait until they reflect every write and
+        read this thread made before, on whichever primary serves them.
+
+        Why: the Dekker pairs of ``store._ended`` (a claim writes its step, then reads the
+        run; a run's end writes the run, then reads its steps; a child's creation and its
+        parent's cancel likewise) need each side's read to see its own write. On one
+        primary a majority read after a majority write does; right after an election a new
+        primary serves majority reads from a commit point that may be behind a write the
+        old primary acknowledged, so the read can miss it (and miss the other side's write
+        ordered before it). ``afterClusterTime`` makes the new primary wait until its
+        majority snapshot covers the write. The pairs' writes and reads are separate store
+        calls of one thread (``transition_run`` then ``cancel_steps``), so the times carry
+        from call to call per thread, not per call. No extra command is sent: the session
+        only adds ``lsid`` and ``afterClusterTime`` to the commands it would send anyway."""
+        clock = self._causal
+        if clock.session is not None or not self._sessions:  # nested call, or no sessions
+            yield
+            return
+        with self.db.client.start_session(causal_consistency=True) as session:
+            if clock.cluster_time is not None:
+                session.advance_cluster_time(clock.cluster_time)
+            if clock.operation_time is not None:
+                session.advance_operation_time(clock.operation_time)
+            clock.session = session
+            try:
+                yield
+            finally:
+                clock.session = None
+            # Reached only when the call returned. A call that raised may carry the time of
+            # a write whose outcome is unknown (a ``WTimeoutError``: it waits for a
+            # majority it may never get, or is rolled back): later reads must not wait for
+            # it, or every read of this thread would hang while the set lacks its majority.
+            clock.cluster_time = session.cluster_time or clock.cluster_time
+            clock.operation_time = session.operation_time or clock.operation_time
+
+    def describe(self) -> str:
+        """``MongoDB at mongodb://<hosts>/<database>``, for log lines: never credentials."""
+        return describe_database(self.db)
+
+    def ping(self) -> None:
+        """Ask the server to answer; ``MongoUnreachableError`` naming it when none does."""
+        self.db.command("ping")
+
+    def create_indexes(self) -> None:
+        """Create every index (idempotent); done automatically before the first insert."""
+        for collection, indexes in INDEXES.items():
+            for index in indexes:
+                self.db[collection].create_index(index)
+        # Only now: a first call that met an unreachable server must try again next time.
+        self._indexes_ready = True
+
+    def check_indexes(self) -> list[str]:
+        """The declared indexes the database lacks, as ``collection (field, -field)``
+        (``pikku check``); empty when all exist."""
+        missing = []
+        for collection, indexes in INDEXES.items():
+            present = {tuple((f, int(d)) for f, d in info["key"])
+                       for info in self.db[collection].index_information().values()}
+            missing += [f"{collection} ({', '.join(('-' if d < 0 else '') + f for f, d in i)})"
+                        for i in indexes if tuple(i) not in present]
+        return missing
