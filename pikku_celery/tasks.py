@@ -36,7 +36,8 @@ from pikku_celery.store._concerns import deadline
 from pikku_celery.validate import check_name
 
 if TYPE_CHECKING:
-    from pikku_celery.engine import Engine, StepOutcome
+    from pikku_celery.engine import Engine
+    from pikku_celery.execution import StepOutcome
 
 log = logging.getLogger("pikku_celery")
 Route = Callable[[str, tuple[Any, ...], Any], dict[str, Any]]
