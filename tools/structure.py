@@ -1,0 +1,136 @@
+"""The package's shape, checked by ``./dev lint``: no class over 300 lines, no module over
+600, no import circle between the modules of ``pikku_celery/``.
+
+    python tools/structure.py [ROOT]     # ROOT holds pikku_celery/ (default: .)
+
+Prints each finding, then a summary line; exits 1 when any limit is passed. The limits are
+the ceiling of issue 23 ("One redesign of the core's shape"), a consequence of one concern
+per module rather than a target: split by concern, never to get under a number. The same
+logic as ``../shared/tools/structure.py``, plus relative imports (``from . import x``),
+resolved to the modules they name. An import of ``a.b`` counts as an edge to ``a.b`` (and,
+for ``from a import b``, to ``a.b`` when that is a module); a module's import of its own
+enclosing package does not. ``tests/unit/test_structure.py`` proves it fails on a circle,
+an oversized class and an oversized module.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from collections.abc import Iterator
+
+PACKAGE = "pikku_celery"
+MAX_CLASS, MAX_MODULE = 300, 600
+
+
+def _modules(root: str) -> Iterator[tuple[str, str, bool]]:
+    """``(dotted name, path, is a package __init__)`` of every module under the package."""
+    for dirpath, dirnames, files in os.walk(os.path.join(root, PACKAGE)):
+        dirnames.sort()
+        for file in sorted(files):
+            if file.endswith(".py"):
+                path = os.path.join(dirpath, file)
+                name = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                init = name.endswith(".__init__")
+                yield (name[: -len(".__init__")] if init else name), path, init
+
+
+def _imported(tree: ast.AST, name: str, init: bool) -> set[str]:
+    """Every ``pikku_celery`` name the module imports (modules, or names inside them)."""
+    deps: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: resolved against the module's package
+                base = name.split(".") if init else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            if module == PACKAGE or module.startswith(PACKAGE + "."):
+                deps.add(module)
+                deps.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            deps.update(a.name for a in node.names
+                        if a.name == PACKAGE or a.name.startswith(PACKAGE + "."))
+    return deps
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def check(root: str) -> tuple[list[str], int]:
+    """The findings under ``root``, and the length of its longest module."""
+    lengths: dict[str, int] = {}
+    imports: dict[str, set[str]] = {}
+    problems: list[str] = []
+    for name, path, init in _modules(root):
+        with open(path, encoding="utf-8") as file:
+            source = file.read()
+        tree = ast.parse(source, path)
+        lengths[name] = len(source.splitlines())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_CLASS:
+                    problems.append(f"class {name}.{node.name}: {length} lines (> {MAX_CLASS})")
+        imports[name] = _imported(tree, name, init)
+    problems += [f"module {name}: {n} lines (> {MAX_MODULE})"
+                 for name, n in lengths.items() if n > MAX_MODULE]
+    graph = {m: {d for d in deps if d in lengths and d != m and not m.startswith(d + ".")}
+             for m, deps in imports.items()}
+    problems += ["import circle: " + " <-> ".join(c) for c in _circles(graph)]
+    return problems, max(lengths.values(), default=0)
+
+
+def main(argv: list[str]) -> int:
+    root = argv[1] if len(argv) > 1 else "."
+    problems, longest = check(root)
+    for problem in problems:
+        print(problem)
+    circles = sum(p.startswith("import circle") for p in problems)
+    print(f"structure: {len(problems)} over the limits ({circles} import circles, "
+          f"largest module {longest} lines)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
