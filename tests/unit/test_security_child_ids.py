@@ -4,49 +4,23 @@ child id its step recorded. Each test fails without the fix."""
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 import pytest
-from celery import Celery
 
 from pikku_celery import (
-    InMemoryLeaseService,
     InMemoryWorkflowStore,
     InvalidInputError,
-    PikkuCelery,
     keys,
 )
 from pikku_celery.inline import InlineDispatcher
 from pikku_celery.replay import CHILD_PREFIX
 from pikku_celery.store.base import NewRun, NewStep
-
-
-def _pikku(store: Any = None, **options: Any) -> PikkuCelery:
-    return PikkuCelery(Celery(f"sec-{uuid.uuid4().hex[:8]}", broker="memory://"),
-                       store=store if store is not None else InMemoryWorkflowStore(),
-                       leases=InMemoryLeaseService(), worker_reaper=False, **options)
-
-
-def _family(store: Any = None) -> PikkuCelery:
-    pikku = _pikku(store)
-
-    @pikku.workflow("sec.kid")
-    def kid(wf: Any, data: Any) -> Any:
-        return {"kid": data}
-
-    @pikku.workflow("sec.parent")
-    def parent(wf: Any, data: Any) -> Any:
-        return wf.child("kid", "sec.kid", {"n": 1})
-
-    return pikku
-
+from tests.support.family import make_family
 
 # --- 4: child run ids cannot be squatted --------------------------------------------------------
 
 
 def test_4_a_start_only_caller_cannot_take_a_future_childs_run_id() -> None:
-    pikku = _family()
+    pikku = make_family()
     taken = keys.child_run_id("p-1", "kid")
     with pytest.raises(InvalidInputError, match="reserved"):
         pikku.start("sec.kid", {"n": 1}, run_id=taken)  # same workflow and input
@@ -64,7 +38,7 @@ def test_4_a_start_only_caller_cannot_take_a_future_childs_run_id() -> None:
 
 def test_4_a_run_under_a_child_id_that_the_parent_did_not_create_is_never_adopted() -> None:
     store = InMemoryWorkflowStore()
-    pikku = _family(store)
+    pikku = make_family(store)
     taken = keys.child_run_id("p-2", "kid")
     store.create_run(NewRun(taken, "sec.kid", {"n": 1}, None), 0)  # not through start
     run = pikku.get_run(pikku.start("sec.parent", None, run_id="p-2", inline=True))
@@ -77,7 +51,7 @@ def test_4_a_parent_in_flight_across_the_upgrade_keeps_its_recorded_child_id() -
     """A parent whose child step recorded the id earlier versions derived finds its child
     there (here the child run was not created yet: the pass creates it, under that id)."""
     store = InMemoryWorkflowStore()
-    pikku = _family(store)
+    pikku = make_family(store)
     legacy = keys.legacy_child_run_id("p-3", "kid")
     store.create_run(NewRun("p-3", "sec.parent", None, None), 0)
     store.insert_step(NewStep("p-3", "kid", CHILD_PREFIX + "sec.kid", data={"n": 1},

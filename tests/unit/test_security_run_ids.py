@@ -5,34 +5,12 @@ API, which starts runs through the same path. Each test fails without the fix.""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
-from celery import Celery
 
-from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, InvalidInputError, PikkuCelery
+from pikku_celery import InMemoryWorkflowStore, InvalidInputError
 from pikku_celery.validate import check_run_id
-
-
-def _pikku(store: Any = None, **options: Any) -> PikkuCelery:
-    return PikkuCelery(Celery(f"sec-{uuid.uuid4().hex[:8]}", broker="memory://"),
-                       store=store if store is not None else InMemoryWorkflowStore(),
-                       leases=InMemoryLeaseService(), worker_reaper=False, **options)
-
-
-def _family(store: Any = None) -> PikkuCelery:
-    pikku = _pikku(store)
-
-    @pikku.workflow("sec.kid")
-    def kid(wf: Any, data: Any) -> Any:
-        return {"kid": data}
-
-    @pikku.workflow("sec.parent")
-    def parent(wf: Any, data: Any) -> Any:
-        return wf.child("kid", "sec.kid", {"n": 1})
-
-    return pikku
-
+from tests.support.family import make_family
 
 # --- 11: run ids that could never be served -----------------------------------------------------
 
@@ -41,7 +19,7 @@ def _family(store: Any = None) -> PikkuCelery:
                                     "caf\u00e9", "@taken"])
 def test_11_start_refuses_a_run_id_that_could_not_be_served(run_id: str) -> None:
     store = InMemoryWorkflowStore()
-    pikku = _family(store)
+    pikku = make_family(store)
     with pytest.raises(InvalidInputError, match=r"run id .* is not allowed"):
         pikku.start("sec.kid", None, run_id=run_id)
     assert pikku.list_runs() == []
@@ -51,7 +29,7 @@ def test_11_start_refuses_a_run_id_that_could_not_be_served(run_id: str) -> None
                                     "user@example.com:7", "v1.2_x+y=z~", str(uuid.uuid4())])
 def test_11_ordinary_run_ids_are_accepted(run_id: str) -> None:
     assert check_run_id(run_id) == run_id
-    assert _family().start("sec.kid", None, run_id=run_id) == run_id
+    assert make_family().start("sec.kid", None, run_id=run_id) == run_id
 
 
 def test_11_the_error_names_the_character() -> None:
