@@ -18,7 +18,10 @@ from rich.text import Text
 from pikku_celery.records import WorkflowRun
 from pikku_celery.timeline import (
     AttemptView,
+    GateView,
+    StepView,
     Timeline,
+    approve_command,
     error_line,
     format_duration,
     format_time,
@@ -27,17 +30,29 @@ from pikku_celery.timeline import (
 STATUS_STYLE = {"completed": "green", "succeeded": "green", "failed": "red",
                 "lease-expired": "red", "cancelled": "yellow", "superseded": "magenta",
                 "running": "cyan", "suspended": "blue", "pending": "dim",
-                "scheduled": "blue"}
+                "scheduled": "blue", "waiting": "blue", "decided": "green",
+                "expired": "yellow", "expiry-passed": "yellow"}
 MAX_VALUE_CHARS = 2000
 SUPERSEDED_MARK = "superseded ⟲"
+#: The width of a console that is not a terminal (a pipe, a file): wide enough that no
+#: column is ever cut, so ``pikku runs | grep`` sees whole ids, times and errors.
+PIPE_WIDTH = 1_000_000
+#: An error's one line in ``runs``: cut on a terminal, whole in a pipe.
+TERMINAL_ERROR_CHARS = 120
+PIPE_ERROR_CHARS = 100_000
 
 
 def console(*, stderr: bool = False) -> Console:
-    """A console on the current stdout (click's test runner swaps it); a wide one when
-    the output is not a terminal, so ids are never cut in a pipe."""
+    """A console on the current stdout (click's test runner swaps it). When the output is
+    not a terminal it is as wide as its widest line: nothing is cut or folded."""
     stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 200
+    width = None if is_terminal(stream) else PIPE_WIDTH
     return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+
+
+def is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty())
 
 
 def status_text(status: str) -> Text:
@@ -50,7 +65,9 @@ def value_text(value: Any) -> str:
     return shown if len(shown) <= MAX_VALUE_CHARS else shown[:MAX_VALUE_CHARS] + "…"
 
 
-def runs_table(runs: list[WorkflowRun]) -> Table:
+def runs_table(runs: list[WorkflowRun], *, whole: bool = False) -> Table:
+    """One line per run; ``whole``: every value in full (the output is not a terminal)."""
+    limit = PIPE_ERROR_CHARS if whole else TERMINAL_ERROR_CHARS
     table = Table(box=None, pad_edge=False, header_style="bold")
     # Ids are never cut: the error column gives way.
     table.add_column("run id", no_wrap=True, min_width=max(len(r.run_id) for r in runs))
@@ -60,7 +77,7 @@ def runs_table(runs: list[WorkflowRun]) -> Table:
     for run in runs:
         table.add_row(Text(run.run_id), Text(run.workflow), status_text(run.status),
                       format_time(run.created_at), format_time(run.updated_at),
-                      Text(error_line(run.error, limit=120)))
+                      Text(error_line(run.error, limit=limit)))
     return table
 
 
@@ -104,11 +121,11 @@ def attempts_table(timeline: Timeline, *, tracebacks: bool = False) -> Table:
         table.add_column(name, no_wrap=True)
     table.add_column("error", overflow="fold")
     for step in timeline.steps:
-        label = Text(step.state.step_name)
+        label = Text(step.label)
         if step.kind != "step":
             label.append(f" ({step.kind})", style="dim")
         if not step.attempts:
-            table.add_row(label, "-", status_text(step.state.status), "", "", "", "")
+            table.add_row(label, "-", status_text(_step_status(step)), "", "", "", "")
         for attempt in step.attempts:
             table.add_row(label, f"{attempt.attempt}/{step.state.max_attempts}",
                           _outcome(attempt), Text(attempt.worker or "-"),
@@ -116,6 +133,47 @@ def attempts_table(timeline: Timeline, *, tracebacks: bool = False) -> Table:
                           format_duration(attempt.duration),
                           _error(attempt, tracebacks))
     return table
+
+
+def _step_status(step: StepView) -> str:
+    return step.gate.status if step.gate is not None else step.state.status
+
+
+def gates_table(timeline: Timeline) -> Table | None:
+    """The run's approval gates (``wf.approval``): name (as ``approve`` takes it), status,
+    approvers, expiry, schema, and the decision once made; ``None`` when it has none."""
+    gates = timeline.gates
+    if not gates:
+        return None
+    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left",
+                  title="approvals", title_style="bold")
+    for name in ("approval", "status", "approvers", "expires (UTC)"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("schema", overflow="fold")
+    table.add_column("decision", overflow="fold")
+    for gate in gates:
+        table.add_row(Text(gate.name), status_text(gate.status),
+                      Text(", ".join(gate.approvers) if gate.approvers is not None
+                           else "anyone"),
+                      format_time(gate.expires_at) if gate.expires_at else "never",
+                      Text("any" if gate.schema is None else value_text(gate.schema)),
+                      _decision(gate))
+    return table
+
+
+def _decision(gate: GateView) -> Text:
+    if gate.status != "decided":
+        return Text("-")
+    text = Text(value_text(gate.decision))
+    if gate.decided_by:
+        text.append(f" by {gate.decided_by}", style="dim")
+    return text
+
+
+def approve_hint(run_id: str, gate: GateView) -> Text:
+    """How to decide the gate the run waits on."""
+    return Text(f"waiting for approval {gate.name!r}: decide it with "
+                f"`{approve_command(run_id, gate)}`")
 
 
 def _outcome(attempt: AttemptView) -> Text:

@@ -28,7 +28,8 @@ import click
 
 from pikku_celery.app import PikkuCelery, get_pikku
 from pikku_celery.records import RUN_STATUSES, RUN_TERMINAL
-from pikku_celery.timeline import Timeline, build, error_line
+from pikku_celery.replay import APPROVAL_PREFIX
+from pikku_celery.timeline import APPROVAL, Timeline, approve_command, build, error_line, kind_of
 from pikku_celery_commands import HELP
 
 RESOLVER = "pikku_celery.resolve"
@@ -133,7 +134,8 @@ def timeline_json(timeline: Timeline) -> dict[str, Any]:
             None if attempt.duration is None else attempt.duration.total_seconds()))
         attempts.append(entry)
     return {"run": to_json(timeline.run), "steps": to_json([s.state for s in timeline.steps]),
-            "attempts": attempts, "progress": timeline.progress()}
+            "attempts": attempts, "progress": timeline.progress(),
+            "gates": to_json(timeline.gates)}
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -165,7 +167,7 @@ def runs(ctx: click.Context, workflow: str | None, status: str | None, limit: in
     if not found:
         out.print("no runs")
         return
-    out.print(_terminal.runs_table(found))
+    out.print(_terminal.runs_table(found, whole=not _terminal.is_terminal(out.file)))
     if more:
         out.print(f"next page: --before {more}", style="dim")
 
@@ -187,8 +189,15 @@ def show(ctx: click.Context, run_id: str, as_json: bool, tracebacks: bool) -> No
     out = _terminal.console()
     out.print(_terminal.run_header(timeline, tracebacks=tracebacks))
     out.print()
+    gates = _terminal.gates_table(timeline)
+    if gates is not None:
+        out.print(gates)
+        out.print()
     out.print(_terminal.attempts_table(timeline, tracebacks=tracebacks))
     out.print(_terminal.progress_line(timeline))
+    waiting = timeline.waiting_gate
+    if waiting is not None:
+        out.print(_terminal.approve_hint(timeline.run.run_id, waiting), style="dim")
 
 
 @pikku.command("watch")
@@ -198,7 +207,8 @@ def show(ctx: click.Context, run_id: str, as_json: bool, tracebacks: bool) -> No
 @click.pass_context
 def watch(ctx: click.Context, run_id: str, interval: float) -> None:
     """Follow a run live until it ends; exit 0 completed, 1 failed, 2 cancelled (3: could
-    not watch)."""
+    not watch). On a terminal the table redraws in place; otherwise (a pipe, a file, CI)
+    each change of the progress line is printed as it happens, then the attempts."""
     from rich.live import Live
 
     from pikku_celery import _terminal
@@ -207,12 +217,34 @@ def watch(ctx: click.Context, run_id: str, interval: float) -> None:
         app = resolve(ctx)
         timeline = timeline_of(app, run_id)
         out = _terminal.console()
-        with Live(_terminal.live_view(timeline), console=out, auto_refresh=False) as live:
-            while not timeline.run.is_terminal:
-                _sleep(interval)
-                timeline = timeline_of(app, run_id)
-                live.update(_terminal.live_view(timeline), refresh=True)
+        if not _terminal.is_terminal(out.file):
+            timeline = _watch_in_lines(app, timeline, interval, out)
+        else:
+            with Live(_terminal.live_view(timeline), console=out, auto_refresh=False
+                      ) as live:
+                while not timeline.run.is_terminal:
+                    _sleep(interval)
+                    timeline = timeline_of(app, run_id)
+                    live.update(_terminal.live_view(timeline), refresh=True)
     ctx.exit(EXIT_FOR_STATUS[timeline.run.status])
+
+
+def _watch_in_lines(app: PikkuCelery, timeline: Timeline, interval: float,
+                    out: Any) -> Timeline:
+    """``watch`` without a terminal: one progress line whenever the run's status or
+    progress changes (flushed as printed), and once it ends its attempts and last line."""
+    from pikku_celery import _terminal
+
+    shown: tuple[str, str] | None = None
+    while not timeline.run.is_terminal:
+        now = (timeline.run.status, timeline.progress())
+        if now != shown:
+            out.print(_terminal.progress_line(timeline))
+            shown = now
+        _sleep(interval)
+        timeline = timeline_of(app, timeline.run.run_id)
+    out.print(_terminal.live_view(timeline))
+    return timeline
 
 
 # --- acting -------------------------------------------------------------------------------
@@ -237,8 +269,17 @@ def cancel(ctx: click.Context, run_id: str, reason: str | None) -> None:
 @click.pass_context
 @operator_command
 def resume(ctx: click.Context, run_id: str) -> None:
-    """Resume a run suspended by wf.suspend()."""
+    """Resume a run suspended by wf.suspend() (not one waiting at wf.approval(): approve
+    decides that)."""
     app = resolve(ctx)
+    timeline = timeline_of(app, run_id)
+    gate = timeline.waiting_gate
+    if gate is not None and not timeline.waiting_suspension:
+        # resume opens suspensions only: the run would wake, find its gate still waiting
+        # and suspend again, and "resumed" would be a lie.
+        raise CommandFailed(
+            f"run {run_id} waits for approval {gate.name!r}, which resume does not open: "
+            f"decide it with `{approve_command(run_id, gate)}`")
     if not app.resume(run_id):
         raise CommandFailed(f"run {run_id} is {app.get_run(run_id).status}, not suspended: "
                             "nothing to resume")
@@ -262,11 +303,24 @@ def approve(ctx: click.Context, run_id: str, name: str, decision: str, by: str |
         value = json.loads(decision)
     except ValueError as exc:
         raise CommandFailed(f"--decision is not JSON: {exc}") from None
-    step = resolve(ctx).approve(run_id, name, value, by=by)
+    app = resolve(ctx)
+    name = gate_name(app, run_id, name)
+    step = app.approve(run_id, name, value, by=by)
     if as_json:
         _echo_json(step)
         return
     click.echo(f"approved {name!r} of run {run_id}: {json.dumps(value, sort_keys=True)}")
+
+
+def gate_name(app: PikkuCelery, run_id: str, given: str) -> str:
+    """The approval name ``approve`` takes for ``given``, which may be any name ``show``
+    printed for the gate: ``manager``, a loop's later reach ``manager#2``, or the stored
+    step name ``__approval:manager``."""
+    for step in app.get_steps(run_id):
+        if kind_of(step) == APPROVAL and given in (
+                step.step_name, step.step_name.removeprefix(APPROVAL_PREFIX)):
+            return str(step.data["approval"])
+    return given
 
 
 @pikku.command("purge")
@@ -339,9 +393,8 @@ def dashboard(ctx: click.Context, host: str, port: int, authorize: str | None,
     URL carrying it is printed once. The session cookie is signed with
     PIKKU_DASHBOARD_SECRET_KEY (environment only, at least 32 characters) when set, so
     logins survive a restart; else with a key drawn at random for this process."""
-    from pikku_celery.dashboard import standalone
-
     with one_line_errors():
+        standalone = _dashboard_module()
         if token_argument is not None:
             raise CommandFailed("--token is not accepted (a command line shows in ps and "
                                 "shell history): set PIKKU_DASHBOARD_TOKEN instead")
@@ -369,6 +422,15 @@ def dashboard(ctx: click.Context, host: str, port: int, authorize: str | None,
             server.run()
         finally:
             server.close()
+
+
+def _dashboard_module() -> Any:
+    """``pikku_celery.dashboard.standalone``, or one line naming the extra it needs."""
+    try:
+        from pikku_celery.dashboard import standalone
+    except ImportError as exc:
+        raise CommandFailed(str(exc)) from None
+    return standalone
 
 
 def is_loopback(host: str) -> bool:

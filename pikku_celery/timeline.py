@@ -16,32 +16,44 @@ What an attempt's outcome is, read from the history entry and the step document:
 - ``cancelled``: fenced by a cancellation (``WorkflowCancelledError``).
 - otherwise the attempt's status: ``succeeded``, ``failed``, ``running``...
 
-Waits are spans where nothing runs: a ``wf.sleep``, a suspension until ``resume``, a step
-parked on a child run, and for ordinary steps the time before the first claim and between
-attempts (retry delays).
+Waits are spans where nothing runs: a ``wf.sleep``, a suspension until ``resume``, an
+approval gate until ``approve`` (or its expiry), a step parked on a child run, and for
+ordinary steps the time before the first claim and between attempts (retry delays).
+
+A gate is shown by what it is, not by its stored step name: an approval
+(``__approval:manager``) as ``manager`` with its approvers, expiry, schema and decision
+(``GateView``), a suspension (``__suspend:reason``) as its reason. ``StepView.label`` is the
+name shown, and the one ``pikku approve`` takes.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pikku_celery.records import (
     RUN_TERMINAL,
     STEP_FAILED,
+    STEP_SCHEDULED,
     STEP_SUCCEEDED,
     StepAttempt,
     StepState,
     WorkflowRun,
 )
-from pikku_celery.replay import SUSPEND_PREFIX
+from pikku_celery.replay import APPROVAL_PREFIX, SUSPEND_PREFIX
 
 LEASE_EXPIRED = "WorkflowStepLeaseExpiredError"
 CANCELLED = "WorkflowCancelledError"
 
 # What a step waits on when it has no body of its own.
-STEP, SLEEP, SUSPENSION, CHILD = "step", "sleep", "suspension", "child"
+STEP, SLEEP, SUSPENSION, APPROVAL, CHILD = "step", "sleep", "suspension", "approval", "child"
+#: What an approval gate is at: ``waiting`` for a decision, ``expiry-passed`` (no decision
+#: is taken any more; the next pass settles it as expired), ``decided``, ``expired``, or
+#: ``cancelled`` (fenced by the run's cancellation).
+GATE_WAITING, GATE_EXPIRY_PASSED = "waiting", "expiry-passed"
+GATE_DECIDED, GATE_EXPIRED, GATE_CANCELLED = "decided", "expired", "cancelled"
 
 
 @dataclass(frozen=True)
@@ -82,15 +94,43 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class GateView:
+    """An approval gate (``wf.approval``) as an operator acts on it: ``name`` is what
+    ``approve`` takes; ``schema`` the JSON Schema a decision must match (``None``: any);
+    ``approvers`` who may decide (``None``: anyone); ``decision`` and ``decided_by`` once
+    decided."""
+
+    name: str
+    step_name: str
+    status: str
+    approvers: list[str] | None
+    expires_at: datetime | None
+    schema: Any
+    decision: Any = None
+    decided_by: str | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.status == GATE_WAITING
+
+
+@dataclass(frozen=True)
 class StepView:
     state: StepState
     kind: str
     attempts: list[AttemptView] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
+    gate: GateView | None = None
 
     @property
     def settled(self) -> bool:
         return is_settled(self.state)
+
+    @property
+    def label(self) -> str:
+        """The name shown: a gate's own name (``manager``, a suspension's reason; a loop's
+        later reach keeps its ``#N``), else the step's name."""
+        return display_name(self.state.step_name, self.kind)
 
 
 @dataclass(frozen=True)
@@ -108,6 +148,24 @@ class Timeline:
     def settled_steps(self) -> int:
         return sum(1 for step in self.steps if step.settled)
 
+    @property
+    def gates(self) -> list[GateView]:
+        """The run's approval gates, in the order it reached them."""
+        return [step.gate for step in self.steps if step.gate is not None]
+
+    @property
+    def waiting_gate(self) -> GateView | None:
+        """The approval the run waits on for a decision now, if any."""
+        if self.run.is_terminal:
+            return None
+        return next((g for g in reversed(self.gates) if g.waiting), None)
+
+    @property
+    def waiting_suspension(self) -> bool:
+        """Whether a ``wf.suspend`` gate waits for ``resume``."""
+        return not self.run.is_terminal and any(
+            s.kind == SUSPENSION and s.state.status == STEP_SCHEDULED for s in self.steps)
+
     def progress(self) -> str:
         """``3/5 steps settled, 1 running, 6 attempts (1 superseded)``."""
         running = sum(1 for s in self.steps if s.state.status == "running")
@@ -118,6 +176,9 @@ class Timeline:
         line += f", {len(self.attempts)} attempt{'s' if len(self.attempts) != 1 else ''}"
         if superseded:
             line += f" ({superseded} superseded)"
+        gate = self.waiting_gate
+        if gate is not None:
+            line += f", waiting for approval {gate.name!r}"
         return line
 
 
@@ -125,8 +186,59 @@ def kind_of(step: StepState) -> str:
     if step.child_run_id is not None:
         return CHILD
     if step.function is None:
-        return SUSPENSION if step.step_name.startswith(SUSPEND_PREFIX) else SLEEP
+        if step.step_name.startswith(SUSPEND_PREFIX):
+            return SUSPENSION
+        if step.step_name.startswith(APPROVAL_PREFIX) and isinstance(step.data, dict) \
+                and isinstance(step.data.get("approval"), str):
+            return APPROVAL
+        return SLEEP
     return STEP
+
+
+def display_name(step_name: str, kind: str) -> str:
+    """``__approval:manager`` -> ``manager``, ``__suspend:review`` -> ``review``."""
+    if kind == APPROVAL:
+        return step_name.removeprefix(APPROVAL_PREFIX)
+    if kind == SUSPENSION:
+        return step_name.removeprefix(SUSPEND_PREFIX)
+    return step_name
+
+
+def approve_command(run_id: str, gate: GateView) -> str:
+    """The command deciding ``gate`` (what ``show`` and a refused ``resume`` print)."""
+    return (f"pikku approve {run_id} {gate.name} --decision JSON"
+            + (" --by WHO" if gate.approvers is not None else ""))
+
+
+def gate_of(step: StepState, attempts: list[AttemptView], now: datetime) -> GateView:
+    """The approval gate ``step`` records (``kind_of(step) == APPROVAL``)."""
+    data: dict[str, Any] = step.data
+    text = data.get("schema_json")  # "schema": a gate an earlier version recorded
+    try:
+        schema = json.loads(text) if isinstance(text, str) else data.get("schema")
+    except ValueError:
+        schema = text
+    approvers = data.get("approvers")
+    expires_ms = data.get("expires_at_ms")
+    expires_at = (datetime.fromtimestamp(expires_ms / 1000, tz=UTC)
+                  if isinstance(expires_ms, int | float) else None)
+    decision, decided_by = None, None
+    if step.status == STEP_SUCCEEDED:
+        if step.result == {"expired": True}:
+            status = GATE_EXPIRED
+        else:
+            status, decision = GATE_DECIDED, step.result
+            decided_by = next((a.worker for a in reversed(attempts)
+                               if a.status == STEP_SUCCEEDED), None)
+    elif step.status == STEP_SCHEDULED:
+        due = step.due_at
+        status = GATE_EXPIRY_PASSED if due is not None and due <= now else GATE_WAITING
+    else:
+        status = GATE_CANCELLED
+    return GateView(name=str(data["approval"]), step_name=step.step_name, status=status,
+                    approvers=list(approvers) if isinstance(approvers, list) else None,
+                    expires_at=expires_at, schema=schema, decision=decision,
+                    decided_by=decided_by)
 
 
 def outcome_of(entry: StepAttempt, current_attempt: int) -> str:
@@ -171,7 +283,8 @@ def _step_view(step: StepState, entries: list[StepAttempt], end: datetime) -> St
             worker=entry.worker, task_id=entry.task_id, error=entry.error,
             result=entry.result))
     return StepView(state=step, kind=kind, attempts=attempts,
-                    waits=_waits(step, kind, attempts, end))
+                    waits=_waits(step, kind, attempts, end),
+                    gate=gate_of(step, attempts, end) if kind == APPROVAL else None)
 
 
 def is_settled(step: StepState) -> bool:

@@ -123,10 +123,10 @@ class Caller:
     def check(self, action: str, run_id: str | None = None, gate: str | None = None) -> None:
         self._check(action, run_id, gate)
 
-    def can(self, action: str, run_id: str | None = None) -> bool:
+    def can(self, action: str, run_id: str | None = None, gate: str | None = None) -> bool:
         """Whether ``check`` passes (for buttons and a page's rows: a refusal is no row)."""
         try:
-            self._check(action, run_id, None)
+            self._check(action, run_id, gate)
         except ApiError:
             return False
         return True

@@ -14,4 +14,19 @@ dashboard`` (``standalone.py``). Pages are built by ``_pages.Dashboard`` and ren
 Jinja2 with autoescaping; the adapters (``flask.py``, ``django.py``) authorize, check
 CSRF and form sizes, and send the security headers (a CSP that runs only the page's own
 script, no framing, no caching).
+
+The standalone dashboard needs Flask and waitress, which pikku does not install by itself:
+without them ``pikku dashboard`` (and importing ``standalone``) fails with the extra to
+install, ``pip install 'pikku-celery[dashboard]'`` (``missing_extra``).
 """
+
+from __future__ import annotations
+
+EXTRA = "pikku-celery[dashboard]"
+
+
+def missing_extra(exc: ModuleNotFoundError) -> ModuleNotFoundError:
+    """The error for a missing Flask or waitress: which extra to install."""
+    return ModuleNotFoundError(
+        f"the pikku dashboard needs {exc.name or 'a module'!r}, which is not installed: "
+        f"pip install '{EXTRA}' (Flask and waitress)", name=exc.name)

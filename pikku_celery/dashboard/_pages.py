@@ -13,6 +13,14 @@ What a caller may read is the JSON API's rule (``contrib._api.readable_page`` an
 ``readable_run``): the runs page and its counts are queried with the caller's run filter,
 and a run it refuses is left out or unknown. A button's outcome comes back as a fixed
 ``?notice=`` code (``NOTICES``): the page never shows text taken from its address.
+
+Approval gates (``wf.approval``) are shown as gates: name, approvers, expiry, schema, and
+the decision once made. A gate the run waits on gets a decision form (``decide``): the
+decision is JSON, checked against the gate's schema and approvers by ``pikku.approve``
+(the JSON API's path), recorded as given by the caller the adapter identifies, authorized
+as the ``approve`` action told the gate, and CSRF-checked like the buttons; a refused
+decision re-renders the page with the refusal and the decision as typed (409). A run
+waiting at an approval is not offered Resume, which does not open an approval.
 """
 
 from __future__ import annotations
@@ -30,10 +38,12 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._access import Caller
 from pikku_celery.contrib._api import (
+    APPROVE,
     CANCEL,
     RESUME,
     ApiError,
     ApiOptions,
+    parse_body,
     present,
     readable_count,
     readable_page,
@@ -44,11 +54,19 @@ from pikku_celery.dashboard.chart import chart
 from pikku_celery.errors import (
     InvalidInputError,
     PikkuConfigurationError,
+    WorkflowApprovalError,
     WorkflowNotFoundError,
     WorkflowRunNotFoundError,
 )
 from pikku_celery.records import RUN_STATUSES, RUN_SUSPENDED
-from pikku_celery.timeline import Timeline, build, error_line, format_duration, format_time
+from pikku_celery.timeline import (
+    GateView,
+    Timeline,
+    build,
+    error_line,
+    format_duration,
+    format_time,
+)
 from pikku_celery.validate import check_name
 
 log = logging.getLogger("pikku_celery.contrib")
@@ -68,8 +86,31 @@ NOTICES = {
     "resumed": "run resumed",
     "not-cancelled": "nothing to cancel: the run has already ended",
     "not-resumed": "nothing to resume: the run is not suspended",
+    "not-resumed-approval": "nothing to resume: the run waits for an approval, which "
+                            "resume does not open; decide it below",
+    "decided": "decision recorded",
 }
 DONE = {CANCEL: ("cancelled", "not-cancelled"), RESUME: ("resumed", "not-resumed")}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A decision ``pikku.approve`` refused, shown on the run page with what was typed."""
+
+    gate: str
+    message: str
+    decision: str
+
+
+@dataclass(frozen=True)
+class GateForm:
+    """An approval gate on the run page: ``form`` when the caller may decide it here,
+    else ``why_not`` (``None`` too when it waits no more)."""
+
+    gate: GateView
+    form: bool
+    why_not: str | None
+    refusal: Refusal | None = None
 
 
 @dataclass(frozen=True)
@@ -93,8 +134,8 @@ class View:
     nonce: str
     trusted_origins: Collection[str] = ()
 
-    def can(self, action: str, run_id: str | None) -> bool:
-        return self.caller.can(action, run_id)
+    def can(self, action: str, run_id: str | None, gate: str | None = None) -> bool:
+        return self.caller.can(action, run_id, gate)
 
 
 class PageError(Exception):
@@ -153,18 +194,42 @@ class Dashboard:
             if action == CANCEL:
                 reason = (form.get("reason") or "").strip()[:MAX_REASON_CHARS] or None
                 done = self.pikku.cancel(run_id, reason or "cancelled from the dashboard")
+            elif _only_approval_waits(self._timeline(run_id)):
+                return _back(view, run_id, "not-resumed-approval")  # it would wake for nothing
             else:
                 done = self.pikku.resume(run_id)
-            notice = DONE[action][0 if done else 1]
-            return Page(303, redirect=f"{view.base}runs/{segment(run_id)}?"
-                        + urlencode({"notice": notice}))
+            return _back(view, run_id, DONE[action][0 if done else 1])
         return self._page(view.base, act)
 
+    def decide(self, view: View, run_id: str, gate: str, form: Mapping[str, str]) -> Page:
+        """A decision form's POST (authorized for ``approve`` on ``gate`` and CSRF-checked
+        by the adapter): ``pikku.approve`` with the caller as the approver; a refusal
+        (schema, approvers, no longer waiting) or a decision that is not JSON re-renders
+        the run page with the reason."""
+        def decide() -> Page:
+            check_name("run id", run_id)
+            check_name("approval name", gate)
+            readable_run(self.pikku, view.caller, run_id)
+            typed = (form.get("decision") or "").strip()
+            try:
+                decision = parse_body(typed)
+                if not typed:
+                    raise InvalidInputError("no decision was given: type one, as JSON")
+                self.pikku.approve(run_id, gate, decision, by=view.caller.name())
+            except (ApiError, InvalidInputError, WorkflowApprovalError) as exc:
+                message = exc.message if isinstance(exc, ApiError) else str(exc)
+                status = 409 if isinstance(exc, WorkflowApprovalError) else 400
+                return self._run(view, run_id, Refusal(gate, message, typed), status)
+            return _back(view, run_id, "decided")
+        return self._page(view.base, decide)
+
     def refusal(self, caller: Caller, action: str, run_id: str | None, home: str,
-                login_url: Callable[[], str] | None = None) -> Page | None:
-        """The page refusing ``caller`` the ``action``, or ``None`` when they may."""
+                login_url: Callable[[], str] | None = None, gate: str | None = None
+                ) -> Page | None:
+        """The page refusing ``caller`` the ``action`` (an approval: on ``gate``), or
+        ``None`` when they may."""
         try:
-            caller.check(action, run_id)
+            caller.check(action, run_id, gate)
         except ApiError as exc:
             login = login_url() if exc.status == 401 and login_url is not None else None
             return self.refused(exc.status, exc.message, home, login)
@@ -208,24 +273,33 @@ class Dashboard:
             newest=link() if before else None, link=link, refresh_s=REFRESH_S,
             now=datetime.now(UTC)))
 
-    def _run(self, view: View, run_id: str) -> Page:
+    def _timeline(self, run_id: str) -> Timeline:
+        return build(self.pikku.get_run(run_id), self.pikku.get_steps(run_id),
+                     self.pikku.get_history(run_id), datetime.now(UTC))
+
+    def _run(self, view: View, run_id: str, refusal: Refusal | None = None,
+             status: int = 200) -> Page:
         check_name("run id", run_id)
         run = readable_run(self.pikku, view.caller, run_id)
         whole = build(run, self.pikku.get_steps(run_id), self.pikku.get_history(run_id),
                       datetime.now(UTC))
         timeline, later = _steps_page(whole, view.query.get("steps_after") or None)
         shown = self.options.show_tracebacks
-        attempts = [(a, present({"error": a.error}, show_tracebacks=shown)["error"])
+        labels = {s.state.step_name: s.label for s in timeline.steps}
+        attempts = [(a, labels.get(a.step_name, a.step_name),
+                     present({"error": a.error}, show_tracebacks=shown)["error"])
                     for a in timeline.attempts]
         live = not run.is_terminal
-        return Page(200, ENV.get_template("run.html").render(
+        return Page(status, ENV.get_template("run.html").render(
             view=view, home=view.base, run=run, timeline=timeline,
             served=present(run, show_tracebacks=shown),
             chart=chart(timeline), attempts=attempts,
+            gates=[_gate_form(view, run_id, g, refusal) for g in whole.gates],
+            refusal=refusal,
             children=[s.state for s in timeline.steps if s.state.child_run_id],
             can_cancel=live and view.csrf is not None and view.can(CANCEL, run_id),
             can_resume=(run.status == RUN_SUSPENDED and view.csrf is not None
-                        and view.can(RESUME, run_id)),
+                        and not _only_approval_waits(whole) and view.can(RESUME, run_id)),
             notice=NOTICES.get(view.query.get("notice") or ""), live=live,
             refresh_s=REFRESH_S, progress=whole.progress(), steps_total=len(whole.steps),
             later=later and (f"{view.base}runs/{segment(run_id)}?"
@@ -258,6 +332,38 @@ class Dashboard:
     def error(self, status: int, title: str, message: str, home: str) -> Page:
         return Page(status, ENV.get_template("error.html").render(
             title=title, message=message, status=status, home=home))
+
+
+def _back(view: View, run_id: str, notice: str) -> Page:
+    """Back to the run page, with a notice code."""
+    return Page(303, redirect=f"{view.base}runs/{segment(run_id)}?"
+                + urlencode({"notice": notice}))
+
+
+def _only_approval_waits(timeline: Timeline) -> bool:
+    """The run waits for an approval and for no ``wf.suspend``: resume would change
+    nothing (it opens suspensions; the run would wake and suspend again at its gate)."""
+    return timeline.waiting_gate is not None and not timeline.waiting_suspension
+
+
+def _gate_form(view: View, run_id: str, gate: GateView, refusal: Refusal | None
+               ) -> GateForm:
+    """Whether the caller gets a decision form for ``gate``, or why not."""
+    refused = refusal if refusal is not None and refusal.gate == gate.name else None
+    if not gate.waiting:
+        return GateForm(gate, False, None)
+    if view.csrf is None:
+        return GateForm(gate, False, "no forms here (the app has no SECRET_KEY)")
+    if not view.can(APPROVE, run_id, gate.name):
+        return GateForm(gate, False, "you may not decide this approval")
+    if gate.approvers is not None:
+        who = view.caller.name()
+        if who is None:
+            return GateForm(gate, False, "only its approvers may decide it, and this server "
+                                         "cannot tell who you are")
+        if who not in gate.approvers:
+            return GateForm(gate, False, f"only its approvers may decide it; you are {who}")
+    return GateForm(gate, True, None, refused)
 
 
 def _steps_page(timeline: Timeline, after: str | None) -> tuple[Timeline, str | None]:

@@ -4,9 +4,9 @@ One row per step, left to right from the run's start to its end (or now). Each a
 a bar from its claim to its settle, classed by outcome (``succeeded``, ``failed``,
 ``superseded``, ``lease-expired``, ``cancelled``, ``running``); a superseded attempt ends
 where the next attempt's claim fenced it out and carries a mark. Waits (``wf.sleep``, a
-suspension, a child run, the time before the first claim and between attempts) are drawn
-as gaps: an outline or a dashed line, never a bar. Nothing here is escaped: the template
-does that (every label is user data).
+suspension, an approval gate, a child run, the time before the first claim and between
+attempts) are drawn as gaps: an outline or a dashed line, never a bar. Nothing here is
+escaped: the template does that (every label is user data).
 """
 
 from __future__ import annotations
@@ -49,18 +49,19 @@ class Bar:
 class Gap:
     x: float
     w: float
-    kind: str  # sleep, suspension, child, queued, retry
+    kind: str  # sleep, suspension, approval, child, queued, retry
     title: str
 
     @property
     def outlined(self) -> bool:
         """A wait that is the step itself (drawn as an outline); else a dashed line."""
-        return self.kind in ("sleep", "suspension", "child")
+        return self.kind in ("sleep", "suspension", "approval", "child")
 
 
 @dataclass(frozen=True)
 class Row:
-    step: str
+    step: str  # the stored name (``__approval:manager``)
+    label: str  # the name shown (``manager``)
     kind: str
     status: str
     y: float
@@ -108,7 +109,8 @@ def chart(timeline: Timeline) -> Chart:
                     f"{w.kind}: {format_duration(w.end - w.start)}"
                     + (" so far" if w.open else ""))
                 for w in step.waits]
-        rows.append(Row(step.state.step_name, step.kind, step.state.status,
+        status = step.gate.status if step.gate is not None else step.state.status
+        rows.append(Row(step.state.step_name, step.label, step.kind, status,
                         TOP + i * ROW_H, bars, gaps, step.state.child_run_id))
     span = timeline.end - timeline.start
     ticks = [Tick(LABEL_W + plot_w * k / (TICKS - 1),

@@ -1,7 +1,8 @@
 """The dashboard in Django: pages beside the JSON API in
 ``pikku_celery.contrib.django.urls`` (``pikku/``: the runs page; ``pikku/runs/<run_id>``:
 a run), behind the same ``PIKKU_AUTHORIZE`` (staff users by default) with the action each
-needs (``read`` for a page, ``cancel``/``resume`` for a button). The buttons' forms carry
+needs (``read`` for a page, ``cancel``/``resume`` for a button, ``approve`` told the gate for
+a decision form, ``pikku/runs/<run_id>/approvals/<name>``). The buttons' forms carry
 Django's CSRF token and their views are ``csrf_protect``-ed (with or without
 ``CsrfViewMiddleware``, which passes them by: they check the form's type and size, then
 CSRF, before anything reads the form); every page sets the CSRF cookie
@@ -23,6 +24,7 @@ from django.urls import path, reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect, ensure_csrf_cookie
 from django.views.decorators.http import require_http_methods
 
+from pikku_celery.contrib._api import APPROVE
 from pikku_celery.contrib.django import project_pikku
 from pikku_celery.contrib.django.views import caller, options
 from pikku_celery.dashboard._pages import (
@@ -39,7 +41,7 @@ CSRF_FIELD = "csrfmiddlewaretoken"  # what csrf_protect reads from a form
 
 
 def _serve(request: HttpRequest, action: str, run_id: str | None,
-           page: Callable[[Dashboard, View], Page]) -> HttpResponse:
+           page: Callable[[Dashboard, View], Page], gate: str | None = None) -> HttpResponse:
     board = Dashboard(project_pikku(), options())
     base = reverse("pikku:dashboard")
     nonce = secrets.token_urlsafe(16)
@@ -49,7 +51,7 @@ def _serve(request: HttpRequest, action: str, run_id: str | None,
         return (str(resolve_url(settings.LOGIN_URL)) + "?"
                 + urlencode({"next": request.get_full_path()}))
 
-    refused = board.refusal(who, action, run_id, base, login)
+    refused = board.refusal(who, action, run_id, base, login, gate)
     if refused is not None:
         return _respond(refused, nonce)
     view = View(base=base, query=request.GET, caller=who,
@@ -85,21 +87,26 @@ def run_view(request: HttpRequest, run_id: str) -> HttpResponse:
 
 
 def _action_view(action: str) -> Callable[..., HttpResponse]:
-    def checked(request: HttpRequest, run_id: str) -> HttpResponse:
+    """A form's POST: a button (``cancel``, ``resume``), or a decision (``approve``, with
+    the gate's ``name`` from the path)."""
+    def checked(request: HttpRequest, run_id: str, name: str | None = None) -> HttpResponse:
         def act(board: Dashboard, view: View) -> Page:
+            if action == APPROVE:
+                assert name is not None
+                return board.decide(view, run_id, name, request.POST)
             return board.act(view, run_id, action, request.POST)
-        return _serve(request, action, run_id, act)
+        return _serve(request, action, run_id, act, name)
 
     protected = csrf_protect(checked)
 
-    def view(request: HttpRequest, run_id: str) -> HttpResponse:
+    def view(request: HttpRequest, run_id: str, **gate: str) -> HttpResponse:
         # The size and type of the form before anything reads it (csrf_protect does); a
         # Content-Length that is not a number is a 400 here, not int()'s ValueError.
         try:
             check_form(request.content_type, request.META.get("CONTENT_LENGTH"))
         except PageError as exc:
             return HttpResponse(exc.message, status=exc.status, content_type="text/plain")
-        response: HttpResponse = protected(request, run_id)
+        response: HttpResponse = protected(request, run_id, **gate)
         return response
 
     view.__name__ = f"pikku_dashboard_{action}"
@@ -116,4 +123,6 @@ urlpatterns = [
     path("runs/<str:run_id>", run_view, name="dashboard-run"),
     *(path(f"runs/<str:run_id>/{action}", _action_view(action), name=f"dashboard-{action}")
       for action in ACTIONS),
+    path("runs/<str:run_id>/approvals/<str:name>", _action_view(APPROVE),
+         name="dashboard-approve"),
 ]

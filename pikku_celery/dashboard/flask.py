@@ -2,7 +2,8 @@
 JSON API, under ``PIKKU_URL_PREFIX`` (``/pikku/`` by default: the runs page; ``/pikku/runs/
 <run_id>``: a run). Every request goes through the caller the adapter makes
 (``contrib._access.Caller``) with the action it needs (``read`` for a page,
-``cancel``/``resume`` for a button). This module imports no Flask extension code: the
+``cancel``/``resume`` for a button, ``approve`` told the gate for a decision form,
+``/pikku/runs/<run_id>/approvals/<name>``). This module imports no Flask extension code: the
 adapter hands it ``served`` (``contrib._flask_web``).
 
 The buttons POST small urlencoded forms, which a cross-site page can also send, so each
@@ -44,6 +45,8 @@ def add_routes(bp: Blueprint, served: CurrentServed) -> None:
     for action in ACTIONS:
         bp.add_url_rule(f"/runs/<run_id>/{action}", f"dashboard_{action}",
                         _action_view(served, action), methods=["POST"])
+    bp.add_url_rule("/runs/<run_id>/approvals/<name>", "dashboard_approve",
+                    _action_view(served, _api.APPROVE), methods=["POST"])
 
 
 def _runs_view(served: CurrentServed) -> Callable[[], Response]:
@@ -60,7 +63,9 @@ def _run_view(served: CurrentServed) -> Callable[[str], Response]:
 
 
 def _action_view(served: CurrentServed, action: str) -> Callable[..., Response]:
-    def view(run_id: str) -> Response:
+    """A form's POST: a button (``cancel``, ``resume``), or a decision (``approve``, with
+    the gate's ``name`` from the path)."""
+    def view(run_id: str, name: str | None = None) -> Response:
         def act(board: Dashboard, page_view: View) -> Page:
             why = _api.cross_origin_refusal(request.headers.get, request.host,
                                             page_view.trusted_origins)
@@ -75,18 +80,21 @@ def _action_view(served: CurrentServed, action: str) -> Callable[..., Response]:
             if not kept or not hmac.compare_digest(str(kept), sent):
                 raise PageError(403, "CSRF check failed",
                                 "the form's token is missing or stale: reload the page")
+            if action == _api.APPROVE:
+                assert name is not None
+                return board.decide(page_view, run_id, name, request.form)
             return board.act(page_view, run_id, action, request.form)
-        return _serve(served, action, run_id, act)
+        return _serve(served, action, run_id, act, name)
     return view
 
 
 def _serve(served: CurrentServed, action: str, run_id: str | None,
-           page: Callable[[Dashboard, View], Page]) -> Response:
+           page: Callable[[Dashboard, View], Page], gate: str | None = None) -> Response:
     base = url_for("pikku.dashboard")
     nonce = secrets.token_urlsafe(16)
     now = served()
     board = Dashboard(now.pikku, now.options)
-    refused = board.refusal(now.caller, action, run_id, base)
+    refused = board.refusal(now.caller, action, run_id, base, gate=gate)
     if refused is not None:
         return _respond(refused, nonce)
     view = View(base=base, query=request.args, caller=now.caller, csrf=_csrf_field(),

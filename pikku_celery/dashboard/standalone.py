@@ -40,8 +40,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlencode
 
-from flask import Flask, abort, redirect, request, session
-from flask.typing import ResponseReturnValue
+from pikku_celery.dashboard import missing_extra
+
+try:
+    from flask import Flask, abort, redirect, request, session
+    from flask.typing import ResponseReturnValue
+except ModuleNotFoundError as exc:  # say which extra brings it, not only its name
+    raise missing_extra(exc) from exc
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib import _access, _api
@@ -182,7 +187,10 @@ class AccessLog:
 
 def create_server(app: Flask, host: str, port: int) -> Any:
     """A waitress server for ``app`` on ``host:port`` (not yet serving: call ``run()``)."""
-    from waitress import create_server as waitress_server
+    try:
+        from waitress import create_server as waitress_server
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc) from exc
 
     return waitress_server(
         AccessLog(app), host=host, port=port, threads=THREADS,

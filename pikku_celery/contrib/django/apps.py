@@ -27,6 +27,7 @@ class PikkuConfig(AppConfig):
     def ready(self) -> None:
         autodiscover_modules(WORKFLOWS_MODULE)
         checks.register(check_settings)
+        checks.register(check_services)
 
 
 def check_settings(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
@@ -53,4 +54,32 @@ def check_settings(app_configs: Any = None, **_: Any) -> list[checks.CheckMessag
             "and its AuthenticationMiddleware; without them every request is refused",
             hint="add them, or set PIKKU_AUTHORIZE to a callable (request, action, run_id)",
             id="pikku.W001"))
+    return found
+
+
+def check_services(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
+    """``manage.py check``: the project's ``PikkuCelery`` can be found and has a MongoDB
+    and a Redis URL (``CELERY_PIKKU_MONGO_URL``, ``CELERY_PIKKU_REDIS_URL``) unless it was
+    given ``store=``/``leases=``. Warnings, not errors: nothing connects before the first
+    use, and ``migrate`` and friends need neither; but a worker or a start would fail."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from pikku_celery.config import conf_value, setting_names
+    from pikku_celery.contrib.django import project_pikku
+
+    try:
+        pikku = project_pikku()
+    except (ImproperlyConfigured, ImportError) as exc:
+        return [checks.Warning(str(exc), id="pikku.W003")]
+    found: list[checks.CheckMessage] = []
+    for name, service, argument in (("mongo_url", "MongoDB", "store"),
+                                    ("redis_url", "Redis", "leases")):
+        given, _what = pikku._config.raw(argument)  # PikkuCelery(app, store=...)
+        if given is None and conf_value(pikku.app, name) in (None, ""):
+            found.append(checks.Warning(
+                f"pikku has no {service} URL for Celery app {pikku.app.main!r}: workers "
+                f"and pikku.start will fail with PikkuConfigurationError",
+                hint=f"set {setting_names(pikku.app, name)}, or pass {argument}= to "
+                     "PikkuCelery",
+                id="pikku.W002"))
     return found
