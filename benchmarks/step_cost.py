@@ -43,6 +43,12 @@ class Broker:
     def __init__(self) -> None:
         self.queue: deque[tuple[str, str, str | None]] = deque()
         self.messages: Counter[str] = Counter()
+        self.delivering = False  # a message is being handled: a worker's task runs
+
+    def runs_here(self, function: str, run_id: str, step_name: str) -> bool:
+        """One queue, one task class, no time limits: a delivered message's pass may run
+        the next step in place, as ``CeleryDispatcher.runs_here`` allows in a worker."""
+        return self.delivering
 
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
         self.messages["step"] += 1
@@ -72,6 +78,7 @@ class Result:
     in_place: bool
     sides: dict[str, Side]
     messages: Counter[str]
+    in_place_steps: int = 0
 
     def per_step(self, side: str | None, what: str) -> float:
         chosen = [self.sides[side]] if side else list(self.sides.values())
@@ -83,9 +90,11 @@ class Result:
 
 
 def measure(shape: str, steps: int, redis_url: str, mongo_url: str, *,
-            in_place: bool) -> Result:
+            in_place: bool, in_place_steps: int = 100) -> Result:
     """One run of ``steps`` no-op steps, ``sequential`` (one after another) or ``fanout``
-    (all gathered at once), every message delivered and counted."""
+    (all gathered at once), every message delivered and counted. ``in_place``: steps
+    continue in place (``continue_in_place``), running up to ``in_place_steps`` steps in a
+    row in place (0: each step is sent)."""
     mongo = MongoCommands()
     store = counting_store(mongo_url, f"pikku_bench_{uuid.uuid4().hex[:8]}", [mongo])
     client = store.db.client
@@ -93,7 +102,8 @@ def measure(shape: str, steps: int, redis_url: str, mongo_url: str, *,
     prefix = f"pikku-bench-{uuid.uuid4().hex[:8]}"
     pikku = PikkuCelery(Celery("bench", broker="memory://"), store=store,
                         leases=RedisLeaseService(redis_client, key_prefix=prefix),
-                        continue_in_place=in_place, worker_reaper=False)
+                        continue_in_place=in_place, in_place_steps=in_place_steps,
+                        worker_reaper=False)
     broker = Broker()
     pikku.engine.dispatcher = broker
 
@@ -118,6 +128,7 @@ def measure(shape: str, steps: int, redis_url: str, mongo_url: str, *,
         sides = {name: Side() for name in SIDES}
         while broker.queue:
             kind, target, step_name = broker.queue.popleft()
+            broker.delivering = True
             if kind == "step":
                 assert step_name is not None
                 _count(mongo, redis_client, sides["worker"], pikku.engine.execute_step,
@@ -125,8 +136,10 @@ def measure(shape: str, steps: int, redis_url: str, mongo_url: str, *,
             else:
                 _count(mongo, redis_client, sides["orchestrator"], _advance, pikku, target,
                        step_name)
+            broker.delivering = False
         assert pikku.get_run(run_id).status == "completed", pikku.get_run(run_id)
-        return Result(shape, steps, in_place, sides, Counter(broker.messages))
+        return Result(shape, steps, in_place, sides, Counter(broker.messages),
+                      in_place_steps if in_place else 0)
     finally:
         doomed = list(redis_client.scan_iter(match=f"{prefix}:*"))
         if doomed:
@@ -154,8 +167,12 @@ def _count(mongo: MongoCommands, redis_client: CountingRedis, into: Side, fn: An
 
 def report(result: Result) -> str:
     n = result.steps
-    mode = ("continue_in_place=True: the worker passes after its step"
-            if result.in_place else "continue_in_place=False: a message per settle")
+    if not result.in_place:
+        mode = "continue_in_place=False: a message per settle"
+    elif result.in_place_steps:
+        mode = f"running in place (in_place_steps={result.in_place_steps})"
+    else:
+        mode = "in_place_steps=0: the worker passes after its step, sends the next"
     lines = [f"step_cost: {result.shape}, {n} steps, {mode}; per step"]
     for side in SIDES:
         s = result.sides[side]
@@ -182,9 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     with Stack() as stack:
         print(f"step_cost on {describe(stack.mongo_url)}\n")
         for shape, n in (("sequential", args.steps), ("fanout", args.fanout)):
-            for in_place in (True, False):
+            for in_place, in_place_steps in ((True, 100), (True, 0), (False, 0)):
                 print(report(measure(shape, n, stack.redis_url, stack.mongo_url,
-                                     in_place=in_place)))
+                                     in_place=in_place, in_place_steps=in_place_steps)))
                 print()
 
 

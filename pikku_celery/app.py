@@ -87,6 +87,12 @@ class PikkuCelery(RunOperations):
             holds the run, leave it a mark instead (it passes again before it lets go).
             Default ``True``: fewer messages and round trips; ``False`` sends a
             ``pikku.orchestrate`` message per settled step.
+        in_place_steps: with ``continue_in_place``, a pass running in a worker runs the
+            next step of a sequential run itself when that step would be sent to the queue
+            its own task came from (no message, no separate claim, no replay: see "Running
+            in place" in the README), at most this many steps in a row (100; 0: never),
+        in_place_for: and for at most this long (10 s), before it sends the next step as
+            a message.
         worker_reaper: run the reaper in every worker of the app (default ``True``).
         queue: a queue of pikku's own (default: the ``pikku_queue`` setting, else none:
             pikku's tasks are routed like any task). With one, pikku's messages go there
@@ -108,6 +114,7 @@ class PikkuCelery(RunOperations):
                  max_countdown: Duration | None = None,
                  undispatched_after: Duration | None = None,
                  stalled_after: Duration | None = None, continue_in_place: bool | None = None,
+                 in_place_steps: int | None = None, in_place_for: Duration | None = None,
                  worker_reaper: bool | None = None, queue: str | None = None,
                  redact_error: Callable[[str], str] | str | None = None) -> None:
         self.app = celery_app
@@ -117,6 +124,7 @@ class PikkuCelery(RunOperations):
             "run_lease": run_lease, "reaper_interval": reaper_interval,
             "max_countdown": max_countdown, "undispatched_after": undispatched_after,
             "stalled_after": stalled_after, "continue_in_place": continue_in_place,
+            "in_place_steps": in_place_steps, "in_place_for": in_place_for,
             "worker_reaper": worker_reaper, "redact_error": redact_error}
         self._config = Configuration(celery_app, explicit)
         self._config.check_explicit()  # a bad argument fails here, as before
@@ -190,6 +198,7 @@ class PikkuCelery(RunOperations):
             undispatched_after_ms=resolved.undispatched_after_ms,
             stalled_after_ms=resolved.stalled_after_ms,
             continue_in_place=resolved.continue_in_place,
+            in_place_steps=resolved.in_place_steps, in_place_ms=resolved.in_place_ms,
             redact_error=resolved.redact_error),
             worker=socket.gethostname(), clock=clock, emit=SignalSender(self))
         if dispatcher is not None:

@@ -34,11 +34,11 @@ from pikku_celery.errors import (
     WorkflowStepSupersededError,
 )
 from pikku_celery.heartbeat import Heartbeat, HeldStep
-from pikku_celery.leases.base import LeaseService
+from pikku_celery.leases.base import Lease, LeaseService
 from pikku_celery.records import StepState
 from pikku_celery.redaction import mask_secrets
 from pikku_celery.store._concerns import deadline
-from pikku_celery.store.base import WorkflowStore
+from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 from pikku_celery.validate import as_stored, check_step_document
 from pikku_celery.views import settled_for_good
 
@@ -184,7 +184,38 @@ class Claimer:
         if outcome.state is None:
             self.leases.release(lease)
             return NotClaimed(wake_run=outcome.wake_run)
-        held = HeldStep(run_id, step_name, outcome.state.attempt, lease_ms, lease,
+        return self._hold(outcome.state, lease_ms, lease, sent, holding)
+
+    def claim_new(self, step: NewStep, lease_ms: int, *, seq: int,
+                  holding: list[HeldStep]) -> Claimed | NewClaim | None:
+        """Record ``step`` already claimed by its first attempt, for a pass that runs it at
+        once (``store.claim_new_step``): the step lease first, as for any claim, then one
+        insert (and the run read after it). ``NewClaim`` when nothing was claimed (the step
+        existed, or the run has ended); ``None`` when the step lease is held, which no new
+        step's can be unless a forged message got there first: the caller records the step
+        the usual way and lets the claims decide. ``holding`` as for ``claim``."""
+        assert step.function is not None
+        key = keys.step_lease_key(step.run_id, step.step_name)
+        sent = time.monotonic()
+        lease = self.leases.acquire(key, _holder(step.function), lease_ms)
+        if lease is None:
+            return None
+        self.clock.observe(lease.granted_at_ms, sent)
+        try:
+            with deadline(lease_ms / 1000):
+                outcome = self.store.claim_new_step(step, lease.granted_at_ms, lease_ms,
+                                                    seq=seq, worker=self.worker)
+        except BaseException:
+            self.leases.release(lease)
+            raise
+        if outcome.state is None or not outcome.created:
+            self.leases.release(lease)
+            return outcome
+        return self._hold(outcome.state, lease_ms, lease, sent, holding)
+
+    def _hold(self, state: StepState, lease_ms: int, lease: Lease, sent: float,
+              holding: list[HeldStep] | None) -> Claimed:
+        held = HeldStep(state.run_id, state.step_name, state.attempt, lease_ms, lease,
                         held_until=sent + lease_ms / 1000)
         if holding is not None:
             holding.append(held)
@@ -195,7 +226,7 @@ class Claimer:
             # start must not leave the step registered with no caller to remove it.
             self.heartbeat.remove(held)
             raise
-        return Claimed(outcome.state, held)
+        return Claimed(state, held)
 
     def _refuse_another_function(self, run_id: str, step_name: str, key: str,
                                  function: str | None) -> None:

@@ -30,6 +30,8 @@ setting                                   default
 ``pikku_undispatched_after``              30 s
 ``pikku_stalled_after``                   30 s
 ``pikku_continue_in_place``               ``True``
+``pikku_in_place_steps``                  100 (0: never run a step in place)
+``pikku_in_place_for``                    10 s
 ``pikku_worker_reaper``                   ``True``
 ``pikku_queue``                           none (read by ``pikku_celery.routing``)
 ``pikku_redact_error``                    none: a callable ``(text) -> str``, or its
@@ -60,8 +62,12 @@ DEFAULT_RUN_LEASE_S = 30.0
 DEFAULT_MAX_COUNTDOWN_S = 300.0
 DEFAULT_UNDISPATCHED_AFTER_S = 30.0
 DEFAULT_STALLED_AFTER_S = 30.0
+DEFAULT_IN_PLACE_STEPS = 100
+DEFAULT_IN_PLACE_FOR_S = 10.0
 _POSITIVE = ("step_lease", "run_lease")
-_DURATIONS = ("reaper_interval", "max_countdown", "undispatched_after", "stalled_after")
+_DURATIONS = ("reaper_interval", "max_countdown", "undispatched_after", "stalled_after",
+              "in_place_for")
+_COUNTS = ("in_place_steps",)
 _FLAGS = ("continue_in_place", "worker_reaper")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -79,6 +85,8 @@ class Resolved:
     stalled_after_ms: int
     continue_in_place: bool
     worker_reaper: bool
+    in_place_steps: int = DEFAULT_IN_PLACE_STEPS
+    in_place_ms: int = round(DEFAULT_IN_PLACE_FOR_S * 1000)
     redact_error: Redactor | None = None
 
 
@@ -118,6 +126,16 @@ class Settings:
             raise ValueError(f"invalid {what}: {value!r} (must be greater than zero)")
         return ms
 
+    def count(self, name: str, default: int) -> int:
+        value, what = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"invalid {what}: {value!r} (a whole number, 0 or more)")
+        return value
+
     def flag(self, name: str, default: bool) -> bool:
         value, what = self.raw(name)
         if value is None:
@@ -136,6 +154,9 @@ class Settings:
         for name in _FLAGS:
             if self._explicit.get(name) is not None:
                 self.flag(name, False)
+        for name in _COUNTS:
+            if self._explicit.get(name) is not None:
+                self.count(name, 0)
         if self._explicit.get("redact_error") is not None:
             self.redactor()
 
@@ -158,6 +179,8 @@ class Settings:
             stalled_after_ms=self.duration_ms("stalled_after", DEFAULT_STALLED_AFTER_S),
             continue_in_place=self.flag("continue_in_place", True),
             worker_reaper=self.flag("worker_reaper", True),
+            in_place_steps=self.count("in_place_steps", DEFAULT_IN_PLACE_STEPS),
+            in_place_ms=self.duration_ms("in_place_for", DEFAULT_IN_PLACE_FOR_S),
             redact_error=self.redactor(),
         )
 

@@ -54,6 +54,7 @@ class Engine:
         self.passes = Passes(store, leases, registry, settings, clock, self.runs)
         self.execution = StepExecution(store, self.claimer, self.passes, settings, clock,
                                        dispatcher, self.emit)
+        self.passes.runner = self.execution  # a pass runs the steps it may run in place
         self._reaper = Reaper(store, leases, registry, settings, self.runs)
         self._store, self._settings = store, settings
         self._dispatcher, self._clock = dispatcher, clock

@@ -6,7 +6,11 @@ attempt no longer owns is refused with ``WorkflowStepSupersededError``), then te
 One delivery of a step message, in order: ``claim`` (or, claiming nothing, report how the
 step settled) -> the body, renewed by the heartbeat -> ``succeed`` or ``fail`` (a retry
 delay arms a timer) -> ``_continue`` (a pass of the run). No Celery: ``tasks.py`` maps the
-``StepOutcome`` to the task's result."""
+``StepOutcome`` to the task's result.
+
+A pass that records a step it may run at once (``passes``: running in place) calls
+``run_new_step`` instead: the same attempt from an insert that is already its claim, and no
+continuation, since the pass itself goes on from the settled step."""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from pikku_celery.heartbeat import HeldStep
 from pikku_celery.protocols import Advancer, Dispatcher, Emit, Settings
 from pikku_celery.records import STEP_FAILED, STEP_SUCCEEDED, StepState
 from pikku_celery.redaction import redact_error
-from pikku_celery.store.base import WorkflowStore
+from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 
 log = logging.getLogger("pikku_celery")
 
@@ -109,6 +113,33 @@ class StepExecution:
 
     def _run_claimed(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
                      dispatcher: Dispatcher) -> StepOutcome:
+        outcome, settled = self._attempt(definition, claim, task_id, dispatcher)
+        if settled.due_at is None:  # settled for good: the run goes on
+            self._continue(settled, dispatcher)
+        return outcome
+
+    def run_new_step(self, definition: StepDefinition, step: NewStep, seq: int,
+                     dispatcher: Dispatcher) -> StepState | NewClaim | None:
+        """Run ``step``, which the pass holding its run (token ``seq``) records just now,
+        here and at once: inserted claimed (``Claimer.claim_new``), its body, its settle.
+        Returns the step as settled (a retry to come has its timer armed), else what
+        ``claim_new`` returned instead of a claim. Raises ``WorkflowStepSupersededError``
+        when the attempt lost the step before it could settle. The pass goes on from the
+        settled step: nothing continues the run from here."""
+        lease_ms = definition.lease_ms or self.settings.step_lease_ms
+        holding: list[HeldStep] = []
+        try:
+            claim = self.claimer.claim_new(step, lease_ms, seq=seq, holding=holding)
+            if not isinstance(claim, Claimed):
+                return claim
+            return self._attempt(definition, claim, None, dispatcher)[1]
+        finally:
+            for held in holding:  # as in ``execute_step``
+                self.claimer.heartbeat.remove(held)
+
+    def _attempt(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
+                 dispatcher: Dispatcher) -> tuple[StepOutcome, StepState]:
+        """The body of a claimed attempt and its settle; a retry to come gets its timer."""
         attempt = _AttemptReport(self, definition.name, claim, task_id)
         try:
             result = self._call_body(definition, claim)
@@ -126,9 +157,8 @@ class StepExecution:
             attempt.superseded(exc)
             raise
         attempt.finished("succeeded", result=result)
-        self._continue(settled, dispatcher)
         return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
-                           max_attempts=claim.state.max_attempts)
+                           max_attempts=claim.state.max_attempts), settled
 
     def _recheck(self, run_id: str, step_name: str, dispatcher: Dispatcher) -> None:
         """The redelivery of the delivery that settled a step may follow a worker that
@@ -198,7 +228,7 @@ class StepExecution:
 
     def _record_failure(self, definition: StepDefinition, claim: Claimed, exc: Exception,
                         dispatcher: Dispatcher, attempt: _AttemptReport, *,
-                        final: bool = False) -> StepOutcome:
+                        final: bool = False) -> tuple[StepOutcome, StepState]:
         state = claim.state
         override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
         delay_ms = definition.delay_before(state.attempt + 1, override)
@@ -220,10 +250,8 @@ class StepExecution:
         if settled.due_at is not None:
             dispatcher.arm_timer(state.run_id, state.step_name,
                                  int(settled.due_at.timestamp() * 1000))
-        else:
-            self._continue(settled, dispatcher)
         return StepOutcome("failed", error=exc, attempt=state.attempt,
-                           max_attempts=state.max_attempts, retry_at=settled.due_at)
+                           max_attempts=state.max_attempts, retry_at=settled.due_at), settled
 
 
 class _AttemptReport:

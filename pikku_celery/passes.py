@@ -20,6 +20,7 @@ A pass that ends well puts its view back for the next one. No Celery here.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import time
@@ -40,11 +41,12 @@ from pikku_celery.errors import (
     PikkuError,
     WorkflowCancelledError,
     WorkflowRunNotFoundError,
+    WorkflowStepSupersededError,
 )
 from pikku_celery.leases.base import LeaseBusy, LeaseService
 from pikku_celery.leases.hold import hold_granted
 from pikku_celery.leases.memory import WATCH_SLACK_MS
-from pikku_celery.protocols import Dispatcher, RunEnds, Settings
+from pikku_celery.protocols import Dispatcher, RunEnds, Settings, StepRunner
 from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
@@ -58,8 +60,8 @@ from pikku_celery.records import (
 )
 from pikku_celery.replay import PassInterrupted, Pause, WorkflowContext
 from pikku_celery.store import _docs
-from pikku_celery.store._concerns import deadline
-from pikku_celery.store.base import NewStep, WorkflowStore
+from pikku_celery.store._concerns import deadline, restart_deadline
+from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 from pikku_celery.validate import check_name
 from pikku_celery.views import ALL, RunView, Views
 
@@ -84,6 +86,9 @@ class Passes:
         self.clock = clock
         self.runs = runs
         self.views = Views()
+        # Runs the steps a pass runs in place (``execution.StepExecution``, set by the
+        # engine): none, and every step is sent as a message.
+        self.runner: StepRunner | None = None
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -116,18 +121,20 @@ class Passes:
         if view is not None and got.token <= view.token:
             view = None  # the token went backwards: Redis lost its counters, trust nothing
         marks = set(got.marks) | {mark}
+        in_place = self._in_place(dispatcher, ttl_ms)
         with hold_granted(self.leases, got, ttl_ms, requested) as held:
             while True:
                 # Every MongoDB call of a pass ends within the run lease: the lease is
                 # renewed while the pass runs, so a call stuck on a primary that stopped
                 # answering (paused, or cut off without a reset) would hold the run from
-                # every other pass until pymongo gives the node up.
+                # every other pass until pymongo gives the node up. (A step run in place
+                # is not the pass's call: it runs with its own deadlines, ``_InPlace``.)
                 with deadline(ttl_ms / 1000):
                     status, view, again = self._once(run_id, got.token, view, marks,
-                                                     settled, dispatcher)
+                                                     settled, dispatcher, in_place)
                 settled = None
-                if again:  # the view lacked steps the store has: replay with them
-                    marks = set()
+                if again is not None:  # the view lacked what the store has: replay
+                    marks = again
                     continue
                 if view is None:  # the run has ended: marks left now change nothing
                     while held.hand_back():
@@ -143,19 +150,29 @@ class Passes:
 
     # --- one pass -----------------------------------------------------------------------
 
+    def _in_place(self, dispatcher: Dispatcher, pass_ms: int) -> _InPlace | None:
+        """What this call's passes may run in place: nothing unless a step runner is set,
+        steps continue in place, and the dispatcher can tell when a step may run here."""
+        settings = self.settings
+        if (self.runner is None or not settings.continue_in_place
+                or settings.in_place_steps <= 0
+                or getattr(dispatcher, "runs_here", None) is None):
+            return None
+        return _InPlace(self.runner, settings.in_place_steps, settings.in_place_ms, pass_ms)
+
     def _once(self, run_id: str, token: int, view: RunView | None, marks: set[str],
-              settled: StepState | None, dispatcher: Dispatcher
-              ) -> tuple[str, RunView | None, bool]:
+              settled: StepState | None, dispatcher: Dispatcher, in_place: _InPlace | None
+              ) -> tuple[str, RunView | None, set[str] | None]:
         """One pass: returns the status, the view to keep (``None`` once the run has
-        ended), and whether to replay again at once."""
+        ended), and the marks to replay again with at once (``None``: no need)."""
         view, fresh = self._load(run_id, token, view, marks, settled)
         if view.run.is_terminal:
             self._ended(view, dispatcher)
-            return view.run.status, None, False
-        host = _PassHost(self, dispatcher, view, token, fresh)
+            return view.run.status, None, None
+        host = _PassHost(self, dispatcher, view, token, fresh, in_place)
         status = self._replay(view, host, dispatcher)
         if status in (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED):
-            return status, None, False
+            return status, None, None
         return status, view, host.again
 
     def _load(self, run_id: str, token: int, view: RunView | None, marks: set[str],
@@ -267,14 +284,18 @@ class _PassHost:
     once, a child run, a suspension gate)."""
 
     def __init__(self, passes: Passes, dispatcher: Dispatcher, view: RunView, token: int,
-                 fresh: set[str]) -> None:
+                 fresh: set[str], in_place: _InPlace | None = None) -> None:
         self._passes = passes
         self._dispatcher = dispatcher
         self._view = view
         self._token = token
         self._fresh = fresh
+        self._in_place = in_place
         self._pending: list[NewStep] = []
-        self.again = False  # the batch met steps the view lacked: replay with them
+        # The marks to replay with at once: the view lacked steps the store has (``set()``:
+        # the writes that found them put them in the view), or a step run in place lost
+        # its attempt (``{ALL}``: read the run and its unsettled steps again).
+        self.again: set[str] | None = None
 
     def now_ms(self) -> int:
         return _guarded(self._passes.now_ms)
@@ -301,7 +322,7 @@ class _PassHost:
                 continue
             self._view.put(state)  # recorded before, by a pass whose view we lack
             self._fresh.add(state.step_name)
-            self.again = True
+            self._replay_again()
         together = getattr(self._dispatcher, "batch", None)  # a fan-out: one producer
         with together() if together is not None and len(sending) > 1 else nullcontext():
             for step in sending:
@@ -328,6 +349,67 @@ class _PassHost:
             return
         function = step.function
         _guarded(lambda: self._dispatcher.dispatch_step(function, step.run_id, step.step_name))
+
+    def _replay_again(self, *marks: str) -> None:
+        self.again = (self.again or set()) | set(marks)
+
+    # --- running in place -----------------------------------------------------------------
+
+    def run_in_place(self, step_name: str) -> StepState | None:
+        """Run the step this pass just recorded, here and now, and return it settled;
+        ``None`` when it is sent as usual (the pass pauses on it).
+
+        Only a pass that holds the run alone may: the step must be the one thing it
+        recorded, a function's step, and the dispatcher must say this task may run it
+        (same queue and task class, no time limits, the worker not stopping). Its insert
+        is its claim and no message is sent; the workflow goes on from its result without
+        a replay, under the same run lease. After ``in_place_steps`` steps or
+        ``in_place_ms`` the pass sends the next step instead (fairness, Celery's time
+        limits, the visibility of the message this task holds)."""
+        in_place = self._in_place
+        if in_place is None or not in_place.allows():
+            return None
+        pending = self._pending
+        if len(pending) != 1 or pending[0].step_name != step_name:
+            return None
+        step = pending[0]
+        definition = None if step.function is None else \
+            self._passes.registry.steps.get(step.function)
+        runs_here = getattr(self._dispatcher, "runs_here", None)
+        if (definition is None or step.status != STEP_PENDING or step.child_run_id is not None
+                or runs_here is None or not runs_here(step.function, step.run_id, step_name)):
+            return None
+        self._pending = []
+        try:
+            ran = in_place.run(definition, step, self._token, self._dispatcher)
+        except InvalidInputError:
+            self._pending = [step]  # the step cannot be stored: the flush fails the run
+            return None
+        except WorkflowStepSupersededError as exc:
+            # Fenced by a cancel, or reclaimed after a stall: what a step task logs, then
+            # read what happened and replay from there.
+            log.warning("WorkflowStepSupersededError: %s (the step ran in place)", exc)
+            self._replay_again(ALL)
+            return None
+        except PikkuError:
+            raise
+        except Exception as exc:  # the step stays claimed; its lease lapses for the reaper
+            raise PassInterrupted() from exc
+        if ran is None:  # its step lease is held: record and send it as usual
+            self._pending = [step]
+            return None
+        if isinstance(ran, NewClaim):
+            if ran.state is not None:  # recorded before, by a pass whose view we lack
+                self._view.put(ran.state)
+                self._fresh.add(step_name)
+            elif ran.run_status is not None:  # the run ended first: the replay finishes it
+                self._view.run = dataclasses.replace(self._view.run, status=ran.run_status)
+            self._replay_again()
+            return None
+        in_place.done()
+        self._view.put(ran)
+        self._fresh.add(step_name)
+        return ran
 
     # --- the other writes ----------------------------------------------------------------
 
@@ -448,6 +530,36 @@ class _PassHost:
         if isinstance(step, str) and step in self._passes.registry.steps:
             return self._passes.registry.steps[step]
         raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")
+
+
+class _InPlace:
+    """The steps one ``advance`` call may still run in place, and until when.
+
+    A step runs in the context the call began in, not under the pass's deadline (every
+    MongoDB call of a pass ends within the run lease; a step's body and its claim and
+    settle have their own bounds, the step lease's), and the pass's deadline starts again
+    when it returns."""
+
+    def __init__(self, runner: StepRunner, steps: int, ms: int, pass_ms: int) -> None:
+        self._runner = runner
+        self._left = steps
+        self._until = time.monotonic() + ms / 1000
+        self._pass_s = pass_ms / 1000
+        self._context = contextvars.copy_context()
+
+    def allows(self) -> bool:
+        return self._left > 0 and time.monotonic() < self._until
+
+    def done(self) -> None:
+        self._left -= 1
+
+    def run(self, definition: StepDefinition, step: NewStep, seq: int,
+            dispatcher: Dispatcher) -> StepState | NewClaim | None:
+        try:
+            return self._context.run(self._runner.run_new_step, definition, step, seq,
+                                     dispatcher)
+        finally:
+            restart_deadline(self._pass_s)
 
 
 T = TypeVar("T")

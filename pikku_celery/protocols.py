@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pikku_celery.definitions import StepDefinition
 from pikku_celery.records import StepState, WorkflowRun
 from pikku_celery.redaction import Redactor
+from pikku_celery.store.base import NewClaim, NewStep
 
 
 class Emit(Protocol):
@@ -43,6 +45,10 @@ class Dispatcher(Protocol):
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None: ...
 
+    # Optional (``runs_here``): whether this process, now, may run a step of ``function``
+    # in place rather than send it (``passes``). A dispatcher without it never runs steps
+    # in place.
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -52,6 +58,10 @@ class Settings:
     stalled_after_ms: int = 30_000
     sweep_limit: int = 100
     continue_in_place: bool = True
+    # Running in place (``passes``): a pass in a worker runs the next step of a sequential
+    # run itself, at most this many in a row and for this long, then sends a message.
+    in_place_steps: int = 100
+    in_place_ms: int = 10_000
     # The user's redaction of recorded errors, after the built-in masking (redaction.py).
     redact_error: Redactor | None = None
 
@@ -77,6 +87,14 @@ class RunEnds(Protocol):
 
     def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
                      child_run_id: str, dispatcher: Dispatcher) -> None: ...
+
+
+class StepRunner(Protocol):
+    """What a pass asks of step execution (``execution.StepExecution``) to run the step it
+    records at once, in place: the step as settled, or why it was not run."""
+
+    def run_new_step(self, definition: StepDefinition, step: NewStep, seq: int,
+                     dispatcher: Dispatcher) -> StepState | NewClaim | None: ...
 
 
 class Advancer(Protocol):

@@ -2,10 +2,11 @@
 
 Every orchestration pass runs the workflow function from the top. ``wf.do`` returns the
 recorded result of a settled step, records and dispatches a step reached for the first
-time, and ends the pass (by raising ``Pause``, which user code cannot catch by accident: it
-is a ``BaseException``) while a step is in flight. The pass gets the steps as a table its
-process keeps between passes (``pikku_celery.views``); the host does the writes and keeps
-the table. Nothing here talks to MongoDB, Redis or Celery directly.
+time (or, in a worker that may, runs it at once and goes on: running in place, with no
+replay between steps), and ends the pass (by raising ``Pause``, which user code cannot
+catch by accident: it is a ``BaseException``) while a step is in flight. The pass gets the
+steps as a table its process keeps between passes (``pikku_celery.views``); the host does
+the writes and keeps the table. Nothing here talks to MongoDB, Redis or Celery directly.
 
 Replay is O(steps) per pass, so the path of a settled step is kept short: a run of 1,000
 steps replays 500 of them per pass on average. A recorded result is handed to the workflow
@@ -85,6 +86,11 @@ class ReplayHost(Protocol):
         """The step's worker died or its message was lost: send it again."""
         ...
 
+    def run_in_place(self, step_name: str) -> StepState | None:
+        """Run the step recorded just now here, at once, and return it settled; ``None``
+        when it is sent instead (see ``passes._PassHost.run_in_place``)."""
+        ...
+
     def run_state(self) -> tuple[Mapping[str, Any], tuple[str, ...]]:
         """The run state map as this pass knows it, and who made each write so far."""
         ...
@@ -129,8 +135,13 @@ class WorkflowContext:
             self._check_same_function(state, self._function_of(step))
             result = state.result
             return _copied(result) if type(result) in _CONTAINERS else result
-        return self.gather(self._call(name, step, data, retries=retries,
-                                      retry_delay=retry_delay, on_error=on_error))[0]
+        call = self._call(name, step, data, retries=retries, retry_delay=retry_delay,
+                          on_error=on_error)
+        if call.outcome == "waiting" and state is None:  # recorded just now: run it here?
+            ran = self._host.run_in_place(name)
+            if ran is not None:
+                call = self._outcome(ran)
+        return self.gather(call)[0]
 
     def call(self, step_name: str, step: Any, data: Any = None, *, retries: int | None = None,
              retry_delay: Duration | None = None, on_error: Any = None) -> StepCall:

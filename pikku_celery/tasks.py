@@ -119,6 +119,45 @@ class CeleryDispatcher:
         task.apply_async(args, countdown=countdown_s or None,
                          **self._route(ORCHESTRATE, args, task))
 
+    def runs_here(self, function: str, run_id: str, step_name: str) -> bool:
+        """Whether the task running now in this worker may run step ``function`` in place
+        (``passes``) instead of sending it: the message would go where this task's came
+        from (same queue, exchange and routing key, by the same routing), the step's task
+        has the same task class call (the app's ``task_cls`` around it, or not around
+        either), neither task has a time limit or the step a rate limit (a step in place
+        runs inside this task's limits, not its own), and the worker is not shutting down.
+        Anything else, and the step is sent as a message."""
+        current = self._app.current_worker_task
+        task = self._app.tasks.get(function)
+        if current is None or current.app is not self._app or task is None or _stopping():
+            return False
+        request = current.request
+        if request.is_eager or request.called_directly or any(request.timelimit or ()):
+            return False
+        if task.rate_limit or _time_limited(task) or _time_limited(current):
+            return False
+        if type(task).__call__ is not type(current).__call__:
+            return False
+        here = self._destination(current.name, tuple(request.args or ()), current)
+        return here is not None and here == self._destination(function, (run_id, step_name),
+                                                               task)
+
+    def _destination(self, name: str, args: tuple[Any, ...], task: Task
+                     ) -> tuple[Any, ...] | None:
+        """Where a message of ``name`` would go: its queue, exchange and routing key, as
+        ``apply_async`` routes it (the task's options, pikku's queue, the app's routes)."""
+        options = {**getattr(task, "_get_exec_options", dict)(),
+                   **self._route(name, args, task)}
+        try:
+            route = self._app.amqp.router.route(options, name, args, {}, task)
+        except Exception:  # a user's router that cannot answer this: send as usual
+            return None
+        queue = route.get("queue")
+        exchange = route.get("exchange") or getattr(getattr(queue, "exchange", None),
+                                                    "name", None)
+        return (getattr(queue, "name", queue), exchange,
+                route.get("routing_key") or getattr(queue, "routing_key", None))
+
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         # A broker ETA longer than the Redis transport's visibility timeout would be
         # redelivered while it waits: chain short timers instead (each re-arms the next).
@@ -126,6 +165,20 @@ class CeleryDispatcher:
         task = self._app.tasks[TIMER]
         task.apply_async((run_id, step_name), countdown=min(wait_s, self.max_countdown_s) or None,
                          **self._route(TIMER, (run_id, step_name), task))
+
+
+def _time_limited(task: Task) -> bool:
+    conf = task.app.conf
+    return bool(task.time_limit or task.soft_time_limit or conf.task_time_limit
+                or conf.task_soft_time_limit)
+
+
+def _stopping() -> bool:
+    """A worker asked to stop (warm shutdown) finishes its tasks: they must not go on."""
+    from celery.worker import state
+
+    return any(flag is not None and flag is not False
+               for flag in (state.should_stop, state.should_terminate))
 
 
 def check_step_call(name: str, args: Any, kwargs: Any) -> None:

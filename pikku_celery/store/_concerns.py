@@ -82,6 +82,7 @@ the same guards, only slower to converge).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -156,6 +157,22 @@ def deadline(seconds: float) -> Iterator[None]:
         raise ValueError(f"deadline: {seconds!r} is not a number of seconds")
     with pymongo.timeout(max(MIN_DEADLINE_S, seconds)):
         yield
+
+
+def restart_deadline(seconds: float) -> None:
+    """Start the deadline of the enclosing ``deadline`` block again, ``seconds`` from now,
+    for the rest of the block (its end restores what was before it, as usual).
+
+    For a pass that ran a step in place (``passes._InPlace``): the step ran outside the
+    pass's deadline, for as long as it took, and the pass's next calls get the whole
+    deadline again. pymongo offers no public way to do this; its deadline lives in the
+    context variables of ``pymongo._csot`` (pymongo 4.2 and later), set here as
+    ``pymongo.timeout`` sets them on entry."""
+    from pymongo import _csot
+
+    seconds = max(MIN_DEADLINE_S, seconds)
+    _csot.TIMEOUT.set(seconds)
+    _csot.DEADLINE.set(time.monotonic() + seconds)
 
 
 def default_read_concern(writes: WriteConcern) -> str:

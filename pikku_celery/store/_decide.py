@@ -20,7 +20,8 @@ from pikku_celery.records import (
     STEP_RUNNING,
     STEP_SCHEDULED,
 )
-from pikku_celery.store._docs import entry_path, open_entry
+from pikku_celery.store._docs import apply_set, entry_path, new_step_doc, open_entry
+from pikku_celery.store.base import NewStep
 
 Doc = dict[str, Any]
 
@@ -114,3 +115,15 @@ def running_fields(now_ms: int, lease_ms: int, worker: str | None,
         S.DUE: None,
         S.UPDATED: now_ms,
     }
+
+
+def claimed_step_doc(step: NewStep, now_ms: int, lease_ms: int, worker: str | None,
+                     task_id: str | None, seq: int) -> Doc:
+    """A new pending step as its first claim would leave it: the insert of a step run at
+    once by the pass that records it (``claim_new_step``)."""
+    if step.status != STEP_PENDING or step.function is None or step.child_run_id is not None:
+        raise ValueError(f"step {step.step_name!r}: only a pending step of a function can be "
+                         "inserted claimed")
+    doc = new_step_doc(step, now_ms, seq)
+    apply_set(doc, running_fields(now_ms, lease_ms, worker, task_id, attempt=1))
+    return doc

@@ -71,6 +71,19 @@ class ClaimResult:
 
     state: StepState | None
     wake_run: bool = False
+    run_status: str | None = None  # the run's end, when the claim found the run ended
+
+
+@dataclass(frozen=True)
+class NewClaim:
+    """What ``claim_new_step`` did: ``state`` is the step claimed (``created``), the step
+    someone recorded first (not ``created``: nothing was written), or ``None`` when the
+    insert landed on a run that had ended (``run_status``): the attempt it opened is fenced
+    at once and no body may run."""
+
+    state: StepState | None
+    created: bool
+    run_status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,17 @@ class WorkflowStore(Protocol):
         that already existed): ``(state, created)`` for each, in order, as ``insert_step``
         returns them. ``seq`` is the run-lease token of the pass (see ``read_run``). The
         caller holds the run, so the run is not looked up."""
+        ...
+
+    def claim_new_step(self, step: NewStep, now_ms: int, lease_ms: int, *, seq: int = 0,
+                       worker: str | None = None, task_id: str | None = None) -> NewClaim:
+        """Insert a ``pending`` step already claimed by its first attempt: the document a
+        first claim of the pending step would leave (running, attempt 1, the lease and the
+        attempt's history entry), in one insert. For a pass that runs the step it records
+        at once (``passes``), so the step costs no message and no separate claim. Like a
+        claim that won, it reads the run *after* its write and fences the attempt when the
+        run has ended (the Dekker pair with ``cancel_steps``). A step that exists already is
+        returned as it is, unchanged (``created`` false). The caller holds the run."""
         ...
 
     def read_run(self, run_id: str, *, run: bool = True, input: bool = True,

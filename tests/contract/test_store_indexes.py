@@ -157,6 +157,9 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.get_step(one, "a")
     store.list_steps(one)
     store.claim_step("run-0001", "a", "f", late, LEASE)  # a failed step's retry, due
+    # A step a pass runs in place: inserted claimed, then its run read.
+    store.claim_new_step(NewStep(run_id="run-0001", step_name="c", function="f"), late,
+                         LEASE, seq=99, worker="w")
     store.claim_step(one, "a", "f", late, LEASE)  # a lapsed lease: reclaim
     store.claim_step("run-0002", "b", "f", late, LEASE)  # settled for good: nothing
     store.claim_step("run-0017", "a", "f", T0 + 1, LEASE)  # a live lease: nothing

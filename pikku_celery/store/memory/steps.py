@@ -19,9 +19,9 @@ from pikku_celery.keys import StepField as S
 from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
 from pikku_celery.store import _docs, _ended
 from pikku_celery.store._checks import check_new_steps
-from pikku_celery.store._decide import Action, decide_claim, running_fields
+from pikku_celery.store._decide import Action, claimed_step_doc, decide_claim, running_fields
 from pikku_celery.store._settle import expired_fields, failed_fields, succeeded_fields
-from pikku_celery.store.base import ClaimResult, NewStep
+from pikku_celery.store.base import ClaimResult, NewClaim, NewStep
 from pikku_celery.store.memory.base import Doc, MemoryStoreBase
 from pikku_celery.validate import as_stored, check_name, check_value
 
@@ -40,6 +40,24 @@ class MemorySteps(MemoryStoreBase):
         check_new_steps(steps)
         with self._lock:
             return [self._insert(_docs.new_step_doc(step, now_ms, seq)) for step in steps]
+
+    def claim_new_step(self, step: NewStep, now_ms: int, lease_ms: int, *, seq: int = 0,
+                       worker: str | None = None, task_id: str | None = None) -> NewClaim:
+        check_new_steps([step])
+        doc = claimed_step_doc(step, now_ms, lease_ms, worker, task_id, seq)
+        with self._lock:
+            state, created = self._insert(doc)
+            if not created:
+                return NewClaim(state, created=False)
+            run = self._runs.get(step.run_id)
+            if run is None or run[R.STATUS] not in RUN_TERMINAL:
+                return NewClaim(state, created=True)
+            # What the MongoDB store does when its read after the insert finds the run ended.
+            stored = self._steps[doc[S.ID]]
+            error = _ended.ended_error(step.run_id, run[R.STATUS], run.get(R.ERROR))
+            _docs.apply_set(stored, _ended.fence_fields(1, copy.deepcopy(error), now_ms,
+                                                        running=True))
+            return NewClaim(None, created=True, run_status=run[R.STATUS])
 
     def _insert(self, doc: Doc) -> tuple[StepState, bool]:
         existing = self._steps.get(doc[S.ID])
@@ -85,7 +103,7 @@ class MemorySteps(MemoryStoreBase):
                 error = _ended.ended_error(run_id, run[R.STATUS], run.get(R.ERROR))
                 _docs.apply_set(doc, _ended.fence_fields(attempt, copy.deepcopy(error),
                                                          now_ms, running=True))
-                return ClaimResult(None)
+                return ClaimResult(None, run_status=run[R.STATUS])
             return ClaimResult(_docs.step_from_doc(copy.deepcopy(doc)))
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,

@@ -27,13 +27,14 @@ from pikku_celery.store import _docs, _ended
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._decide import (
     Action,
+    claimed_step_doc,
     decide_claim,
     first_claim_filter,
     guard_for,
     running_fields,
 )
 from pikku_celery.store._settle import expired_fields, failed_fields, succeeded_fields
-from pikku_celery.store.base import ClaimResult, NewStep
+from pikku_celery.store.base import ClaimResult, NewClaim, NewStep
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
 from pikku_celery.store.mongo.errors import DUPLICATE_KEY, storable
 from pikku_celery.validate import check_name, check_value
@@ -80,6 +81,25 @@ class MongoSteps(MongoStoreBase):
                     } if taken else {}
         return [(_docs.step_from_doc(existing[d[S.ID]]), False) if d[S.ID] in existing
                 else (_docs.step_from_doc(d), True) for d in docs]
+
+    def claim_new_step(self, step: NewStep, now_ms: int, lease_ms: int, *, seq: int = 0,
+                       worker: str | None = None, task_id: str | None = None) -> NewClaim:
+        check_new_steps([step])
+        if not self._indexes_ready:
+            self.create_indexes()
+        doc = claimed_step_doc(step, now_ms, lease_ms, worker, task_id, seq)
+        try:
+            with storable(f"data of step {step.step_name!r}"):
+                self._steps.insert_one(doc, session=self._session)
+        except DuplicateKeyError:
+            existing = self._steps.find_one({S.ID: doc[S.ID]}, session=self._session)
+            if existing is None:  # pragma: no cover - purged between the two calls
+                raise
+            return NewClaim(_docs.step_from_doc(existing), created=False)
+        claim = self._unless_run_ended(doc, now_ms)
+        if claim.state is None:
+            return NewClaim(None, created=True, run_status=claim.run_status)
+        return NewClaim(claim.state, created=True)
 
     def get_step(self, run_id: str, step_name: str) -> StepState | None:
         doc = self._steps.find_one({S.ID: keys.invocation_id(run_id, step_name)},
@@ -138,7 +158,7 @@ class MongoSteps(MongoStoreBase):
             {S.ID: claimed[S.ID], S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING},
             {"$set": _ended.fence_fields(attempt, error, now_ms, running=True)},
             session=self._session)
-        return ClaimResult(None)
+        return ClaimResult(None, run_status=run[R.STATUS])
 
     def _expire(self, guard: Doc, doc: Doc, now_ms: int) -> ClaimResult:
         found = self._steps.update_one(guard, {"$set": expired_fields(doc, now_ms)},
