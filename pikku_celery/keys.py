@@ -37,6 +37,16 @@ def invocation_id(run_id: str, step_name: str) -> str:
     return _derived(INVOCATION_NAMESPACE, _FRAMED_INVOCATION_NAMESPACE, run_id, step_name)
 
 
+RUN_END_MARK_PREFIX = "$end:"
+
+
+def run_end_mark_id(run_id: str) -> str:
+    """The ``_id`` of the mark a run's end leaves among the steps, before the run's own
+    write (``store._ended``): never a step's (those are UUIDs), in no run's listing (it
+    names no run), and found by ``_id`` in the write that inserts a step run in place."""
+    return RUN_END_MARK_PREFIX + run_id
+
+
 #: The first character of every run id pikku derives (a child run's) and of no run id a
 #: caller may choose: ``start`` refuses it (``validate.check_run_id``), so no caller can
 #: create a run under the id a parent's child will take.

@@ -9,9 +9,18 @@ interleaving, one of them sees the other: the fence reads the step as running an
 it, or the claim reads the run as ended and fences its own attempt, with the same error and
 fields, before any body runs.
 
+A step a pass runs in place is inserted already claimed (``claim_new_step``), and a
+separate read of the run after that insert would cost a command per step. So a run's end
+first leaves a mark among the steps (``keys.run_end_mark_id``, written by ``transition_run``
+before the run's own write), and the insert's command checks for the mark in a second
+statement the server runs after the insert. No mark: the run's end, and the fence's read
+after it, come after the insert, so the fence sees the step. A mark (the run is ending, or a
+transition to an end that was refused left it): the run is read, as a claim reads it.
+
 Whatever brings an ended run back to life (a retry of a failed or cancelled run, should one
 be added) must make the run live *before* it makes any of its steps claimable again:
 otherwise a claim landing in between reads the run as ended and fences the step it reopened.
+(A mark left behind only costs a run read per step run in place.)
 """
 
 from __future__ import annotations

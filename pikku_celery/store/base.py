@@ -173,8 +173,10 @@ class WorkflowStore(Protocol):
         first claim of the pending step would leave (running, attempt 1, the lease and the
         attempt's history entry), in one insert. For a pass that runs the step it records
         at once (``passes``), so the step costs no message and no separate claim. Like a
-        claim that won, it reads the run *after* its write and fences the attempt when the
-        run has ended (the Dekker pair with ``cancel_steps``). A step that exists already is
+        claim that won, it checks the run *after* its write and fences the attempt when the
+        run has ended (the Dekker pair with ``cancel_steps``; MongoDB checks for the mark a
+        run's end leaves first, in the insert's own command: ``store._ended``). A step that
+        exists already is
         returned as it is, unchanged (``created`` false). The caller holds the run."""
         ...
 

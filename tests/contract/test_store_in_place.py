@@ -96,3 +96,28 @@ def test_only_a_pending_function_step_is_inserted_claimed(store: WorkflowStore) 
     with pytest.raises(ValueError, match="nap"):
         store.claim_new_step(sleep, T0, LEASE)
     assert store.get_step(run_id, "nap") is None
+
+
+def test_a_refused_end_leaves_the_run_live_for_steps_run_in_place(
+        store: WorkflowStore) -> None:
+    """A transition to an end that is refused (the run was not in the statuses it names)
+    may leave the end's mark behind (MongoDB writes it first): a step inserted claimed
+    after it reads the run, finds it live, and is claimed."""
+    run_id = new_run(store)
+    assert not store.transition_run(run_id, ["suspended"], "failed", T0 + 1)
+    got = store.claim_new_step(_step(run_id), T0 + 2, LEASE)
+    assert got.created and got.state is not None and got.state.status == STEP_RUNNING
+    assert store.get_run(run_id).status == RUN_RUNNING  # type: ignore[union-attr]
+
+
+def test_an_end_racing_the_insert_fences_the_step_it_reads(store: WorkflowStore) -> None:
+    """The other order of the pair: the step inserted before the run's end is running
+    when the end's fence reads the steps, and the fence takes it."""
+    run_id = new_run(store)
+    claimed = store.claim_new_step(_step(run_id), T0, LEASE).state
+    assert claimed is not None
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_CANCELLED, T0 + 1)
+    assert store.cancel_steps(run_id, {"type": "WorkflowCancelledError", "message": "x"},
+                              T0 + 2) == 1
+    with pytest.raises(WorkflowStepSupersededError):
+        store.set_result(run_id, "charge", 1, "late", T0 + 3)

@@ -22,7 +22,7 @@ ENV_LOG = "PIKKU_QUERY_LOG"
 FILTERED = ("find", "find_one", "find_one_and_update", "find_one_and_replace",
             "find_one_and_delete", "update_one", "update_many", "replace_one", "delete_one",
             "delete_many", "count_documents", "distinct")
-UNCHECKABLE = ("watch", "bulk_write")  # recorded so the check fails loudly
+UNCHECKABLE = ("watch",)  # recorded so the check fails loudly
 # The store's package: each concern's methods live in a module of their own there.
 STORE_DIR = os.path.join("pikku_celery", "store", "mongo")
 
@@ -86,6 +86,8 @@ class RecordingCollection:
         target = getattr(self._collection, name)
         if name == "aggregate":
             return self._aggregate(target)
+        if name == "bulk_write":
+            return self._bulk_write(target)
         if name not in FILTERED and name not in UNCHECKABLE and name != "find":
             return target
 
@@ -102,6 +104,24 @@ class RecordingCollection:
 
         return recorded
 
+
+    def _bulk_write(self, target: Any) -> Any:
+        """A bulk write is recorded as the writes it holds, each with its own filter (an
+        insert selects nothing; anything but updates and inserts is uncheckable)."""
+        def recorded(requests: list[Any], *args: Any, **kwargs: Any) -> Any:
+            method = _caller()
+            for request in requests:
+                kind = type(request).__name__
+                if kind == "InsertOne":
+                    continue
+                query = getattr(request, "_filter", None)
+                self._sink({"collection": self._collection.name,
+                            "op": "update_one" if kind == "UpdateOne" else "bulk_write",
+                            "filter": query if query is not None else {}, "sort": None,
+                            "method": method})
+            return target(requests, *args, **kwargs)
+
+        return recorded
 
     def _aggregate(self, target: Any) -> Any:
         """An aggregate is recorded as the finds its ``$match`` stages are: the first on

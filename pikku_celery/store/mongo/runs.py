@@ -13,7 +13,7 @@ from pikku_celery import keys
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
 from pikku_celery.keys import VersionField as V
-from pikku_celery.records import STEP_RUNNING, STEP_STATUSES, WorkflowRun
+from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING, STEP_STATUSES, WorkflowRun
 from pikku_celery.store import _docs, _ended
 from pikku_celery.store._checks import check_new_run, check_run_end, run_conflict
 from pikku_celery.store.base import NewRun, RunRead
@@ -73,6 +73,12 @@ class MongoRuns(MongoStoreBase):
                        R.UPDATED: now_ms}
         if cancel_reason is not None:
             fields[R.CANCEL_REASON] = cancel_reason
+        if to_status in RUN_TERMINAL:
+            # The end's mark first, then the run's write (``store._ended``): a step a pass
+            # inserts claimed after this point sees the mark and reads the run.
+            self._steps.update_one({S.ID: keys.run_end_mark_id(run_id)},
+                                   {"$setOnInsert": {S.RUN: None}}, upsert=True,
+                                   session=self._session)
         with storable("workflow output"):
             found = self._runs.update_one(
                 {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields},

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pymongo import ASCENDING, ReturnDocument
+from pymongo import ASCENDING, ReturnDocument, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from pikku_celery import keys
@@ -36,7 +36,7 @@ from pikku_celery.store._decide import (
 from pikku_celery.store._settle import expired_fields, failed_fields, succeeded_fields
 from pikku_celery.store.base import ClaimResult, NewClaim, NewStep
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
-from pikku_celery.store.mongo.errors import DUPLICATE_KEY, storable
+from pikku_celery.store.mongo.errors import DUPLICATE_KEY, PERMANENT_WRITE_CODES, storable
 from pikku_celery.validate import check_name, check_value
 
 _AFTER = ReturnDocument.AFTER
@@ -84,18 +84,41 @@ class MongoSteps(MongoStoreBase):
 
     def claim_new_step(self, step: NewStep, now_ms: int, lease_ms: int, *, seq: int = 0,
                        worker: str | None = None, task_id: str | None = None) -> NewClaim:
+        """One ``update`` command of two ordered statements: the claimed step's insert (an
+        upsert that leaves an existing step untouched), then a write that changes nothing
+        and only matches the mark a run's end leaves before its own write
+        (``store._ended``). The server runs them in order, each on its latest data, so the
+        second is this side's read after its write, at no extra round trip. Only when the
+        mark is there (the run is ending, or has ended) is the run read, as a claim reads
+        it, to tell which."""
         check_new_steps([step])
         if not self._indexes_ready:
             self.create_indexes()
         doc = claimed_step_doc(step, now_ms, lease_ms, worker, task_id, seq)
+        fields = {k: v for k, v in doc.items() if k != S.ID}
         try:
             with storable(f"data of step {step.step_name!r}"):
-                self._steps.insert_one(doc, session=self._session)
-        except DuplicateKeyError:
+                wrote = self._steps.bulk_write([
+                    UpdateOne({S.ID: doc[S.ID]}, {"$setOnInsert": fields}, upsert=True),
+                    UpdateOne({S.ID: keys.run_end_mark_id(step.run_id)},
+                              {"$setOnInsert": {S.RUN: None}}),
+                ], ordered=True, session=self._session)
+        except BulkWriteError as exc:
+            codes = [e.get("code") for e in exc.details.get("writeErrors", [])]
+            permanent = [c for c in codes if c in PERMANENT_WRITE_CODES]
+            if permanent:  # as ``storable`` reports a document MongoDB can never take
+                raise InvalidInputError(f"data of step {step.step_name!r} cannot be stored "
+                                        f"in MongoDB (error {permanent[0]})") from exc
+            if codes != [DUPLICATE_KEY]:  # not a concurrent insert of the same step
+                raise
+            wrote = None
+        if wrote is None or 0 not in (wrote.upserted_ids or {}):
             existing = self._steps.find_one({S.ID: doc[S.ID]}, session=self._session)
             if existing is None:  # pragma: no cover - purged between the two calls
-                raise
+                raise WorkflowStepNotFoundError(step.run_id, step.step_name)
             return NewClaim(_docs.step_from_doc(existing), created=False)
+        if wrote.matched_count == 0:  # no end mark: the run's end comes after this claim
+            return NewClaim(_docs.step_from_doc(doc), created=True)
         claim = self._unless_run_ended(doc, now_ms)
         if claim.state is None:
             return NewClaim(None, created=True, run_status=claim.run_status)
@@ -249,3 +272,4 @@ class MongoSteps(MongoStoreBase):
     def _run_steps(self, run_id: str) -> list[Doc]:
         return list(self._steps.find({S.RUN: run_id}, session=self._session).sort(
             [(S.CREATED, ASCENDING), (S.NAME, ASCENDING)]))
+
