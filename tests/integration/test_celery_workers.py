@@ -203,6 +203,12 @@ class Cluster:
             self.pikku.engine.store.db.client.close()  # type: ignore[attr-defined]
 
 
+# A test of a step *task*'s Celery conventions (its log lines, its state, a redelivery of its
+# message): every step sent as a task of its own. Steps run in place have their own tests
+# (test_in_place.py).
+TASK_PER_STEP = {wa.ENV_IN_PLACE: "0"}
+
+
 @pytest.fixture
 def make_cluster(mongo_server: MongoTarget, redis_client: redis.Redis, key_prefix: str,
                  tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
@@ -380,7 +386,7 @@ def test_sigkill_mid_step_runs_again_as_attempt_2(make_cluster: Callable[..., Cl
 
 def test_paused_worker_is_superseded_and_its_late_write_refused(
         make_cluster: Callable[..., Cluster]) -> None:
-    c = make_cluster("redis")
+    c = make_cluster("redis", **TASK_PER_STEP)
     w1, w2 = c.start("a"), c.start("b")
     c.wait_ready(w1, w2)
     run_id = c.pikku.start("one_slow", {"seconds": 2.5, "ledger": c.ledger_key})
@@ -518,7 +524,7 @@ def test_broker_redelivery_does_not_rob_a_live_worker(
         make_cluster: Callable[..., Cluster]) -> None:
     """A real redelivery: kombu's Redis transport puts the unacked step message back on the
     queue once it is older than the visibility timeout, while its first delivery runs."""
-    c = make_cluster("redis", **{wa.ENV_VISIBILITY: "1"})
+    c = make_cluster("redis", **{wa.ENV_VISIBILITY: "1"}, **TASK_PER_STEP)
     w1, w2 = c.start("first"), c.start("second")
     c.wait_ready(w1, w2)
     run_id = c.pikku.start("one_slow", {"seconds": 4.0, "ledger": c.ledger_key})
@@ -613,7 +619,7 @@ def test_forged_message_for_another_function_is_refused(
 # traceback, since its Task.throws no longer matched.
 def test_cancel_fences_a_running_step_and_celery_records_it_quietly(
         make_cluster: Callable[..., Cluster]) -> None:
-    c = make_cluster("redis")
+    c = make_cluster("redis", **TASK_PER_STEP)
     worker = c.start("fenced")
     c.wait_ready(worker)
     run_id = c.pikku.start("one_slow", {"seconds": 10.0, "ledger": c.ledger_key})

@@ -19,7 +19,7 @@ from kombu.asynchronous import set_event_loop
 from pikku_celery import InMemoryWorkflowStore, PikkuCelery, RedisLeaseService, signals
 from tests.conftest import REDIS_URL
 from tests.integration import test_celery_workers as workers
-from tests.integration.test_celery_workers import Cluster, task_line, wait_for
+from tests.integration.test_celery_workers import TASK_PER_STEP, Cluster, task_line, wait_for
 
 make_cluster = workers.make_cluster  # real ``celery -A`` workers: that module's fixture
 
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 def test_a_celery_worker_records_task_ids_and_logs_retries_as_retries(
         make_cluster: Callable[..., Cluster]) -> None:
-    c = make_cluster("redis")
+    c = make_cluster("redis", **TASK_PER_STEP)  # each attempt a task of its own
     worker = c.start("obs", "prefork")
     c.wait_ready(worker)
 
@@ -83,7 +83,7 @@ def test_in_a_worker_retry_state_signals_and_one_warning(
         result_backend_transport_options={"global_keyprefix": f"{key_prefix}:results:"})
     pikku = PikkuCelery(app, store=InMemoryWorkflowStore(),
                         leases=RedisLeaseService.from_url(REDIS_URL, key_prefix=key_prefix),
-                        worker_reaper=False)
+                        worker_reaper=False, in_place_steps=0)  # each attempt a task
 
     @pikku.step(name="obs.flaky", bind=True, retries=2, retry_delay="20ms")
     def flaky(ctx: Any, data: Any) -> int:

@@ -29,8 +29,10 @@ def backend_url(mongo_server: MongoTarget) -> Iterator[str]:
 
 def _app(backend_url: str, broker: str = "memory://") -> tuple[Celery, PikkuCelery]:
     app = Celery(f"results-{uuid.uuid4().hex[:6]}", broker=broker, backend=backend_url)
+    # Every step a task of its own, with its task id and result: a step run in place has
+    # neither (README, "Running in place").
     pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
-                        worker_reaper=False)
+                        worker_reaper=False, in_place_steps=0)
     return app, pikku
 
 

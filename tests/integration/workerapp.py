@@ -53,6 +53,9 @@ ENV_UNDISPATCHED = "PIKKU_IT_UNDISPATCHED_AFTER"
 ENV_STALLED = "PIKKU_IT_STALLED_AFTER"
 ENV_RUN_LEASE = "PIKKU_IT_RUN_LEASE"
 ENV_VISIBILITY = "PIKKU_IT_VISIBILITY_TIMEOUT"  # Redis broker: force redeliveries
+# "0": every step is a task of its own, never run in place (a test of a step task's Celery
+# conventions: its task id, its state, its log lines).
+ENV_IN_PLACE = "PIKKU_IT_IN_PLACE_STEPS"
 
 ADD = "it.add"
 SLOW = "it.slow"
@@ -83,6 +86,7 @@ def build(env: Mapping[str, str]) -> Celery:
         # The app runs only workflows: pikku's queue is its queue, so the workers (-Q
         # <queue>) consume only pikku's queue and run with prefetch 1.
         queue=env[ENV_QUEUE],
+        in_place_steps=int(env.get(ENV_IN_PLACE, "100")),
     )
     _workflows(pikku, _steps(pikku, env[ENV_REDIS]))
     _feature_graph(pikku)
@@ -179,6 +183,13 @@ def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
                          retries=data.get("retries"))
         after = wf.do("after", add, {"a": slow_out["attempt"], "b": 100})
         return {"slow": slow_out, "after": after}
+
+    @pikku.workflow("chain")
+    def chain(wf: Any, data: dict[str, Any]) -> int:
+        total = 0
+        for i in range(int(data["n"])):
+            total = wf.do(f"s{i}", add, {"a": total, "b": 1})
+        return int(total)
 
     @pikku.workflow("forge_target")
     def forge_target(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
