@@ -4,8 +4,12 @@ documents and bytes returned per step.
 
 One process plays worker and orchestrator (as ``benchmarks.step_cost`` does): a queue stands
 in for the broker and delivers every message to the engine call its Celery task would make,
-so the figures are the engine's, MongoDB's and Redis's, without a broker's or a pool's. With
-``continue_in_place`` (the default) each step's worker replays the run after the step. The
+so the figures are the engine's, MongoDB's and Redis's, without a broker's or a pool's. By
+default steps run in place (a delivered message's pass runs the steps it records, up to
+``in_place_steps`` in a row, replaying the run once per streak); ``--each-sent`` sends every
+step (``in_place_steps=0``: each step's worker replays the run after it), ``--messages``
+also sends a message per settle. CPU per step is this process's (``time.process_time``: the
+engine, pymongo's and redis-py's client work), the servers' excluded. The
 store is the one users get (majority writes and reads) on the MongoDB of
 ``benchmarks.target`` (a real ``mongod`` single-node replica set unless ``PIKKU_MONGO_URL``).
 
@@ -15,7 +19,8 @@ that says whether a pass costs O(1) or O(N). Replay itself is O(N) per pass (the
 runs from the top), so a run of N steps does N²/2 cheap dictionary lookups in all; what must
 not grow is what each pass reads.
 
-    python -m benchmarks.scaling [--sizes 10,100,1000] [--huge] [--rounds 3] [--messages]
+    python -m benchmarks.scaling [--sizes 10,100,1000] [--huge] [--rounds 3]
+                                 [--each-sent | --messages]
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ class Broker:
 
     def __init__(self) -> None:
         self.queue: deque[tuple[str, str, str | None]] = deque()
+        self.delivering = False
+
+    def runs_here(self, function: str, run_id: str, step_name: str) -> bool:
+        return self.delivering  # as ``CeleryDispatcher.runs_here`` in a worker's task
 
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
         self.queue.append(("step", run_id, step_name))
@@ -52,8 +61,8 @@ class Broker:
         raise AssertionError("no timers in this benchmark")
 
 
-def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool
-            ) -> dict[str, float]:
+def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool,
+            in_place_steps: int = 100) -> dict[str, float]:
     mongo = MongoCommands()
     store = counting_store(mongo_url, f"pikku_scale_{uuid.uuid4().hex[:8]}", [mongo])
     client = store.db.client
@@ -61,7 +70,8 @@ def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool
     prefix = f"pikku-scale-{uuid.uuid4().hex[:8]}"
     pikku = PikkuCelery(Celery("scale", broker="memory://"), store=store,
                         leases=RedisLeaseService(redis_client, key_prefix=prefix),
-                        continue_in_place=in_place, worker_reaper=False)
+                        continue_in_place=in_place, in_place_steps=in_place_steps,
+                        worker_reaper=False)
     broker = Broker()
     pikku.engine.dispatcher = broker
 
@@ -79,17 +89,20 @@ def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool
         definition = pikku.registry.steps["scale.noop"]
         run_id = pikku.start("scale.sequential", steps)
         mongo.clear()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         while broker.queue:
             kind, target, step_name = broker.queue.popleft()
+            broker.delivering = True
             if kind == "step":
                 assert step_name is not None
                 pikku.engine.execute_step(definition, target, step_name)
             else:
                 pikku.engine.advance(target, step_name=step_name)
+            broker.delivering = False
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
         assert pikku.get_run(run_id).status == "completed"
-        return {"ms_per_step": elapsed * 1000 / steps,
+        return {"ms_per_step": elapsed * 1000 / steps, "cpu_ms": cpu * 1000 / steps,
                 "documents": sum(mongo.documents.values()) / steps,
                 "kb": sum(mongo.reply_bytes.values()) / steps / 1024}
     finally:
@@ -105,8 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--huge", action="store_true", help="also N = 10,000 (minutes)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--messages", action="store_true",
-                        help="continue_in_place=False: a message per settle")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--each-sent", action="store_true",
+                       help="in_place_steps=0: every step sent, the run passed after each")
+    modes.add_argument("--messages", action="store_true",
+                       help="continue_in_place=False: a message per settle")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")] + ([10_000] if args.huge else [])
     found: dict[int, list[dict[str, float]]] = {n: [] for n in sizes}
@@ -115,8 +131,10 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.rounds):
             for n in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
                 found[n].append(one_run(n, stack.redis_url, stack.mongo_url,
-                                        in_place=not args.messages))
-    mode = "messages" if args.messages else "continue_in_place"
+                                        in_place=not args.messages,
+                                        in_place_steps=0 if args.each_sent else 100))
+    mode = ("messages" if args.messages else "each step sent" if args.each_sent
+            else "steps run in place")
     print(f"scaling: one run of N sequential steps ({mode}), {args.rounds} rounds, medians, "
           f"on {mongo}")
     base = statistics.median(f["ms_per_step"] for f in found[sizes[0]])
@@ -124,8 +142,9 @@ def main(argv: list[str] | None = None) -> None:
         ms = statistics.median(f["ms_per_step"] for f in found[n])
         docs = statistics.median(f["documents"] for f in found[n])
         kb = statistics.median(f["kb"] for f in found[n])
+        cpu = statistics.median(f["cpu_ms"] for f in found[n])
         print(f"  N={n:<6} {ms:6.2f} ms/step (x{ms / base:4.2f} of N={sizes[0]}), "
-              f"{docs:5.2f} documents/step, {kb:6.2f} KB/step")
+              f"CPU {cpu:5.2f} ms/step, {docs:5.2f} documents/step, {kb:6.2f} KB/step")
 
 
 if __name__ == "__main__":

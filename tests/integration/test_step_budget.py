@@ -1,5 +1,12 @@
-"""The round trips of a step, whole system (issue 11): a regression fails here, not in a
-benchmark nobody reads. Counts, not time: the same on every machine.
+"""The round trips of a step, whole system (issues 11 and 24): a regression fails here, not
+in a benchmark nobody reads. Counts, not time: the same on every machine.
+
+On two real ``celery -A`` worker processes (issue 24's budget), a 20-step sequential run
+with the defaults, its steps run in place: at most 2 MongoDB commands per step (the claimed
+insert with its check for the end's mark, the settle) plus the run's first read, the end's
+mark and its final write; at most 2 Redis commands per step; at most 0.1 broker messages per
+step (the start's one). Each worker adds what every task it ran cost to a Redis hash
+(``workerapp.ENV_TALLY``).
 
 ``benchmarks.step_cost`` runs a workflow on the session's real MongoDB and Redis with
 every message delivered in order, counting MongoDB commands and the documents they return,
@@ -15,12 +22,18 @@ a run's end fences itself; see ``tests/unit/test_cancel_windows.py``.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 from benchmarks.step_cost import Result, measure
 from tests.conftest import REDIS_URL
+from tests.integration import workerapp as wa
+from tests.integration.test_celery_workers import Cluster, make_cluster, wait_for
+
+__all__ = ["make_cluster"]  # the fixture, imported for pytest
 
 
 def per_step(result: Result, what: str) -> float:
@@ -31,9 +44,22 @@ def messages(result: Result) -> float:
     return sum(result.messages.values()) / result.steps
 
 
-def test_a_sequential_step_costs_at_most_5_mongodb_and_3_redis_commands(
+def test_a_sequential_step_run_in_place_costs_2_mongodb_and_1_redis_command(
         mongo_server: Any) -> None:
     result = measure("sequential", 20, REDIS_URL, mongo_server.url, in_place=True)
+    # Per step the claimed insert (with the end's mark check) and the settle; per run its
+    # first read, the end's mark and its final write. Redis: the step lease; per run the
+    # run lease taken and handed back.
+    assert per_step(result, "mongo") <= 2.0 + 3 / 20, result
+    assert per_step(result, "redis") <= 1.0 + 2 / 20, result
+    assert per_step(result, "documents") <= 1.0 + 1 / 20, result
+    assert messages(result) == 0, result  # the start's message is not counted
+
+
+def test_a_sequential_step_sent_costs_at_most_5_mongodb_and_3_redis_commands(
+        mongo_server: Any) -> None:
+    result = measure("sequential", 20, REDIS_URL, mongo_server.url, in_place=True,
+                     in_place_steps=0)
     assert per_step(result, "mongo") <= 5.0, result
     assert per_step(result, "redis") <= 3.0 + 2 / 20, result  # + the first pass's 2
     assert per_step(result, "documents") <= 4.0, result
@@ -42,7 +68,8 @@ def test_a_sequential_step_costs_at_most_5_mongodb_and_3_redis_commands(
 
 def test_with_a_message_per_settle_the_orchestrator_adds_one_read(mongo_server: Any) -> None:
     result = measure("sequential", 20, REDIS_URL, mongo_server.url, in_place=False)
-    assert per_step(result, "mongo") <= 5.0 + 2 / 20, result
+    # + the run's first read, the end's mark and its final write
+    assert per_step(result, "mongo") <= 5.0 + 3 / 20, result
     assert per_step(result, "redis") <= 3.0 + 2 / 20, result
     assert per_step(result, "documents") <= 4.0 + 2 / 20, result
     assert messages(result) <= 2.0, result
@@ -57,3 +84,28 @@ def test_a_fan_out_reads_each_settled_step_once(mongo_server: Any, in_place: boo
     assert per_step(result, "mongo") <= (3.05 if in_place else 4.05), result
     assert per_step(result, "documents") <= (3.05 if in_place else 4.05), result
     assert messages(result) <= (1.0 if in_place else 2.0), result
+
+
+def test_on_two_worker_processes_a_step_run_in_place_costs_2_and_2(
+        make_cluster: Callable[..., Cluster], redis_client: redis.Redis,
+        key_prefix: str) -> None:
+    tally = f"{key_prefix}:tally"
+    c = make_cluster("redis", **{wa.ENV_TALLY: tally})
+    c.wait_ready(c.start("one", "solo"), c.start("two", "solo"))  # two processes
+    steps = 20
+    run_id = c.pikku.start("chain", {"n": steps})
+    assert c.wait(run_id, 30).output == steps
+
+    def counted() -> dict[str, int]:
+        found = {k.decode(): int(v) for k, v in redis_client.hgetall(tally).items()}
+        return found if found.get("task:pikku.orchestrate") else {}
+    cost = wait_for(counted, 10, "the workers' tally", c.diagnostics)
+    messages = sum(v for k, v in cost.items() if k.startswith("task:"))
+    # A worker process creates the indexes once, at its first insert: not the run's cost.
+    mongo = cost["mongo"] - cost.get("mongo:createIndexes", 0)
+    print(f"two worker processes, {steps} steps run in place: {cost}")
+    # The run's first read, the end's mark and its final write: 3 commands per run.
+    assert mongo <= 2 * steps + 3, cost
+    assert cost["redis"] <= 2 * steps, cost
+    assert messages <= 0.1 * steps, cost
+    assert cost["documents"] <= steps + 1, cost  # the settled steps, and the run's read

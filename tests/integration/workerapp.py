@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 from pikku_celery import (
     MongoWorkflowStore,
@@ -40,6 +40,7 @@ from pikku_celery import (
     StepContext,
     with_state,
 )
+from tests.support.counting import CountingRedis, MongoCommands
 
 ENV_BROKER = "PIKKU_IT_BROKER_URL"
 ENV_REDIS = "PIKKU_IT_REDIS_URL"
@@ -56,6 +57,10 @@ ENV_VISIBILITY = "PIKKU_IT_VISIBILITY_TIMEOUT"  # Redis broker: force redeliveri
 # "0": every step is a task of its own, never run in place (a test of a step task's Celery
 # conventions: its task id, its state, its log lines).
 ENV_IN_PLACE = "PIKKU_IT_IN_PLACE_STEPS"
+# A Redis hash the workers add what each task they ran cost to (MongoDB commands and
+# documents of the store's client, Redis commands of the lease service's, the task's name),
+# with no reaper running: the step budget measured on real worker processes.
+ENV_TALLY = "PIKKU_IT_TALLY"
 
 ADD = "it.add"
 SLOW = "it.slow"
@@ -72,11 +77,18 @@ def build(env: Mapping[str, str]) -> Celery:
     """A fresh Celery app with a ``PikkuCelery`` bound as ``app.pikku``."""
     app = Celery(f"pikku_it_{env[ENV_QUEUE]}", broker=env[ENV_BROKER], set_as_current=False)
     app.conf.update(_celery_conf(env))
+    mongo, leases = MongoCommands(), RedisLeaseService.from_url(
+        env.get(ENV_LEASES) or env[ENV_REDIS], key_prefix=env[ENV_PREFIX])
+    if env.get(ENV_TALLY):
+        counting = CountingRedis.from_url(env[ENV_REDIS])
+        leases = RedisLeaseService(counting, key_prefix=env[ENV_PREFIX])
+        _tally_tasks(app, env[ENV_REDIS], env[ENV_TALLY], mongo, counting)
     pikku = PikkuCelery(
         app,
-        store=MongoWorkflowStore.from_url(env[ENV_MONGO], serverSelectionTimeoutMS=5000),
-        leases=RedisLeaseService.from_url(env.get(ENV_LEASES) or env[ENV_REDIS],
-                                          key_prefix=env[ENV_PREFIX]),
+        store=MongoWorkflowStore.from_url(env[ENV_MONGO], serverSelectionTimeoutMS=5000,
+                                          event_listeners=[mongo]),
+        leases=leases,
+        worker_reaper=not env.get(ENV_TALLY),
         step_lease=float(env.get(ENV_STEP_LEASE, "1.5")),
         # A worker killed mid-pass holds the run for this long: keep it short.
         run_lease=float(env.get(ENV_RUN_LEASE, "3")),
@@ -92,6 +104,33 @@ def build(env: Mapping[str, str]) -> Celery:
     _feature_graph(pikku)
     _loop_graphs(pikku, env[ENV_REDIS])
     return app
+
+
+def _tally_tasks(app: Celery, redis_url: str, tally: str, mongo: MongoCommands,
+                 counting: CountingRedis) -> None:
+    """After each task of ``app``, add what it cost to the hash ``tally`` (on a client of
+    its own, not counted), and start the next task's count from zero."""
+    plain = redis.Redis.from_url(redis_url)
+
+    def started(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            mongo.clear()
+            counting.commands.clear()
+
+    def finished(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        pipe = plain.pipeline()
+        pipe.hincrby(tally, "mongo", sum(mongo.commands.values()))
+        pipe.hincrby(tally, "documents", sum(mongo.documents.values()))
+        pipe.hincrby(tally, "redis", sum(counting.commands.values()))
+        pipe.hincrby(tally, f"task:{sender.name}", 1)
+        for name, n in mongo.commands.items():
+            pipe.hincrby(tally, f"mongo:{name}", n)
+        pipe.execute()
+
+    signals.task_prerun.connect(started, weak=False)
+    signals.task_postrun.connect(finished, weak=False)
 
 
 def _celery_conf(env: Mapping[str, str]) -> dict[str, Any]:
