@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from pikku_celery.heartbeat import Heartbeat
-from tests.support import mongomock_compat
+from tests.support import mongomock_compat, summary
 from tests.support.mongod import (
     TEST_COMMANDS,
     ExternalMongo,
@@ -32,6 +32,13 @@ mongomock_compat.install()  # $unionWith, which the store's reads use (MongoDB 4
 REDIS_URL = os.environ.get("PIKKU_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--dev-chaos", action="store_true",
+        help="run only the tests marked dev_chaos (./dev chaos); without it they are "
+             "deselected")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # An exception in a test's thread fails the test: a warning is too easy to miss, and a
     # race that counts winners can pass with some of its contenders crashed.
@@ -39,13 +46,58 @@ def pytest_configure(config: pytest.Config) -> None:
                             "error::pytest.PytestUnhandledThreadExceptionWarning")
 
 
+# Test modules sharing a session fixture too costly to start twice: under pytest-xdist
+# they run in the same process (one three-node replica set, not one per process).
+_XDIST_GROUPS = {
+    "tests/integration/test_failover.py": "mongod_replset3",
+    "tests/integration/test_causal_reads.py": "mongod_replset3",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``dev_chaos`` run under ``./dev chaos`` (``--dev-chaos``) and only there:
+    deselected otherwise, never skipped. Under pytest-xdist (``--dist loadgroup``, as
+    ``./dev test`` runs it) every module is one group, run whole by one process, so a
+    module-scoped fixture (a cluster of workers, a replica set) starts once."""
+    chaos = config.getoption("--dev-chaos")
+    kept, dropped = [], []
+    for item in items:
+        (kept if (item.get_closest_marker("dev_chaos") is not None) == chaos
+         else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(_XDIST_GROUPS.get(module, module)))
+
+
 _MONGO_TESTED: list[str] = []
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # An xdist worker hands its summary lines to the controller, which prints them.
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["pikku_mongo_tested"] = list(_MONGO_TESTED)
+        workeroutput["pikku_summary"] = list(summary.LINES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    output = getattr(node, "workeroutput", {})
+    _MONGO_TESTED.extend(output.get("pikku_mongo_tested", []))
+    summary.LINES.extend(output.get("pikku_summary", []))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in summary.LINES:  # a test's measurements (tests/support/summary.py)
+        terminalreporter.write_line(line)
     # Printed even with -q: a green run must say which MongoDB it proved the store on.
     if _MONGO_TESTED:
-        terminalreporter.write_line("pikku: real MongoDB tested: " + "; ".join(_MONGO_TESTED))
+        tested = list(dict.fromkeys(_MONGO_TESTED))  # each xdist process starts its own
+        terminalreporter.write_line("pikku: real MongoDB tested: " + "; ".join(tested))
     else:
         terminalreporter.write_line("pikku: no test of this run used a real MongoDB")
 

@@ -65,6 +65,7 @@ from pikku_celery import PikkuCelery, keys
 from pikku_celery.store._docs import written_entries
 from tests.conftest import REDIS_URL
 from tests.integration import failoverapp as fa
+from tests.support import summary as terminal_summary
 from tests.support.mongod import MongodReplicaSet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -85,24 +86,6 @@ STOPPED_S = {"sigstop": 6.0, "sigstop_long": 35.0}
 FAULTS = ("sigkill", "stepdown", "sigstop", "sigstop_long")
 LIVENESS_S = 90.0  # every run must end within this after the fault: never a measurement
 READY_TIMEOUT_S = 40.0
-
-MEASURED: list[str] = []
-
-
-class _Summary:
-    """Repeats the measured times in the terminal summary (printed with or without -s)."""
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        for line in MEASURED:
-            terminalreporter.write_line(line)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _summary(request: pytest.FixtureRequest) -> None:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("pikku-failover-summary"):
-        manager.register(_Summary(), "pikku-failover-summary")
-
 
 # --- the replica set ---------------------------------------------------------------------
 
@@ -378,7 +361,7 @@ def test_failover(stack: Stack, fault: str, record_property: Callable[[str, obje
             f"({in_flight(before)} bodies and {passes_in_flight(before, fault_t)} passes "
             "in flight at the fault)")
     print(line)
-    MEASURED.append(line)
+    terminal_summary.add(line)
     record_property("failover_s", round(took, 2))
     if fault == "sigstop_long":
         # Liveness: the set has a primary and a majority without the stopped node, so the
