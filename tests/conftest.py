@@ -44,6 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # race that counts winners can pass with some of its contenders crashed.
     config.addinivalue_line("filterwarnings",
                             "error::pytest.PytestUnhandledThreadExceptionWarning")
+    # pytest-xdist registers it too; named here so -p no:xdist still passes --strict-markers.
+    config.addinivalue_line("markers", "xdist_group(name): run with the group's other tests "
+                            "in one pytest-xdist process")
 
 
 # Test modules sharing a session fixture too costly to start twice: under pytest-xdist
