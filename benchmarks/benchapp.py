@@ -66,6 +66,8 @@ if os.environ.get("BENCH_BARE") != "1":  # the memory benchmark's bare worker: n
             os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/0"),
             key_prefix=os.environ.get("BENCH_PREFIX", "bench")),
         continue_in_place=os.environ.get("BENCH_IN_PLACE", "1") == "1",
+        # "0": every step sent as a task of its own (before issue 24's running in place).
+        in_place_steps=int(os.environ.get("BENCH_IN_PLACE_STEPS", "100")),
     )
 
     @pikku.step(name="bench.step_noop")

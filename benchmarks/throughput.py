@@ -13,7 +13,10 @@ Modes (each measured with two fresh workers, threads pool 2 x 8, in a fresh proc
                     comparator for durable sequential work;
 ``pikku``           ``--tasks / --steps`` workflows of ``--steps`` sequential no-op steps,
                     every step claimed, fenced and recorded in MongoDB, leases in Redis,
-                    ``continue_in_place`` on (the default);
+                    the defaults: steps run in place, up to 100 in a row, in the task of
+                    the message that started the run;
+``pikku-sent``      the same with ``in_place_steps=0``: every step sent as a task of its
+                    own, the run passed after each (the default before issue 24);
 ``pikku-messages``  the same with ``continue_in_place=False`` (one orchestrator message per
                     settle).
 
@@ -41,7 +44,7 @@ from benchmarks.target import database_url, describe
 from example_project.stack import Stack
 
 BROKERS = {"redis": None, "amqp": "amqp://guest:guest@127.0.0.1:5672//"}
-MODES = ("plain", "chain", "pikku", "pikku-messages")
+MODES = ("plain", "chain", "pikku", "pikku-sent", "pikku-messages")
 
 
 def start_workers(env: dict[str, str], count: int, logdir: Path) -> list[subprocess.Popen[bytes]]:
@@ -70,6 +73,7 @@ def mode_env(env: dict[str, Any], mode: str, mongo_base: str) -> dict[str, str]:
     mongo = database_url(mongo_base, database)
     backend = {"plain": env["BENCH_REDIS"], "chain": mongo}.get(mode, "")
     return {**env, "BENCH_IN_PLACE": "0" if mode == "pikku-messages" else "1",
+            "BENCH_IN_PLACE_STEPS": "0" if mode in ("pikku-sent", "pikku-messages") else "100",
             "BENCH_QUEUE": f"bench-{tag}", "BENCH_PREFIX": f"bench-{tag}",
             "BENCH_MONGO": mongo, "BENCH_BACKEND": backend, "BENCH_DATABASE": database}
 

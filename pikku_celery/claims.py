@@ -17,12 +17,14 @@ Order of one execution, and why:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from pikku_celery import keys
@@ -95,6 +97,24 @@ class StepContext:
 class Claimed:
     state: StepState
     held: HeldStep
+
+
+@dataclass
+class Succeeded:
+    """A claimed attempt whose body succeeded, its result checked storable (``stored``: as
+    the store will hold it) but not written yet: its settle waits to travel with the next
+    step's claim (``Claimer.settle_then_claim``). Its lease is still held and renewed."""
+
+    claimed: Claimed
+    result: Any
+    stored: Any
+
+    def settled(self, now_ms: int) -> StepState:
+        """The step as its settle writes it, at ``now_ms``."""
+        return dataclasses.replace(
+            self.claimed.state, status="succeeded", result=self.stored, error=None,
+            lease_expires_at=None, due_at=None,
+            updated_at=datetime.fromtimestamp(now_ms / 1000, tz=UTC))
 
 
 @dataclass
@@ -238,18 +258,73 @@ class Claimer:
             raise WorkflowStepFunctionMismatchError(run_id, step_name, claimed_as or None,
                                                     function)
 
-    def succeed(self, claimed: Claimed, result: Any) -> StepState:
+    def succeed(self, claimed: Claimed, result: Any, *, maybe_landed: bool = False
+                ) -> StepState:
         """Record the result; ``WorkflowStepSupersededError`` if the attempt lost the step,
-        ``InvalidInputError`` (nothing written) if it can never be stored."""
+        ``InvalidInputError`` (nothing written) if it can never be stored.
+        ``maybe_landed``: an earlier write of it may have landed unseen."""
+        succeeded = self.checked(claimed, result)
+        return self._settle(claimed, lambda now: self.store.set_result(
+            claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now),
+            landed=lambda s: s.status == "succeeded" and s.result == succeeded.stored,
+            maybe_landed=maybe_landed)
+
+    def checked(self, claimed: Claimed, result: Any) -> Succeeded:
+        """``result`` checked storable, its settle not written yet; ``InvalidInputError``
+        (the attempt let go) if it can never be stored."""
         try:
             check_step_document(claimed.state.step_name, claimed.state.data, result=result)
-            stored = as_stored(result)
+            return Succeeded(claimed, result, as_stored(result))
         except InvalidInputError:
             self._let_go(claimed.held)
             raise
-        return self._settle(claimed, lambda now: self.store.set_result(
-            claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now),
-            landed=lambda s: s.status == "succeeded" and s.result == stored)
+
+    def settle_then_claim(self, succeeded: Succeeded, step: NewStep, lease_ms: int, *,
+                          seq: int, holding: list[HeldStep]
+                          ) -> tuple[StepState, Claimed | NewClaim | None]:
+        """Write ``succeeded``'s result and claim ``step`` (``claim_new``) in one round trip
+        (``store.settle_and_claim_new``): the settled step, and what ``claim_new`` would
+        return for ``step``. ``WorkflowStepSupersededError`` when the attempt lost its step
+        (nothing written). Should the write fail otherwise, the settle is made alone, as
+        ``succeed`` makes it, and the step is left to be recorded as usual (``None``)."""
+        claimed = succeeded.claimed
+        held = claimed.held
+        sent = time.monotonic()
+        try:
+            lease = self.leases.acquire(keys.step_lease_key(step.run_id, step.step_name),
+                                        _holder(step.function), lease_ms)
+        except Exception:
+            lease = None  # Redis cannot gate the next step: settle alone, send it as usual
+        if lease is None:
+            return self.succeed(claimed, succeeded.result), None
+        self.clock.observe(lease.granted_at_ms, sent)
+        held.settling = True  # a beat racing the write must not call the refusal a loss
+        now = lease.granted_at_ms
+        try:
+            with deadline(held.held_until - time.monotonic()):
+                outcome = self.store.settle_and_claim_new(
+                    claimed.state.run_id, claimed.state.step_name, claimed.state.attempt,
+                    succeeded.result, now, step, lease_ms, seq=seq, worker=self.worker)
+        except WorkflowStepSupersededError:
+            self._release_quietly(lease)
+            held.mark_lost("superseded at settle")
+            self._let_go(held)
+            raise
+        except Exception:
+            # An outage, or a document refused (this result or the next step's data: the
+            # settle alone tells which, and the next step's insert fails on its own).
+            self._release_quietly(lease)
+            return self.succeed(claimed, succeeded.result, maybe_landed=True), None
+        self._let_go(held, release=False)  # settled for good: its Redis lease lapses
+        settled = succeeded.settled(now)
+        if outcome.state is None or not outcome.created:
+            self._release_quietly(lease)
+            return settled, outcome
+        return settled, self._hold(outcome.state, lease_ms, lease, sent, holding)
+
+    def _release_quietly(self, lease: Lease) -> None:
+        with contextlib.suppress(Exception):  # unreleased, it lapses
+            self.leases.release(lease)
 
     def fail(self, claimed: Claimed, error: dict[str, Any], retry_delay_ms: int, *,
              final: bool = False) -> StepState:
@@ -269,7 +344,8 @@ class Claimer:
                             landed=lambda s: s.status == "failed" and s.error == stored)
 
     def _settle(self, claimed: Claimed, write: Any,
-                landed: Callable[[StepState], bool]) -> StepState:
+                landed: Callable[[StepState], bool], *, maybe_landed: bool = False
+                ) -> StepState:
         """The fenced write, retried while MongoDB is unreachable, and recognising a write
         that landed but whose reply was lost.
 
@@ -281,7 +357,7 @@ class Claimer:
         held = claimed.held
         held.settling = True  # a beat racing the write must not call the refusal a loss
         deadline_s = held.held_until
-        delay_s, retried = 0.1, False
+        delay_s, retried = 0.1, maybe_landed
         release = True
         try:
             while True:

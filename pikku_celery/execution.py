@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pikku_celery.claims import Claimed, Claimer, NotClaimed, StepContext, serialize_error
+from pikku_celery.claims import (
+    Claimed,
+    Claimer,
+    NotClaimed,
+    StepContext,
+    Succeeded,
+    serialize_error,
+)
 from pikku_celery.clock import Clock
 from pikku_celery.definitions import StepDefinition
 from pikku_celery.errors import (
@@ -29,7 +36,14 @@ from pikku_celery.errors import (
     WorkflowStepSupersededError,
 )
 from pikku_celery.heartbeat import HeldStep
-from pikku_celery.protocols import Advancer, Dispatcher, Emit, Settings
+from pikku_celery.protocols import (
+    Advancer,
+    ContinuationRefused,
+    Dispatcher,
+    Emit,
+    PendingSettle,
+    Settings,
+)
 from pikku_celery.records import STEP_FAILED, STEP_SUCCEEDED, StepState
 from pikku_celery.redaction import redact_error
 from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
@@ -119,23 +133,84 @@ class StepExecution:
         return outcome
 
     def run_new_step(self, definition: StepDefinition, step: NewStep, seq: int,
-                     dispatcher: Dispatcher) -> StepState | NewClaim | None:
+                     dispatcher: Dispatcher, *, after: PendingSettle | None = None
+                     ) -> tuple[StepState | NewClaim | None, PendingSettle | None]:
         """Run ``step``, which the pass holding its run (token ``seq``) records just now,
-        here and at once: inserted claimed (``Claimer.claim_new``), its body, its settle.
-        Returns the step as settled (a retry to come has its timer armed), else what
-        ``claim_new`` returned instead of a claim. Raises ``WorkflowStepSupersededError``
-        when the attempt lost the step before it could settle. The pass goes on from the
-        settled step: nothing continues the run from here."""
+        here and at once: inserted claimed (``Claimer.claim_new``; with ``after``, the
+        settle of the step run before it travels in the same command), then its body.
+        Returns the step as settled and, when it succeeded, its settle still to write
+        (``InPlaceSettle``: with the next step's claim, or ``finish_settle``); a failure
+        is settled here (a retry to come has its timer armed). Else what ``claim_new``
+        returned instead of a claim. ``ContinuationRefused`` when ``after``'s result was
+        not recorded; ``WorkflowStepSupersededError`` when this step's failure was not.
+        The pass goes on from the step: nothing continues the run from here."""
         lease_ms = definition.lease_ms or self.settings.step_lease_ms
         holding: list[HeldStep] = []
+        pending: InPlaceSettle | None = None
         try:
-            claim = self.claimer.claim_new(step, lease_ms, seq=seq, holding=holding)
+            if after is None:
+                claim = self.claimer.claim_new(step, lease_ms, seq=seq, holding=holding)
+            else:
+                claim = self._settle_then_claim(_pending(after), step, lease_ms, seq, holding)
             if not isinstance(claim, Claimed):
-                return claim
-            return self._attempt(definition, claim, None, dispatcher)[1]
+                return claim, None
+            report = _AttemptReport(self, definition.name, claim, None)
+            try:
+                result = self._call_body(definition, claim)
+                succeeded = self.claimer.checked(claim, result)
+            except InvalidInputError as exc:  # a result that can never be stored
+                return self._record_failure(definition, claim, exc, dispatcher, report,
+                                            final=True)[1], None
+            except Exception as exc:
+                return self._record_failure(definition, claim, exc, dispatcher, report)[1], None
+            pending = InPlaceSettle(definition, succeeded, report, holding)
+            return succeeded.settled(self.now_ms()), pending
         finally:
-            for held in holding:  # as in ``execute_step``
+            if pending is None:
+                for held in holding:  # as in ``execute_step``
+                    self.claimer.heartbeat.remove(held)
+
+    def _settle_then_claim(self, after: InPlaceSettle, step: NewStep, lease_ms: int,
+                           seq: int, holding: list[HeldStep]) -> Claimed | NewClaim | None:
+        try:
+            _, claim = self.claimer.settle_then_claim(after.succeeded, step, lease_ms,
+                                                      seq=seq, holding=holding)
+        except BaseException as exc:
+            self._refused(after, exc)
+            raise
+        after.report.finished("succeeded", result=after.succeeded.result)
+        return claim
+
+    def finish_settle(self, pending: PendingSettle) -> StepState:
+        """Write the settle of a step run in place alone (the pass is about to make another
+        write, or to end). ``ContinuationRefused`` when it could not record the result the
+        workflow went on with."""
+        after = _pending(pending)
+        try:
+            settled = self.claimer.succeed(after.succeeded.claimed, after.succeeded.result)
+        except BaseException as exc:
+            self._refused(after, exc)
+            raise
+        finally:
+            for held in after.holding:
                 self.claimer.heartbeat.remove(held)
+        after.report.finished("succeeded", result=after.succeeded.result)
+        return settled
+
+    def _refused(self, after: InPlaceSettle, exc: BaseException) -> None:
+        """A settle that did not record the result the pass went on with: superseded (its
+        attempt lost the step), or a result MongoDB refused after all (failed for good,
+        as a delivery records it). Raises ``ContinuationRefused``; anything else is left
+        to propagate (the step's lease lapses for the reaper)."""
+        claim = after.succeeded.claimed
+        if isinstance(exc, WorkflowStepSupersededError):
+            after.report.superseded(exc)
+            log.warning("WorkflowStepSupersededError: %s (the step ran in place)", exc)
+            raise ContinuationRefused(str(exc)) from exc
+        if isinstance(exc, InvalidInputError):
+            self._record_failure(after.definition, claim, exc, self.dispatcher, after.report,
+                                 final=True)
+            raise ContinuationRefused(str(exc)) from exc
 
     def _attempt(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
                  dispatcher: Dispatcher) -> tuple[StepOutcome, StepState]:
@@ -252,6 +327,26 @@ class StepExecution:
                                  int(settled.due_at.timestamp() * 1000))
         return StepOutcome("failed", error=exc, attempt=state.attempt,
                            max_attempts=state.max_attempts, retry_at=settled.due_at), settled
+
+
+@dataclass
+class InPlaceSettle:
+    """A step run in place whose body succeeded, its settle not written yet (see
+    ``protocols.PendingSettle``); its lease is held and renewed until it is."""
+
+    definition: StepDefinition
+    succeeded: Succeeded
+    report: _AttemptReport
+    holding: list[HeldStep]
+
+    @property
+    def running(self) -> StepState:
+        return self.succeeded.claimed.state
+
+
+def _pending(pending: PendingSettle) -> InPlaceSettle:
+    assert isinstance(pending, InPlaceSettle)  # the only kind this runner hands out
+    return pending
 
 
 class _AttemptReport:

@@ -20,7 +20,6 @@ A pass that ends well puts its view back for the next one. No Celery here.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import logging
 import time
@@ -43,10 +42,17 @@ from pikku_celery.errors import (
     WorkflowRunNotFoundError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.leases.base import LeaseBusy, LeaseService
+from pikku_celery.in_place import InPlace
+from pikku_celery.leases.base import Lease, LeaseBusy, LeaseService
 from pikku_celery.leases.hold import hold_granted
 from pikku_celery.leases.memory import WATCH_SLACK_MS
-from pikku_celery.protocols import Dispatcher, RunEnds, Settings, StepRunner
+from pikku_celery.protocols import (
+    ContinuationRefused,
+    Dispatcher,
+    RunEnds,
+    Settings,
+    StepRunner,
+)
 from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
@@ -60,12 +66,17 @@ from pikku_celery.records import (
 )
 from pikku_celery.replay import PassInterrupted, Pause, WorkflowContext
 from pikku_celery.store import _docs
-from pikku_celery.store._concerns import deadline, restart_deadline
+from pikku_celery.store._concerns import deadline
 from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 from pikku_celery.validate import check_name
 from pikku_celery.views import ALL, RunView, Views
 
 log = logging.getLogger("pikku_celery")
+
+
+class _Void(BaseException):
+    """Ends a pass whose workflow went on from a result its settle did not record
+    (``ContinuationRefused``): not an ``Exception``, so the workflow cannot swallow it."""
 
 
 def _ms(when: datetime) -> int:
@@ -122,13 +133,28 @@ class Passes:
             view = None  # the token went backwards: Redis lost its counters, trust nothing
         marks = set(got.marks) | {mark}
         in_place = self._in_place(dispatcher, ttl_ms)
+        try:
+            status, view = self._passes(run_id, got, view, marks, settled, dispatcher,
+                                        in_place, requested)
+        finally:
+            if in_place is not None:
+                in_place.close()
+        if view is not None:
+            self.views.put(view)
+        return status
+
+    def _passes(self, run_id: str, got: Lease, view: RunView | None, marks: set[str],
+                settled: StepState | None, dispatcher: Dispatcher, in_place: InPlace | None,
+                requested: float) -> tuple[str, RunView | None]:
+        """Pass until no mark is left (``advance``), holding the lease ``got``."""
+        ttl_ms = self.settings.run_lease_ms
         with hold_granted(self.leases, got, ttl_ms, requested) as held:
             while True:
                 # Every MongoDB call of a pass ends within the run lease: the lease is
                 # renewed while the pass runs, so a call stuck on a primary that stopped
                 # answering (paused, or cut off without a reset) would hold the run from
-                # every other pass until pymongo gives the node up. (A step run in place
-                # is not the pass's call: it runs with its own deadlines, ``_InPlace``.)
+                # every other pass until pymongo gives the node up. (Not a step run in
+                # place: it has its own deadlines, ``InPlace``.)
                 with deadline(ttl_ms / 1000):
                     status, view, again = self._once(run_id, got.token, view, marks,
                                                      settled, dispatcher, in_place)
@@ -144,24 +170,21 @@ class Passes:
                 if not taken:
                     break
                 marks = set(taken)
-        if view is not None:
-            self.views.put(view)
-        return status
+        return status, view
 
     # --- one pass -----------------------------------------------------------------------
 
-    def _in_place(self, dispatcher: Dispatcher, pass_ms: int) -> _InPlace | None:
-        """What this call's passes may run in place: nothing unless a step runner is set,
-        steps continue in place, and the dispatcher can tell when a step may run here."""
+    def _in_place(self, dispatcher: Dispatcher, pass_ms: int) -> InPlace | None:
+        """What this call's passes may run in place (``in_place.InPlace``), if anything."""
         settings = self.settings
         if (self.runner is None or not settings.continue_in_place
                 or settings.in_place_steps <= 0
                 or getattr(dispatcher, "runs_here", None) is None):
             return None
-        return _InPlace(self.runner, settings.in_place_steps, settings.in_place_ms, pass_ms)
+        return InPlace(self.runner, settings.in_place_steps, settings.in_place_ms, pass_ms)
 
     def _once(self, run_id: str, token: int, view: RunView | None, marks: set[str],
-              settled: StepState | None, dispatcher: Dispatcher, in_place: _InPlace | None
+              settled: StepState | None, dispatcher: Dispatcher, in_place: InPlace | None
               ) -> tuple[str, RunView | None, set[str] | None]:
         """One pass: returns the status, the view to keep (``None`` once the run has
         ended), and the marks to replay again with at once (``None``: no need)."""
@@ -173,6 +196,8 @@ class Passes:
         status = self._replay(view, host, dispatcher)
         if status in (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED):
             return status, None, None
+        if host.void:  # it went on from a result that was not recorded: read it all again
+            return status, None, {ALL}
         return status, view, host.again
 
     def _load(self, run_id: str, token: int, view: RunView | None, marks: set[str],
@@ -226,6 +251,12 @@ class Passes:
             runs.notify_parent(run.run_id, dispatcher)
 
     def _replay(self, view: RunView, host: _PassHost, dispatcher: Dispatcher) -> str:
+        try:
+            return self._run_workflow(view, host, dispatcher)
+        except _Void:
+            return "paused"  # nothing since the refused settle was written: replay anew
+
+    def _run_workflow(self, view: RunView, host: _PassHost, dispatcher: Dispatcher) -> str:
         run = view.run
         fn = self.registry.workflow(run.workflow).fn
         wf = WorkflowContext(run.run_id, run.input, view.steps, host)
@@ -284,7 +315,7 @@ class _PassHost:
     once, a child run, a suspension gate)."""
 
     def __init__(self, passes: Passes, dispatcher: Dispatcher, view: RunView, token: int,
-                 fresh: set[str], in_place: _InPlace | None = None) -> None:
+                 fresh: set[str], in_place: InPlace | None = None) -> None:
         self._passes = passes
         self._dispatcher = dispatcher
         self._view = view
@@ -296,6 +327,9 @@ class _PassHost:
         # the writes that found them put them in the view), or a step run in place lost
         # its attempt (``{ALL}``: read the run and its unsettled steps again).
         self.again: set[str] | None = None
+        # A step run in place went on with a result its settle did not record: whatever
+        # this pass did since is void (nothing of it was written), and so is its view.
+        self.void = False
 
     def now_ms(self) -> int:
         return _guarded(self._passes.now_ms)
@@ -309,7 +343,10 @@ class _PassHost:
         return state
 
     def flush(self) -> None:
-        """Insert what the pass recorded (one command) and send its messages."""
+        """Insert what the pass recorded (one command) and send its messages, after the
+        settle of the last step run in place, if still pending: every write of a pass
+        comes after it, since the workflow reached them with its result."""
+        self._settle_pending()
         if not self._pending:
             return
         batch, self._pending = self._pending, []
@@ -350,6 +387,24 @@ class _PassHost:
         function = step.function
         _guarded(lambda: self._dispatcher.dispatch_step(function, step.run_id, step.step_name))
 
+    def _settle_pending(self) -> None:
+        in_place = self._in_place
+        if in_place is None or in_place.pending is None:
+            return
+        try:
+            in_place.settle()
+        except ContinuationRefused:
+            self._void()
+            raise _Void() from None
+        except PikkuError:
+            raise
+        except Exception as exc:  # unwritten: the pass cannot go on past that step
+            raise PassInterrupted() from exc
+
+    def _void(self) -> None:
+        self._pending = []
+        self.void = True
+
     def _replay_again(self, *marks: str) -> None:
         self.again = (self.again or set()) | set(marks)
 
@@ -367,23 +422,19 @@ class _PassHost:
         ``in_place_ms`` the pass sends the next step instead (fairness, Celery's time
         limits, the visibility of the message this task holds)."""
         in_place = self._in_place
-        if in_place is None or not in_place.allows():
+        chosen = None if in_place is None else in_place.runnable(
+            self._pending, step_name, self._passes.registry, self._dispatcher)
+        if in_place is None or chosen is None:
             return None
-        pending = self._pending
-        if len(pending) != 1 or pending[0].step_name != step_name:
-            return None
-        step = pending[0]
-        definition = None if step.function is None else \
-            self._passes.registry.steps.get(step.function)
-        runs_here = getattr(self._dispatcher, "runs_here", None)
-        if (definition is None or step.status != STEP_PENDING or step.child_run_id is not None
-                or runs_here is None or not runs_here(step.function, step.run_id, step_name)):
-            return None
+        step, definition = chosen
         self._pending = []
         try:
             ran = in_place.run(definition, step, self._token, self._dispatcher)
         except InvalidInputError:
             self._pending = [step]  # the step cannot be stored: the flush fails the run
+            return None
+        except ContinuationRefused:  # the step before it: this one was reached in vain
+            self._void()
             return None
         except WorkflowStepSupersededError as exc:
             # Fenced by a cancel, or reclaimed after a stall: what a step task logs, then
@@ -484,6 +535,7 @@ class _PassHost:
         under the lease (a pass of another process makes the next one re-read it), so a
         refused write means a write whose reply was lost, or a lease lost meanwhile: read
         the run to tell which."""
+        self._settle_pending()
         store = self._passes.store
         run = self._view.run
         written = _guarded(lambda: store.write_run_state(run_id, writer, values,
@@ -498,6 +550,7 @@ class _PassHost:
             state_writers=written.state_writers)
 
     def redispatch(self, state: StepState) -> None:
+        self._settle_pending()
         function = state.function
         if function is not None:
             _guarded(lambda: self._dispatcher.dispatch_step(function, state.run_id,
@@ -530,36 +583,6 @@ class _PassHost:
         if isinstance(step, str) and step in self._passes.registry.steps:
             return self._passes.registry.steps[step]
         raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")
-
-
-class _InPlace:
-    """The steps one ``advance`` call may still run in place, and until when.
-
-    A step runs in the context the call began in, not under the pass's deadline (every
-    MongoDB call of a pass ends within the run lease; a step's body and its claim and
-    settle have their own bounds, the step lease's), and the pass's deadline starts again
-    when it returns."""
-
-    def __init__(self, runner: StepRunner, steps: int, ms: int, pass_ms: int) -> None:
-        self._runner = runner
-        self._left = steps
-        self._until = time.monotonic() + ms / 1000
-        self._pass_s = pass_ms / 1000
-        self._context = contextvars.copy_context()
-
-    def allows(self) -> bool:
-        return self._left > 0 and time.monotonic() < self._until
-
-    def done(self) -> None:
-        self._left -= 1
-
-    def run(self, definition: StepDefinition, step: NewStep, seq: int,
-            dispatcher: Dispatcher) -> StepState | NewClaim | None:
-        try:
-            return self._context.run(self._runner.run_new_step, definition, step, seq,
-                                     dispatcher)
-        finally:
-            restart_deadline(self._pass_s)
 
 
 T = TypeVar("T")

@@ -89,12 +89,33 @@ class RunEnds(Protocol):
                      child_run_id: str, dispatcher: Dispatcher) -> None: ...
 
 
+class PendingSettle(Protocol):
+    """A step run in place whose body succeeded: the pass went on with its result, and its
+    settle travels with the next step's claim, or is written alone before any other write
+    of the pass (``StepRunner.finish_settle``)."""
+
+    @property
+    def running(self) -> StepState:
+        """The step as its claim left it (running)."""
+        ...
+
+
+class ContinuationRefused(Exception):
+    """The settle of a step run in place did not record the result the workflow went on
+    with (its attempt was superseded, or MongoDB refused the result after all): what the
+    pass did since is void, and it replays from what the store holds."""
+
+
 class StepRunner(Protocol):
     """What a pass asks of step execution (``execution.StepExecution``) to run the step it
-    records at once, in place: the step as settled, or why it was not run."""
+    records at once, in place: the step as settled (a success as it will be written,
+    with the settle still to write), or why it was not run."""
 
     def run_new_step(self, definition: StepDefinition, step: NewStep, seq: int,
-                     dispatcher: Dispatcher) -> StepState | NewClaim | None: ...
+                     dispatcher: Dispatcher, *, after: PendingSettle | None = None
+                     ) -> tuple[StepState | NewClaim | None, PendingSettle | None]: ...
+
+    def finish_settle(self, pending: PendingSettle) -> StepState: ...
 
 
 class Advancer(Protocol):

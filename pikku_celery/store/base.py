@@ -180,6 +180,16 @@ class WorkflowStore(Protocol):
         returned as it is, unchanged (``created`` false). The caller holds the run."""
         ...
 
+    def settle_and_claim_new(self, run_id: str, step_name: str, attempt: int, result: Any,
+                             now_ms: int, step: NewStep, lease_ms: int, *, seq: int = 0,
+                             worker: str | None = None) -> NewClaim:
+        """``set_result`` of ``step_name``'s attempt ``attempt`` and ``claim_new_step`` of
+        ``step`` (the step the workflow reached with that result), in one round trip, the
+        insert only once the result is recorded. ``WorkflowStepSupersededError`` when the
+        attempt no longer owns its step: then nothing is written. For a pass running steps
+        in place: a step's settle and the next step's claim, one command."""
+        ...
+
     def read_run(self, run_id: str, *, run: bool = True, input: bool = True,
                  all_steps: bool = False, step_names: Collection[str] = (),
                  recorded_after: int | None = None) -> RunRead:

@@ -121,3 +121,54 @@ def test_an_end_racing_the_insert_fences_the_step_it_reads(store: WorkflowStore)
                               T0 + 2) == 1
     with pytest.raises(WorkflowStepSupersededError):
         store.set_result(run_id, "charge", 1, "late", T0 + 3)
+
+
+# --- a step's settle and the next step's claim, one command ----------------------------------
+
+
+def test_the_settle_and_the_next_claim_land_together(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    first = store.claim_new_step(_step(run_id, "a"), T0, LEASE, worker="w").state
+    assert first is not None
+    got = store.settle_and_claim_new(run_id, "a", 1, {"ok": 1}, T0 + 5, _step(run_id, "b"),
+                                     LEASE, seq=3, worker="w")
+    assert got.created and got.state is not None and got.state.status == STEP_RUNNING
+    settled = store.get_step(run_id, "a")
+    assert settled is not None and (settled.status, settled.result) == ("succeeded", {"ok": 1})
+    assert settled.lease_expires_at is None
+    history = {(h.step_name, h.attempt): h.status for h in store.get_history(run_id)}
+    assert history == {("a", 1): "succeeded", ("b", 1): STEP_RUNNING}
+
+
+def test_a_superseded_settle_writes_nothing_and_claims_nothing(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    assert store.claim_new_step(_step(run_id, "a"), T0, LEASE).state is not None
+    again = store.claim_step(run_id, "a", FN, T0 + LEASE + 1, LEASE).state  # the reaper's
+    assert again is not None and again.attempt == 2
+    before = store.get_step(run_id, "a")
+    with pytest.raises(WorkflowStepSupersededError) as refused:
+        store.settle_and_claim_new(run_id, "a", 1, "late", T0 + LEASE + 2, _step(run_id, "b"),
+                                   LEASE)
+    assert refused.value.current_attempt == 2
+    assert store.get_step(run_id, "a") == before
+    assert store.get_step(run_id, "b") is None
+
+
+def test_the_settle_lands_when_the_next_step_exists(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    assert store.claim_new_step(_step(run_id, "a"), T0, LEASE).state is not None
+    add_step(store, run_id, "b")  # recorded by a pass whose view the caller lacks
+    got = store.settle_and_claim_new(run_id, "a", 1, 7, T0 + 1, _step(run_id, "b"), LEASE)
+    assert not got.created and got.state is not None and got.state.status == "pending"
+    assert store.get_step(run_id, "a").status == "succeeded"  # type: ignore[union-attr]
+
+
+def test_the_next_claim_on_an_ended_run_fences_itself(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    assert store.claim_new_step(_step(run_id, "a"), T0, LEASE).state is not None
+    # The run ended; its fence of the steps has not run yet.
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_CANCELLED, T0 + 1)
+    got = store.settle_and_claim_new(run_id, "a", 1, 7, T0 + 2, _step(run_id, "b"), LEASE)
+    assert got.created and got.state is None and got.run_status == RUN_CANCELLED
+    fenced = store.get_step(run_id, "b")
+    assert fenced is not None and fenced.status == STEP_FAILED

@@ -160,6 +160,10 @@ def _exercise(store: MongoWorkflowStore) -> None:
     # A step a pass runs in place: inserted claimed, then its run read.
     store.claim_new_step(NewStep(run_id="run-0001", step_name="c", function="f"), late,
                          LEASE, seq=99, worker="w")
+    # Its settle and the next step's claim, one command.
+    store.settle_and_claim_new("run-0001", "c", 1, {"ok": 1}, late + 1,
+                               NewStep(run_id="run-0001", step_name="d", function="f"), LEASE,
+                               seq=99, worker="w")
     store.claim_step(one, "a", "f", late, LEASE)  # a lapsed lease: reclaim
     store.claim_step("run-0002", "b", "f", late, LEASE)  # settled for good: nothing
     store.claim_step("run-0017", "a", "f", T0 + 1, LEASE)  # a live lease: nothing

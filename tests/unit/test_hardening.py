@@ -110,13 +110,14 @@ def test_1_an_outcome_mongodb_refuses_fails_the_attempt_at_once(
 
 
 def test_1_a_result_too_large_beside_the_data_fails_at_once(monkeypatch: Any) -> None:
-    monkeypatch.setattr("pikku_celery.validate.MAX_VALUE_BYTES", 1_000)
+    # (A limit the recorded error, its traceback included, stays under.)
+    monkeypatch.setattr("pikku_celery.validate.MAX_VALUE_BYTES", 1_500)
     pikku = _pikku(InMemoryWorkflowStore())
-    step = pikku.step(name="h1.half", retries=3)(lambda data: "r" * 600)
+    step = pikku.step(name="h1.half", retries=3)(lambda data: "r" * 800)
 
     @pikku.workflow("h1.sum")
     def flow(wf: Any, data: Any) -> Any:
-        return wf.do("s", step, "d" * 600)  # each alone under the limit, together over
+        return wf.do("s", step, "d" * 800)  # each alone under the limit, together over
 
     run_id = pikku.start("h1.sum", None)
     pikku.engine.advance(run_id)
@@ -124,7 +125,7 @@ def test_1_a_result_too_large_beside_the_data_fails_at_once(monkeypatch: Any) ->
     assert outcome.kind == "failed"
     state = pikku.get_steps(run_id)[0]
     assert (state.status, state.result, state.due_at) == ("failed", None, None)
-    assert "together over the 1000-byte limit" in state.error["message"]
+    assert "together over the 1500-byte limit" in state.error["message"]
 
 
 class _NeverLands(InMemoryWorkflowStore):

@@ -44,20 +44,35 @@ class MemorySteps(MemoryStoreBase):
     def claim_new_step(self, step: NewStep, now_ms: int, lease_ms: int, *, seq: int = 0,
                        worker: str | None = None, task_id: str | None = None) -> NewClaim:
         check_new_steps([step])
-        doc = claimed_step_doc(step, now_ms, lease_ms, worker, task_id, seq)
         with self._lock:
-            state, created = self._insert(doc)
-            if not created:
-                return NewClaim(state, created=False)
-            run = self._runs.get(step.run_id)
-            if run is None or run[R.STATUS] not in RUN_TERMINAL:
-                return NewClaim(state, created=True)
-            # What the MongoDB store does when its read after the insert finds the run ended.
-            stored = self._steps[doc[S.ID]]
-            error = _ended.ended_error(step.run_id, run[R.STATUS], run.get(R.ERROR))
-            _docs.apply_set(stored, _ended.fence_fields(1, copy.deepcopy(error), now_ms,
-                                                        running=True))
-            return NewClaim(None, created=True, run_status=run[R.STATUS])
+            return self._claim_new(step, now_ms, lease_ms, seq, worker, task_id)
+
+    def _claim_new(self, step: NewStep, now_ms: int, lease_ms: int, seq: int,
+                   worker: str | None, task_id: str | None) -> NewClaim:
+        """``claim_new_step`` under the caller's lock."""
+        doc = claimed_step_doc(step, now_ms, lease_ms, worker, task_id, seq)
+        state, created = self._insert(doc)
+        if not created:
+            return NewClaim(state, created=False)
+        run = self._runs.get(step.run_id)
+        if run is None or run[R.STATUS] not in RUN_TERMINAL:
+            return NewClaim(state, created=True)
+        # What the MongoDB store does when its read after the insert finds the run ended.
+        stored = self._steps[doc[S.ID]]
+        error = _ended.ended_error(step.run_id, run[R.STATUS], run.get(R.ERROR))
+        _docs.apply_set(stored, _ended.fence_fields(1, copy.deepcopy(error), now_ms,
+                                                    running=True))
+        return NewClaim(None, created=True, run_status=run[R.STATUS])
+
+    def settle_and_claim_new(self, run_id: str, step_name: str, attempt: int, result: Any,
+                             now_ms: int, step: NewStep, lease_ms: int, *, seq: int = 0,
+                             worker: str | None = None) -> NewClaim:
+        check_value(f"result of step {step_name!r}", result)
+        check_new_steps([step])
+        with self._lock:  # one atomic step, as MongoDB's one command
+            settled = self._fenced(run_id, step_name, attempt)
+            _docs.apply_set(settled, succeeded_fields(attempt, as_stored(result), now_ms))
+            return self._claim_new(step, now_ms, lease_ms, seq, worker, None)
 
     def _insert(self, doc: Doc) -> tuple[StepState, bool]:
         existing = self._steps.get(doc[S.ID])

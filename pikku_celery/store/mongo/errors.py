@@ -14,6 +14,7 @@ from pymongo.errors import DocumentTooLarge, OperationFailure, ServerSelectionTi
 from pikku_celery.errors import InvalidInputError
 
 DUPLICATE_KEY = 11000
+IMMUTABLE_FIELD = 66  # an upsert that would insert: how a guarded statement says "no match"
 
 # Server errors that no retry can fix: the write itself is impossible.
 #   2 BadValue, 10334 BSONObjectTooLarge, 17419 resulting document after update is larger

@@ -36,7 +36,12 @@ from pikku_celery.store._decide import (
 from pikku_celery.store._settle import expired_fields, failed_fields, succeeded_fields
 from pikku_celery.store.base import ClaimResult, NewClaim, NewStep
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
-from pikku_celery.store.mongo.errors import DUPLICATE_KEY, PERMANENT_WRITE_CODES, storable
+from pikku_celery.store.mongo.errors import (
+    DUPLICATE_KEY,
+    IMMUTABLE_FIELD,
+    PERMANENT_WRITE_CODES,
+    storable,
+)
 from pikku_celery.validate import check_name, check_value
 
 _AFTER = ReturnDocument.AFTER
@@ -91,33 +96,64 @@ class MongoSteps(MongoStoreBase):
         second is this side's read after its write, at no extra round trip. Only when the
         mark is there (the run is ending, or has ended) is the run read, as a claim reads
         it, to tell which."""
+        return self._claim_new(step, now_ms, lease_ms, seq, worker, task_id, settle=None)
+
+    def settle_and_claim_new(self, run_id: str, step_name: str, attempt: int, result: Any,
+                             now_ms: int, step: NewStep, lease_ms: int, *, seq: int = 0,
+                             worker: str | None = None) -> NewClaim:
+        """``claim_new_step``'s command with the settle as its first statement: an upsert
+        guarded on the attempt whose insert would change ``_id`` (refused, error 66), so a
+        settle that matches nothing stops the ordered command before the claim, and writes
+        nothing."""
+        check_value(f"result of step {step_name!r}", result)
+        guarded = UpdateOne(
+            {S.ID: keys.invocation_id(run_id, step_name), S.ATTEMPT: attempt,
+             S.STATUS: STEP_RUNNING},
+            {"$set": succeeded_fields(attempt, result, now_ms),
+             "$setOnInsert": {S.ID: {"never": "inserted"}}}, upsert=True)
+        return self._claim_new(step, now_ms, lease_ms, seq, worker, None,
+                               settle=(guarded, run_id, step_name, attempt))
+
+    def _claim_new(self, step: NewStep, now_ms: int, lease_ms: int, seq: int,
+                   worker: str | None, task_id: str | None,
+                   settle: tuple[UpdateOne, str, str, int] | None) -> NewClaim:
         check_new_steps([step])
         if not self._indexes_ready:
             self.create_indexes()
         doc = claimed_step_doc(step, now_ms, lease_ms, worker, task_id, seq)
         fields = {k: v for k, v in doc.items() if k != S.ID}
+        first = [] if settle is None else [settle[0]]
         try:
             with storable(f"data of step {step.step_name!r}"):
                 wrote = self._steps.bulk_write([
+                    *first,
                     UpdateOne({S.ID: doc[S.ID]}, {"$setOnInsert": fields}, upsert=True),
                     UpdateOne({S.ID: keys.run_end_mark_id(step.run_id)},
                               {"$setOnInsert": {S.RUN: None}}),
                 ], ordered=True, session=self._session)
         except BulkWriteError as exc:
-            codes = [e.get("code") for e in exc.details.get("writeErrors", [])]
-            permanent = [c for c in codes if c in PERMANENT_WRITE_CODES]
-            if permanent:  # as ``storable`` reports a document MongoDB can never take
-                raise InvalidInputError(f"data of step {step.step_name!r} cannot be stored "
-                                        f"in MongoDB (error {permanent[0]})") from exc
-            if codes != [DUPLICATE_KEY]:  # not a concurrent insert of the same step
-                raise
+            error = (exc.details.get("writeErrors") or [{}])[0]
+            code, index = error.get("code"), error.get("index")
+            if settle is not None and index == 0 and code == IMMUTABLE_FIELD:
+                _, run_id, step_name, attempt = settle
+                current = self._steps.find_one({S.ID: keys.invocation_id(run_id, step_name)},
+                                               {S.ATTEMPT: 1}, session=self._session)
+                raise WorkflowStepSupersededError(
+                    run_id, step_name, attempt,
+                    None if current is None else current[S.ATTEMPT]) from None
+            if code in PERMANENT_WRITE_CODES:  # as ``storable`` reports one MongoDB refuses
+                what = "the result" if settle is not None and index == 0 else "the data"
+                raise InvalidInputError(f"{what} of step {step.step_name!r} cannot be stored "
+                                        f"in MongoDB (error {code})") from exc
+            if code != DUPLICATE_KEY or index != len(first):
+                raise  # not a concurrent insert of the same step
             wrote = None
-        if wrote is None or 0 not in (wrote.upserted_ids or {}):
+        if wrote is None or len(first) not in (wrote.upserted_ids or {}):
             existing = self._steps.find_one({S.ID: doc[S.ID]}, session=self._session)
             if existing is None:  # pragma: no cover - purged between the two calls
                 raise WorkflowStepNotFoundError(step.run_id, step.step_name)
             return NewClaim(_docs.step_from_doc(existing), created=False)
-        if wrote.matched_count == 0:  # no end mark: the run's end comes after this claim
+        if wrote.matched_count == len(first):  # no end mark: the end comes after this claim
             return NewClaim(_docs.step_from_doc(doc), created=True)
         claim = self._unless_run_ended(doc, now_ms)
         if claim.state is None:

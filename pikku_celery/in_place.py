@@ -1,0 +1,85 @@
+"""Running in place (README, "Running in place"): what one ``advance`` call may still run
+in place, and the settle of the last step it ran, which waits to travel with the next
+step's claim. The pass (``passes._PassHost.run_in_place``) decides when; this keeps the
+budget, the context the steps run in, and the settle still to write."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+
+from pikku_celery.definitions import Registry, StepDefinition
+from pikku_celery.protocols import Dispatcher, PendingSettle, StepRunner
+from pikku_celery.records import STEP_PENDING, StepState
+from pikku_celery.store._concerns import restart_deadline
+from pikku_celery.store.base import NewClaim, NewStep
+
+log = logging.getLogger("pikku_celery")
+
+
+class InPlace:
+    """The steps one ``advance`` call may still run in place, and until when.
+
+    A step runs in the context the call began in, not under the pass's deadline (every
+    MongoDB call of a pass ends within the run lease; a step's body and its claim and
+    settle have their own bounds, the step lease's), and the pass's deadline starts again
+    when it returns."""
+
+    def __init__(self, runner: StepRunner, steps: int, ms: int, pass_ms: int) -> None:
+        self._runner = runner
+        self._left = steps
+        self._until = time.monotonic() + ms / 1000
+        self._pass_s = pass_ms / 1000
+        self._context = contextvars.copy_context()
+        # The last step run in place, when it succeeded: its settle goes with the next
+        # step's claim, or alone before any other write (``settle``).
+        self.pending: PendingSettle | None = None
+
+    def allows(self) -> bool:
+        return self._left > 0 and time.monotonic() < self._until
+
+    def done(self) -> None:
+        self._left -= 1
+
+    def run(self, definition: StepDefinition, step: NewStep, seq: int,
+            dispatcher: Dispatcher) -> StepState | NewClaim | None:
+        after, self.pending = self.pending, None
+        try:
+            ran, self.pending = self._context.run(
+                self._runner.run_new_step, definition, step, seq, dispatcher, after=after)
+            return ran
+        finally:
+            restart_deadline(self._pass_s)
+
+    def settle(self) -> None:
+        """Write the pending settle alone (``ContinuationRefused`` if it was refused)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self._runner.finish_settle(pending)
+
+    def close(self) -> None:
+        """The call ends with a settle still pending (its pass was interrupted): the body
+        succeeded, so its result is written if it can be; if not, the step's lease lapses
+        and the reaper runs it again."""
+        try:
+            self.settle()
+        except Exception:
+            log.warning("pikku: the settle of a step run in place could not be written; "
+                        "the step runs again once its lease lapses", exc_info=True)
+
+    def runnable(self, recorded: list[NewStep], step_name: str, registry: Registry,
+                 dispatcher: Dispatcher) -> tuple[NewStep, StepDefinition] | None:
+        """The step to run in place, when the pass that ``recorded`` these steps may run
+        ``step_name`` in place now: the budget allows, it is the one step recorded, a
+        function's pending step, and the dispatcher says this task may run it."""
+        if not self.allows() or len(recorded) != 1 or recorded[0].step_name != step_name:
+            return None
+        step = recorded[0]
+        definition = None if step.function is None else registry.steps.get(step.function)
+        runs_here = getattr(dispatcher, "runs_here", None)
+        if (definition is None or step.status != STEP_PENDING or step.child_run_id is not None
+                or runs_here is None or not runs_here(step.function, step.run_id, step_name)):
+            return None
+        return step, definition
+

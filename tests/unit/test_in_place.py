@@ -1,0 +1,170 @@
+"""Steps run in place (issue 24), in one process on the in-memory store and leases: a pass
+whose dispatcher says it may runs the step it records itself, and the settle of each step
+travels with the next step's claim. What must hold when that settle is refused (the
+attempt was superseded while its body ran): the workflow went on with a result that was
+never recorded, so nothing it did since may be written, and the run goes on from the
+result the store holds (attempt 2's).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from celery import Celery
+
+from pikku_celery import InMemoryLeaseService, PikkuCelery
+from pikku_celery.store.memory import InMemoryWorkflowStore
+
+FAR = 10 ** 13  # a time past every lease: a claim then reclaims as the reaper would
+
+
+class Worker:
+    """Delivers what the engine sends, in order, as a worker's tasks would; while it
+    delivers, the engine may run steps in place (``runs_here``)."""
+
+    def __init__(self, pikku: PikkuCelery) -> None:
+        self.pikku = pikku
+        self.queue: deque[tuple[str, str, str | None]] = deque()
+        self.sent: list[str] = []
+        self.delivering = False
+        pikku.engine.dispatcher = self
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+        self.sent.append(step_name)
+        self.queue.append(("step", run_id, step_name))
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
+        self.queue.append(("run", run_id, step_name))
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
+        raise AssertionError("no timers here")
+
+    def runs_here(self, function: str, run_id: str, step_name: str) -> bool:
+        return self.delivering
+
+    def drain(self) -> None:
+        engine = self.pikku.engine
+        while self.queue:
+            kind, run_id, step_name = self.queue.popleft()
+            self.delivering = True
+            try:
+                if kind == "step":
+                    assert step_name is not None
+                    function = next(s.function for s in engine.get_steps(run_id)
+                                    if s.step_name == step_name)
+                    engine.execute_step(engine.registry.steps[function], run_id, step_name)
+                else:
+                    engine.advance(run_id, step_name=step_name)
+            finally:
+                self.delivering = False
+
+
+def _app() -> tuple[PikkuCelery, InMemoryWorkflowStore, Worker]:
+    store = InMemoryWorkflowStore()
+    pikku = PikkuCelery(Celery("in-place", broker="memory://"), store=store,
+                        leases=InMemoryLeaseService(), worker_reaper=False)
+    return pikku, store, Worker(pikku)
+
+
+def test_a_sequential_run_runs_in_place_with_no_message() -> None:
+    pikku, _, worker = _app()
+
+    @pikku.step(name="ip.inc")
+    def inc(n: int) -> int:
+        return n + 1
+
+    @pikku.workflow("ip.count")
+    def count(wf: Any, n: int) -> int:
+        for i in range(n):
+            n = wf.do(f"s{i}", inc, n)
+        return n
+
+    run_id = pikku.start("ip.count", 5)
+    worker.drain()
+    assert pikku.get_run(run_id).output == 10
+    assert worker.sent == []  # every step ran in the start's pass
+    assert [(h.step_name, h.status, h.result) for h in pikku.get_history(run_id)] == [
+        (f"s{i}", "succeeded", 6 + i) for i in range(5)]
+
+
+def test_a_refused_settle_voids_the_continuation_it_carried() -> None:
+    """Attempt 1 of ``a`` is superseded while its body runs; its result travels with the
+    claim of ``b``, reached with that result: the command is refused, ``b`` (whose data
+    came from attempt 1) is never recorded, and ``b`` runs later with attempt 2's."""
+    pikku, store, worker = _app()
+
+    @pikku.step(name="ip.first", retries=1)
+    def first(tag: str) -> str:
+        if tag == "stall":  # another worker takes the step meanwhile (the reaper's reclaim)
+            again = store.claim_step(run_id, "a", "ip.first", FAR, 60_000)
+            assert again.state is not None and again.state.attempt == 2
+        return "attempt-1"
+
+    @pikku.step(name="ip.second")
+    def second(value: str) -> str:
+        return f"after {value}"
+
+    @pikku.workflow("ip.pair")
+    def pair(wf: Any, tag: str) -> str:
+        return str(wf.do("b", second, wf.do("a", first, tag)))
+
+    run_id = pikku.start("ip.pair", "stall")
+    worker.drain()
+    assert pikku.get_run(run_id).status == "running"
+    steps = {s.step_name: s for s in pikku.get_steps(run_id)}
+    assert set(steps) == {"a"}, steps  # nothing reached with attempt 1's result
+    assert (steps["a"].status, steps["a"].attempt) == ("running", 2)
+    history = [(h.step_name, h.attempt, h.status) for h in pikku.get_history(run_id)]
+    assert history == [("a", 1, "failed"), ("a", 2, "running")]
+    # Attempt 2 settles; the run goes on from its result.
+    store.set_result(run_id, "a", 2, "attempt-2", FAR + 1)
+    worker.queue.append(("run", run_id, "a"))
+    worker.drain()
+    run = pikku.get_run(run_id)
+    assert (run.status, run.output) == ("completed", "after attempt-2")
+
+
+def test_a_refused_last_settle_does_not_end_the_run() -> None:
+    """The last step's settle is written alone, before the run's end: refused, the run
+    does not complete with the unrecorded result."""
+    pikku, store, worker = _app()
+
+    @pikku.step(name="ip.only", retries=1)
+    def only(data: Any) -> str:
+        assert store.claim_step(run_id, "only", "ip.only", FAR, 60_000).state is not None
+        return "attempt-1"
+
+    @pikku.workflow("ip.one")
+    def one(wf: Any, data: Any) -> str:
+        return str(wf.do("only", only, data))
+
+    run_id = pikku.start("ip.one", None)
+    worker.drain()
+    assert pikku.get_run(run_id).status == "running"
+    store.set_result(run_id, "only", 2, "attempt-2", FAR + 1)
+    worker.queue.append(("run", run_id, "only"))
+    worker.drain()
+    run = pikku.get_run(run_id)
+    assert (run.status, run.output) == ("completed", "attempt-2")
+
+
+def test_in_place_steps_bounds_a_streak() -> None:
+    pikku, _, worker = _app()
+    pikku.engine.settings = type(pikku.engine.settings)(
+        **{**vars(pikku.engine.settings), "in_place_steps": 3})
+
+    @pikku.step(name="ip.echo")
+    def echo(n: int) -> int:
+        return n
+
+    @pikku.workflow("ip.seven")
+    def seven(wf: Any, data: Any) -> int:
+        return sum(wf.do(f"s{i}", echo, i) for i in range(7))
+
+    run_id = pikku.start("ip.seven", None)
+    worker.drain()
+    assert pikku.get_run(run_id).output == 21
+    # s0-s2 in the start's pass, s3 sent; its task runs it and s4-s6 in place.
+    assert worker.sent == ["s3"]
