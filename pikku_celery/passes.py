@@ -193,6 +193,8 @@ class Passes:
             self._ended(view, dispatcher)
             return view.run.status, None, None
         host = _PassHost(self, dispatcher, view, token, fresh, in_place)
+        if ALL not in marks and view.skips(fresh):  # it would pause at the same gather
+            return self._paused(view, host), view, None
         status = self._replay(view, host, dispatcher)
         if status in (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED):
             return status, None, None
@@ -259,6 +261,7 @@ class Passes:
     def _run_workflow(self, view: RunView, host: _PassHost, dispatcher: Dispatcher) -> str:
         run = view.run
         fn = self.registry.workflow(run.workflow).fn
+        view.waiting = set()
         wf = WorkflowContext(run.run_id, run.input, view.steps, host)
         try:
             output = fn(wf, run.input)
@@ -323,12 +326,10 @@ class _PassHost:
         self._fresh = fresh
         self._in_place = in_place
         self._pending: list[NewStep] = []
-        # The marks to replay with at once: the view lacked steps the store has (``set()``:
-        # the writes that found them put them in the view), or a step run in place lost
-        # its attempt (``{ALL}``: read the run and its unsettled steps again).
+        # Marks to replay with at once: ``set()`` when the view lacked steps the store has,
+        # ``{ALL}`` when a step run in place lost its attempt. ``void``: the workflow went
+        # on with a result its settle did not record (``_settle_pending``).
         self.again: set[str] | None = None
-        # A step run in place went on with a result its settle did not record: whatever
-        # this pass did since is void (nothing of it was written), and so is its view.
         self.void = False
 
     def now_ms(self) -> int:
@@ -412,15 +413,10 @@ class _PassHost:
 
     def run_in_place(self, step_name: str) -> StepState | None:
         """Run the step this pass just recorded, here and now, and return it settled;
-        ``None`` when it is sent as usual (the pass pauses on it).
-
-        Only a pass that holds the run alone may: the step must be the one thing it
-        recorded, a function's step, and the dispatcher must say this task may run it
-        (same queue and task class, no time limits, the worker not stopping). Its insert
-        is its claim and no message is sent; the workflow goes on from its result without
-        a replay, under the same run lease. After ``in_place_steps`` steps or
-        ``in_place_ms`` the pass sends the next step instead (fairness, Celery's time
-        limits, the visibility of the message this task holds)."""
+        ``None`` when it is sent as usual (the pass pauses on it). When it may
+        (``InPlace.runnable``), its insert is its claim, no message is sent, and the
+        workflow goes on from its result with no replay, under the same run lease; after
+        ``in_place_steps`` steps or ``in_place_ms`` the next step is sent instead."""
         in_place = self._in_place
         chosen = None if in_place is None else in_place.runnable(
             self._pending, step_name, self._passes.registry, self._dispatcher)
@@ -511,6 +507,9 @@ class _PassHost:
             due_at=None, lease_expires_at=None,
             updated_at=datetime.fromtimestamp(now / 1000, tz=UTC)))
         return True
+
+    def note_waiting(self, step_names: set[str]) -> None:
+        self._view.waiting = step_names
 
     def should_redispatch(self, state: StepState) -> bool:
         """A step read just now whose worker died (lease lapsed) or whose message was lost

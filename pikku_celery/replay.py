@@ -91,6 +91,10 @@ class ReplayHost(Protocol):
         when it is sent instead (see ``passes._PassHost.run_in_place``)."""
         ...
 
+    def note_waiting(self, step_names: set[str]) -> None:
+        """The pass pauses at a gather waiting on these steps (``views.RunView.skips``)."""
+        ...
+
     def run_state(self) -> tuple[Mapping[str, Any], tuple[str, ...]]:
         """The run state map as this pass knows it, and who made each write so far."""
         ...
@@ -174,7 +178,9 @@ class WorkflowContext:
         failures = [c for c in calls if c.outcome == "failed"]
         for failed in failures:
             self._compensate(failed)
-        if any(c.outcome == "waiting" for c in calls):
+        waiting = {c.name for c in calls if c.outcome == "waiting"}
+        if waiting:
+            self._host.note_waiting(waiting)
             raise Pause
         if failures:
             first = failures[0]

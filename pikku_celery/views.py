@@ -67,6 +67,25 @@ class RunView:
     token: int  # the run-lease token under which the view was last made current
     touched_ms: int  # the run's ``updated_ms`` as last read or written
     unsettled: set[str] = field(default_factory=set)
+    # The steps the last replay paused on at a ``wf.gather`` (empty when it paused on
+    # anything else): see ``skips``.
+    waiting: set[str] = field(default_factory=set)
+
+    def skips(self, fresh: set[str]) -> bool:
+        """Whether a pass that learned ``fresh`` (read, or settled by its caller) can skip
+        the replay: all of them are steps the last replay's gather waited on, all
+        succeeded, and the gather still waits on others, so a replay would only pause
+        there again. A fan-out of N steps then replays once at its end instead of once per
+        settle (N replays of N calls each). Anything else (a failure, a step it did not
+        wait on) replays."""
+        waiting = self.waiting
+        if not fresh or not fresh <= waiting or any(
+                self.steps[n].status != STEP_SUCCEEDED for n in fresh):
+            return False
+        still = {n for n in waiting
+                 if n not in self.steps or self.steps[n].status != STEP_SUCCEEDED}
+        self.waiting = still
+        return bool(still)
 
     def put(self, state: StepState) -> None:
         self.steps[state.step_name] = state
