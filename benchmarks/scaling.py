@@ -113,11 +113,81 @@ def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool,
         client.close()
 
 
+def engine_cpu(steps: int) -> float:
+    """pikku's own CPU per step, in ms, with no driver in the way: the same run on the
+    in-memory store and lease service (what remains is the engine, the claim layer, the
+    replay and the in-memory store's copies), timed with ``time.process_time``."""
+    from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore
+
+    pikku = PikkuCelery(Celery("scale-cpu", broker="memory://"),
+                        store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                        worker_reaper=False)
+    broker = Broker()
+    pikku.engine.dispatcher = broker
+
+    @pikku.step(name="scale.noop")
+    def noop(data: Any) -> Any:
+        return data
+
+    @pikku.workflow("scale.sequential")
+    def sequential(wf: Any, n: int) -> int:
+        for i in range(n):
+            wf.do(f"s{i}", noop, i)
+        return n
+
+    run_id = pikku.start("scale.sequential", steps)
+    cpu = time.process_time()
+    while broker.queue:
+        kind, target, step_name = broker.queue.popleft()
+        broker.delivering = True
+        if kind == "step":
+            assert step_name is not None
+            pikku.engine.execute_step(pikku.registry.steps["scale.noop"], target, step_name)
+        else:
+            pikku.engine.advance(target, step_name=step_name)
+        broker.delivering = False
+    cpu = time.process_time() - cpu
+    assert pikku.get_run(run_id).status == "completed"
+    return cpu * 1000 / steps
+
+
+_PACKAGES = (("pikku_celery", "pikku_celery"), ("pymongo", "pymongo/bson"),
+             ("bson", "pymongo/bson"), ("redis", "redis"))
+
+
+def profiled(steps: int, redis_url: str, mongo_url: str) -> str:
+    """CPU per step by package: each function's own time (``tottime``) under cProfile,
+    summed by the package its file is in. Profiling slows Python down, so the split is
+    the figure, and the total is an upper bound."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    one_run(steps, redis_url, mongo_url, in_place=True)
+    profile.disable()
+    by: dict[str, float] = {}
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    for (filename, _, _), (_, _, tottime, _, _) in stats.items():
+        package = next((label for name, label in _PACKAGES if f"/{name}/" in filename),
+                       "the rest (stdlib, sockets, waits)")
+        by[package] = by.get(package, 0.0) + tottime
+    total = sum(by.values())
+    lines = [f"profile of one run of {steps} steps run in place, CPU per step by package:"]
+    for package, seconds in sorted(by.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {package:<34} {seconds * 1000 / steps:6.3f} ms "
+                     f"({seconds / total:4.0%})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--huge", action="store_true", help="also N = 10,000 (minutes)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true",
+                        help="one run of the largest size under cProfile: CPU per step by "
+                             "package (pikku_celery, pymongo/bson, redis, the rest)")
     modes = parser.add_mutually_exclusive_group()
     modes.add_argument("--each-sent", action="store_true",
                        help="in_place_steps=0: every step sent, the run passed after each")
@@ -125,6 +195,13 @@ def main(argv: list[str] | None = None) -> None:
                        help="continue_in_place=False: a message per settle")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",")] + ([10_000] if args.huge else [])
+    if args.profile:
+        with Stack() as stack:
+            print(profiled(sizes[-1], stack.redis_url, stack.mongo_url))
+        cpu = statistics.median(engine_cpu(sizes[-1]) for _ in range(args.rounds))
+        print(f"pikku's own CPU, no driver (in-memory store and leases, {sizes[-1]} steps, "
+              f"median of {args.rounds}): {cpu:.3f} ms per step")
+        return
     found: dict[int, list[dict[str, float]]] = {n: [] for n in sizes}
     with Stack() as stack:
         mongo = describe(stack.mongo_url)
