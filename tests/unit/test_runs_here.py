@@ -1,0 +1,130 @@
+"""``CeleryDispatcher.runs_here``: when the task running in a worker may run a step in place
+(issue 24). Only when the step's message would go where this task's came from, through the
+same task class call, with no time limit on either and no rate limit on the step, in a
+worker that is not stopping. Each refusal is a case here that would pass without it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery, Task
+from celery._state import _task_stack
+from celery.worker import state as worker_state
+
+from pikku_celery import InMemoryLeaseService, PikkuCelery
+from pikku_celery.store.memory import InMemoryWorkflowStore
+from pikku_celery.tasks import ORCHESTRATE, CeleryDispatcher
+
+
+def _pikku(task_cls: Any = None, **conf: Any) -> tuple[Celery, PikkuCelery]:
+    app = Celery("runs-here", broker="memory://", set_as_current=False,
+                 **({} if task_cls is None else {"task_cls": task_cls}))
+    app.conf.update(task_default_queue="work", **conf)
+    pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                        worker_reaper=False)
+    return app, pikku
+
+
+@pytest.fixture
+def running() -> Iterator[Any]:
+    """Make ``task`` the task a worker runs now, delivered from ``queue``."""
+    pushed: list[Task] = []
+
+    def run(task: Task, args: tuple[Any, ...], queue: str = "work", **request: Any) -> None:
+        request.setdefault("timelimit", (None, None))
+        task.push_request(args=list(args), kwargs={}, called_directly=False, is_eager=False,
+                          delivery_info={"exchange": "", "routing_key": queue}, **request)
+        _task_stack.push(task)
+        pushed.append(task)
+
+    yield run
+    for task in pushed:
+        _task_stack.pop()
+        task.pop_request()
+
+
+def _dispatcher(app: Celery, pikku: PikkuCelery) -> CeleryDispatcher:
+    dispatcher = pikku.engine.dispatcher
+    assert isinstance(dispatcher, CeleryDispatcher)
+    return dispatcher
+
+
+def test_outside_a_worker_task_nothing_runs_in_place() -> None:
+    app, pikku = _pikku()
+    pikku.step(name="rh.step")(lambda data: data)
+    assert not _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
+
+
+def test_a_step_for_the_same_queue_runs_in_place(running: Any) -> None:
+    app, pikku = _pikku()
+    pikku.step(name="rh.step")(lambda data: data)
+    running(app.tasks[ORCHESTRATE], ("run",))
+    assert _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
+    # From a step's own task too.
+    running(app.tasks["rh.step"], ("run", "s0"))
+    assert _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
+
+
+def test_a_step_routed_to_another_queue_is_sent(running: Any) -> None:
+    app, pikku = _pikku(task_routes={"rh.gpu": {"queue": "gpu"}})
+    pikku.step(name="rh.gpu")(lambda data: data)
+    pikku.step(name="rh.step")(lambda data: data)
+    running(app.tasks[ORCHESTRATE], ("run",))
+    dispatcher = _dispatcher(app, pikku)
+    assert not dispatcher.runs_here("rh.gpu", "run", "s")
+    assert dispatcher.runs_here("rh.step", "run", "s")
+
+
+def test_time_limits_and_rate_limits_send_the_step(running: Any) -> None:
+    app, pikku = _pikku()
+    pikku.step(name="rh.limited", time_limit=30)(lambda data: data)
+    pikku.step(name="rh.soft", soft_time_limit=30)(lambda data: data)
+    pikku.step(name="rh.rated", rate_limit="10/m")(lambda data: data)
+    pikku.step(name="rh.step")(lambda data: data)
+    running(app.tasks[ORCHESTRATE], ("run",))
+    dispatcher = _dispatcher(app, pikku)
+    for name in ("rh.limited", "rh.soft", "rh.rated"):
+        assert not dispatcher.runs_here(name, "run", "s"), name
+    assert dispatcher.runs_here("rh.step", "run", "s")
+    # A limit on the task running now (its message's own), or app-wide: nothing in place.
+    running(app.tasks[ORCHESTRATE], ("run",), timelimit=(60, None))
+    assert not dispatcher.runs_here("rh.step", "run", "s")
+
+
+def test_an_app_wide_time_limit_sends_every_step(running: Any) -> None:
+    app, pikku = _pikku(task_soft_time_limit=60)
+    pikku.step(name="rh.step")(lambda data: data)
+    running(app.tasks[ORCHESTRATE], ("run",))
+    assert not _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
+
+
+class Traced(Task):  # type: ignore[misc]
+    """An app's task class with a ``__call__`` of its own (Flask's app context, a tracer)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **kwargs)
+
+
+def test_a_step_under_another_task_class_call_is_sent(running: Any) -> None:
+    """pikku's own tasks take the app's task class; a step does not run in place inside one
+    whose ``__call__`` differs from the step task's (it would run without, or inside,
+    what that call sets up). From another step's task (same class), it does."""
+    app, pikku = _pikku(task_cls=Traced)
+    pikku.step(name="rh.step")(lambda data: data)
+    running(app.tasks[ORCHESTRATE], ("run",))
+    dispatcher = _dispatcher(app, pikku)
+    assert type(app.tasks[ORCHESTRATE]).__call__ is Traced.__call__
+    assert not dispatcher.runs_here("rh.step", "run", "s")
+    running(app.tasks["rh.step"], ("run", "s0"))
+    assert dispatcher.runs_here("rh.step", "run", "s")
+
+
+def test_a_stopping_worker_sends_the_step(running: Any,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    app, pikku = _pikku()
+    pikku.step(name="rh.step")(lambda data: data)
+    running(app.tasks[ORCHESTRATE], ("run",))
+    monkeypatch.setattr(worker_state, "should_stop", 0)  # warm shutdown, exit code 0
+    assert not _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
