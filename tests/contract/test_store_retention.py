@@ -5,11 +5,25 @@ queries too.)"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from pikku_celery import keys
 from pikku_celery.errors import InvalidInputError
 from pikku_celery.store.base import NewRun, WorkflowStore
-from tests.contract.test_store import FN, LEASE, T0, add_step, new_run, store, supersede
+from pikku_celery.store.mongo import MongoWorkflowStore
+from tests.contract.test_store import (
+    FN,
+    KINDS,
+    LEASE,
+    T0,
+    _make_store,
+    add_step,
+    new_run,
+    store,
+    supersede,
+)
 
 __all__ = ["store"]  # the fixture, parametrized over every store
 
@@ -111,3 +125,23 @@ def test_count_runs_counts_by_status_and_stops_at_its_limit(store: WorkflowStore
         store.count_runs(status="completed", workflow="order", updated_before_ms=T0)
     with pytest.raises(InvalidInputError, match="unknown run status"):
         store.count_runs(status="done")
+
+
+@pytest.fixture(params=[k for k in KINDS if k != "memory"])
+def mongo_store(request: pytest.FixtureRequest) -> Iterator[MongoWorkflowStore]:
+    """MongoDB only: the in-memory store decides under one lock and leaves no marks."""
+    for made in _make_store(request):
+        assert isinstance(made, MongoWorkflowStore)
+        yield made
+
+
+def test_purge_deletes_the_marks_the_runs_ends_left(mongo_store: MongoWorkflowStore) -> None:
+    """A run's end leaves a mark among the steps before its own write (``store._ended``);
+    a purge takes it with the run, and a recent run keeps its own."""
+    store = mongo_store
+    old, recent = ended(store, "completed", T0 + 1), ended(store, "cancelled", T0 + 10 * DAY)
+    steps = store._steps
+    assert steps.count_documents({"_id": keys.run_end_mark_id(old)}) == 1
+    assert store.purge_runs(T0 + DAY) == [old]
+    assert steps.count_documents({"_id": keys.run_end_mark_id(old)}) == 0
+    assert steps.count_documents({"_id": keys.run_end_mark_id(recent)}) == 1
