@@ -61,17 +61,9 @@ class Broker:
         raise AssertionError("no timers in this benchmark")
 
 
-def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool,
-            in_place_steps: int = 100) -> dict[str, float]:
-    mongo = MongoCommands()
-    store = counting_store(mongo_url, f"pikku_scale_{uuid.uuid4().hex[:8]}", [mongo])
-    client = store.db.client
-    redis_client = CountingRedis.from_url(redis_url)
-    prefix = f"pikku-scale-{uuid.uuid4().hex[:8]}"
-    pikku = PikkuCelery(Celery("scale", broker="memory://"), store=store,
-                        leases=RedisLeaseService(redis_client, key_prefix=prefix),
-                        continue_in_place=in_place, in_place_steps=in_place_steps,
-                        worker_reaper=False)
+def _sequential(pikku: PikkuCelery) -> Broker:
+    """Register the benchmark's no-op step and sequential workflow; deliver through a
+    ``Broker``."""
     broker = Broker()
     pikku.engine.dispatcher = broker
 
@@ -84,6 +76,22 @@ def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool,
         for i in range(n):
             wf.do(f"s{i}", noop, i)
         return n
+
+    return broker
+
+
+def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool,
+            in_place_steps: int = 100) -> dict[str, float]:
+    mongo = MongoCommands()
+    store = counting_store(mongo_url, f"pikku_scale_{uuid.uuid4().hex[:8]}", [mongo])
+    client = store.db.client
+    redis_client = CountingRedis.from_url(redis_url)
+    prefix = f"pikku-scale-{uuid.uuid4().hex[:8]}"
+    pikku = PikkuCelery(Celery("scale", broker="memory://"), store=store,
+                        leases=RedisLeaseService(redis_client, key_prefix=prefix),
+                        continue_in_place=in_place, in_place_steps=in_place_steps,
+                        worker_reaper=False)
+    broker = _sequential(pikku)
 
     try:
         definition = pikku.registry.steps["scale.noop"]
@@ -122,18 +130,7 @@ def engine_cpu(steps: int) -> float:
     pikku = PikkuCelery(Celery("scale-cpu", broker="memory://"),
                         store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
                         worker_reaper=False)
-    broker = Broker()
-    pikku.engine.dispatcher = broker
-
-    @pikku.step(name="scale.noop")
-    def noop(data: Any) -> Any:
-        return data
-
-    @pikku.workflow("scale.sequential")
-    def sequential(wf: Any, n: int) -> int:
-        for i in range(n):
-            wf.do(f"s{i}", noop, i)
-        return n
+    broker = _sequential(pikku)
 
     run_id = pikku.start("scale.sequential", steps)
     cpu = time.process_time()
