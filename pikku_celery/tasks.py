@@ -196,12 +196,25 @@ def check_step_call(name: str, args: Any, kwargs: Any) -> None:
 
 
 class StepTask(Task):  # type: ignore[misc]
-    """The Celery task class of steps: ``my_step.delay(data)`` is refused at the caller."""
+    """What every step task adds to its app's task class: ``my_step.delay(data)`` is
+    refused at the caller. Mixed in front of the app's own class (``step_task_class``)."""
 
     def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any,
                     **options: Any) -> Any:
         check_step_call(self.name, args, kwargs)
         return super().apply_async(args, kwargs, *rest, **options)
+
+
+def step_task_class(app: Celery) -> type[Task]:
+    """The class of ``app``'s step tasks: ``StepTask`` in front of the app's task class
+    (``Celery(task_cls=...)``), so a step runs through that class's ``__call__`` and hooks
+    exactly as the app's other tasks do (Flask's app context, a tracer, a DB session
+    scope). One per app, made once."""
+    made = getattr(app, "_pikku_step_task_class", None)
+    if made is None:
+        made = type("StepTask", (StepTask, app.Task), {"__module__": __name__})
+        app._pikku_step_task_class = made
+    return made
 
 
 def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
@@ -247,7 +260,7 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
     run_step.__name__ = name.rsplit(".", 1)[-1]
     # A step task belongs to this app and its engine only: never shared with other apps.
     options = {k: v for k, v in options.items() if k != "shared"}
-    task: Task = app.task(name=name, bind=True, shared=False, base=StepTask,
+    task: Task = app.task(name=name, bind=True, shared=False, base=step_task_class(app),
                           **{**STEP_TASK_DEFAULTS, **options})(run_step)
     return task
 
