@@ -113,5 +113,5 @@ class Registry:
             name_or_fn, "__name__", repr(name_or_fn))
         found = self.workflows.get(name)
         if found is None:
-            raise WorkflowNotFoundError(name)
+            raise WorkflowNotFoundError(name, sorted(self.workflows))
         return found

@@ -61,12 +61,24 @@ class WorkflowStepFunctionMismatchError(PikkuError):
 
 
 class WorkflowNotFoundError(PikkuError):
-    """No workflow is registered under this name."""
+    """No workflow is registered under this name. ``known``: the names that are (a typo
+    shows beside them; none at all means the module defining them was never imported)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, known: tuple[str, ...] | list[str] | None = None):
         self.name = name
-        super().__init__(name)
-        self._message = f"no workflow named {name!r} is registered"
+        self.known = None if known is None else tuple(known)
+        super().__init__(name, self.known)
+        message = f"no workflow named {name!r} is registered"
+        if self.known:
+            shown = ", ".join(repr(k) for k in sorted(self.known)[:20])
+            message += f" (registered: {shown}{', ...' if len(self.known) > 20 else ''})"
+        elif self.known is not None:
+            message += (" (none is: the module that defines it was not imported in this "
+                        "process. With Django, add 'pikku_celery.contrib.django' to "
+                        "INSTALLED_APPS, which imports every app's workflows.py; with "
+                        "Celery alone, import it where the app is made, or list it in the "
+                        "app's include=/imports)")
+        self._message = message
 
 
 class WorkflowRunNotFoundError(PikkuError):

@@ -239,6 +239,11 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
             log.warning("WorkflowStepSupersededError: %s", exc)
             raise
         if outcome.kind == "not_claimed":
+            log.info("pikku: step %r of run %s: task %s ran nothing: a live worker holds "
+                     "the step, it has settled, or its next attempt is not due (a duplicate "
+                     "or redelivered copy). The holder's outcome stands; should its worker "
+                     "die, the reaper runs the step again once its lease lapses", step_name,
+                     run_id, task.request.id)
             raise Ignore()
         record_attempt(task.request, outcome.attempt)
         if outcome.kind == "settled":

@@ -66,6 +66,7 @@ from pikku_celery.leases.memory import (
     check_mark,
     check_ttl_ms,
 )
+from pikku_celery.leases.outage import name_outages
 
 COUNTER_TTL_FLOOR_MS = 30 * 24 * 3600 * 1000
 COUNTER_TTL_LEASES = 1000
@@ -593,3 +594,6 @@ def _host_port(item: str, url: str) -> tuple[str, int]:
         raise ValueError(f"invalid Redis Cluster URL {redact_url(url)!r}: bad node {item!r}")
     return host, int(port)
 
+
+
+name_outages(RedisLeaseService)  # a Redis that does not answer is named (leases/outage.py)

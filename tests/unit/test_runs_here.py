@@ -107,18 +107,26 @@ class Traced(Task):  # type: ignore[misc]
         return super().__call__(*args, **kwargs)
 
 
-def test_a_step_under_another_task_class_call_is_sent(running: Any) -> None:
-    """pikku's own tasks take the app's task class; a step does not run in place inside one
-    whose ``__call__`` differs from the step task's (it would run without, or inside,
-    what that call sets up). From another step's task (same class), it does."""
+def test_steps_take_the_apps_task_class_and_run_in_place_under_it(running: Any) -> None:
+    """With the app's task class around pikku's tasks and steps alike (issue 25 item 1),
+    a step runs in place inside it."""
     app, pikku = _pikku(task_cls=Traced)
     pikku.step(name="rh.step")(lambda data: data)
+    assert type(app.tasks["rh.step"]).__call__ is Traced.__call__
     running(app.tasks[ORCHESTRATE], ("run",))
-    dispatcher = _dispatcher(app, pikku)
-    assert type(app.tasks[ORCHESTRATE]).__call__ is Traced.__call__
-    assert not dispatcher.runs_here("rh.step", "run", "s")
-    running(app.tasks["rh.step"], ("run", "s0"))
-    assert dispatcher.runs_here("rh.step", "run", "s")
+    assert _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
+
+
+def test_a_step_under_another_task_class_call_is_sent(running: Any) -> None:
+    """A pass run by a task of another class (a user's own task advancing a run): a step
+    does not run in place inside a ``__call__`` other than its own."""
+    app, pikku = _pikku()
+    pikku.step(name="rh.step")(lambda data: data)
+    def users_task() -> None:
+        return None
+
+    running(app.task(name="rh.users", base=Traced, shared=False)(users_task), ())
+    assert not _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
 
 
 def test_a_stopping_worker_sends_the_step(running: Any,
