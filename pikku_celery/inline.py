@@ -11,6 +11,7 @@ import collections
 import heapq
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pikku_celery.errors import InvalidInputError
@@ -57,14 +58,17 @@ class InlineDispatcher:
             return True
         if not self.timers:
             return False
-        due_ms, kind, target = heapq.heappop(self.timers)
+        self._fire(heapq.heappop(self.timers))
+        return True
+
+    def _fire(self, timer: tuple[int, str, str]) -> None:
+        due_ms, kind, target = timer
         self._engine.clock.sleep_until(due_ms)
         if kind == "run":
             self.wake_run(target)
         else:
             timer_run, timer_step = target.split("\x00")
             self._engine.fire_timer(timer_run, timer_step, dispatcher=self)
-        return True
 
 
 class DrivingDispatcher(InlineDispatcher):
@@ -72,15 +76,46 @@ class DrivingDispatcher(InlineDispatcher):
     every started run goes to its end (or to a suspension) before ``start`` returns (the test
     kit's dispatcher; its virtual clock makes every timer due at once).
 
+    While ``holds_timers()`` is true, a timer is done only once it is due on the engine's
+    clock (the clock never jumps to it): the runs stop at their sleeps, retry delays and
+    expiring gates until the clock is moved forward and ``drain`` is called again.
+
     Work asked for while this dispatcher is already working (a pass dispatching steps, a
     step waking its run) is queued and done by the loop that is running, never nested. A
     thread that finds another thread working leaves its work to it; the worker looks again
     after letting go, so nothing queued is stranded."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *,
+                 holds_timers: Callable[[], bool] | None = None) -> None:
         super().__init__(engine)
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._holds_timers = holds_timers or (lambda: False)
+
+    def do_next(self) -> bool:
+        if self.queue or not self.timers or not self._holds_timers():
+            return super().do_next()
+        timer = heapq.heappop(self.timers)
+        if timer[0] > self._engine.now_ms():  # held, and not due yet
+            heapq.heappush(self.timers, timer)
+            return False
+        self._fire(timer)
+        return True
+
+    def has_work(self) -> bool:
+        """Whether ``drain`` has something to do now: queued work, or a timer it may fire
+        (any timer, unless timers are held: then a due one)."""
+        return bool(self.queue) or (bool(self.timers) and self._timer_may_fire())
+
+    @property
+    def working_here(self) -> bool:
+        """Whether this thread is inside this dispatcher's loop (a step body, a pass)."""
+        return bool(getattr(self._local, "working", False))
+
+    def _timer_may_fire(self) -> bool:
+        timers = self.timers
+        return bool(timers) and (not self._holds_timers()
+                                 or timers[0][0] <= self._engine.now_ms())
 
     def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
         super().dispatch_step(function, run_id, step_name)
@@ -104,7 +139,7 @@ class DrivingDispatcher(InlineDispatcher):
             finally:
                 self._local.working = False
                 self._lock.release()
-            if not (self.queue or self.timers):
+            if not self.has_work():
                 return
 
 

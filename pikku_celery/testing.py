@@ -20,6 +20,13 @@ left to do, so a one-hour sleep and three retries take milliseconds. Everything 
 engine your workers run: the claim layer, fencing, replay, history, signals.
 ``inline(pikku)`` does the same for one instance, as a context manager.
 
+To see a run wait (decide an approval before its expiry, assert a sleep has not ended yet),
+hold the timers: ``inline(pikku, hold_timers=True)``, ``@pytest.mark.pikku_hold_timers`` on a
+test using ``pikku_inline``, or ``kit.hold_timers()``. The clock then only moves as real time
+does and by ``kit.advance("10m")``, which fires every timer due and runs what it wakes;
+``kit.release_timers()`` goes back to jumping. ``time.sleep`` in a step body is real time
+either way: the kit's clock is not Python's.
+
 Nothing is connected, configured or read from ``app.conf``'s URLs: a project whose Celery
 app is configured for production imports and tests as it is. After the test, each instance
 goes back to the engine it had, and the kit's store is dropped.
@@ -85,12 +92,52 @@ class VirtualClock:
 
 
 class InlineKit:
-    """What ``pikku_inline`` and ``inline(pikku)`` give a test: the clock and the readers."""
+    """What ``pikku_inline`` and ``inline(pikku)`` give a test: the clock, its timers and
+    the readers."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, hold_timers: bool = False) -> None:
         self.clock = VirtualClock()
         self._lock = threading.Lock()
         self._engines: list[Engine] = []
+        self._hold = hold_timers
+
+    # --- timers -------------------------------------------------------------------------
+
+    @property
+    def timers_held(self) -> bool:
+        """Whether the clock waits for ``advance`` instead of jumping to the next timer."""
+        return self._hold
+
+    def hold_timers(self) -> None:
+        """From now on the clock no longer jumps: runs stop at their sleeps, retry delays
+        and expiring approvals (a gate can be decided before its expiry) until ``advance``
+        moves the clock past them. What ``hold_timers=True`` and the ``pikku_hold_timers``
+        marker do from the start."""
+        self._hold = True
+
+    def release_timers(self) -> None:
+        """Let the clock jump again, and run every waiting run on to its end (or to a
+        suspension) at once, as the kit does by default."""
+        self._hold = False
+        self._drive()
+
+    def advance(self, duration: Duration) -> None:
+        """Move the clock forward by ``duration`` (seconds, ``timedelta`` or ``"10m"``),
+        then fire every timer now due and run what it wakes, in this thread, until the runs
+        wait again (for a later timer, a gate, a resume) or end."""
+        self.clock.advance(duration)
+        self._drive()
+
+    def _drive(self) -> None:
+        while True:
+            with self._lock:
+                ready = [d for e in self._engines
+                         if isinstance(d := e.dispatcher, DrivingDispatcher)
+                         and not d.working_here and d.has_work()]
+            if not ready:
+                return
+            for dispatcher in ready:
+                dispatcher.drain()
 
     # --- reading runs -------------------------------------------------------------------
 
@@ -119,7 +166,8 @@ class InlineKit:
             engine = pikku.make_engine(
                 store=InMemoryWorkflowStore(),
                 leases=InMemoryLeaseService(clock_ms=self.clock.now_ms),
-                clock=self.clock, dispatcher=DrivingDispatcher)
+                clock=self.clock, dispatcher=lambda engine: DrivingDispatcher(
+                    engine, holds_timers=lambda: self._hold))
             with self._lock:
                 self._engines.append(engine)
             return engine
@@ -141,10 +189,11 @@ class InlineKit:
 
 
 @contextlib.contextmanager
-def inline(pikku: PikkuCelery) -> Iterator[InlineKit]:
+def inline(pikku: PikkuCelery, *, hold_timers: bool = False) -> Iterator[InlineKit]:
     """For the ``with`` block, ``pikku`` runs every started run inline to its end on an
-    in-memory store and leases, with a virtual clock (see the module docstring)."""
-    kit = InlineKit()
+    in-memory store and leases, with a virtual clock (see the module docstring); with
+    ``hold_timers=True`` the clock moves only by ``kit.advance``."""
+    kit = InlineKit(hold_timers=hold_timers)
     previous = pikku._override_engine(kit.engine_factory())
     try:
         yield kit
@@ -154,10 +203,10 @@ def inline(pikku: PikkuCelery) -> Iterator[InlineKit]:
 
 
 @contextlib.contextmanager
-def inline_everywhere() -> Iterator[InlineKit]:
+def inline_everywhere(*, hold_timers: bool = False) -> Iterator[InlineKit]:
     """``inline`` for every ``PikkuCelery`` of the process, existing and created within
     the block: what the ``pikku_inline`` fixture does."""
-    kit = InlineKit()
+    kit = InlineKit(hold_timers=hold_timers)
     factory = kit.engine_factory()
     restore: list[tuple[PikkuCelery, Any]] = []
     lock = threading.Lock()
@@ -182,11 +231,20 @@ def inline_everywhere() -> Iterator[InlineKit]:
 if TYPE_CHECKING or importlib.util.find_spec("pytest") is not None:
     import pytest
 
+    HOLD_TIMERS_MARKER = "pikku_hold_timers"
+
+    def pytest_configure(config: pytest.Config) -> None:
+        config.addinivalue_line(
+            "markers", f"{HOLD_TIMERS_MARKER}: pikku_inline's clock does not jump to the "
+                       "next timer; the test moves it with pikku_inline.advance(duration)")
+
     @pytest.fixture
-    def pikku_inline() -> Iterator[InlineKit]:
+    def pikku_inline(request: pytest.FixtureRequest) -> Iterator[InlineKit]:
         """Every ``PikkuCelery`` of the process runs inline, in memory, on a virtual clock
-        for this test; the value reads runs' steps and attempts (``InlineKit``)."""
-        with inline_everywhere() as kit:
+        for this test; the value reads runs' steps and attempts (``InlineKit``). Under
+        ``@pytest.mark.pikku_hold_timers`` the clock waits for ``advance``."""
+        held = request.node.get_closest_marker(HOLD_TIMERS_MARKER) is not None
+        with inline_everywhere(hold_timers=held) as kit:
             yield kit
 
 
