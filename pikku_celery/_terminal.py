@@ -161,6 +161,30 @@ def gates_table(timeline: Timeline) -> Table | None:
     return table
 
 
+def compensations_table(timeline: Timeline) -> Table | None:
+    """The run's compensations (``wf.do(..., on_error=...)``): the step that failed, the
+    compensation step that ran for it (``<step>:on_error``), its status and its result
+    (or error); ``None`` when it has none."""
+    found = timeline.compensations
+    if not found:
+        return None
+    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left",
+                  title="compensations", title_style="bold")
+    for name in ("failed step", "compensation", "status"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("result", overflow="fold")
+    for comp in found:
+        if comp.status == "succeeded":
+            outcome = Text(value_text(comp.result))
+        elif comp.error:
+            outcome = Text(error_line(comp.error, limit=1000), style="red")
+        else:
+            outcome = Text("-")
+        table.add_row(Text(comp.for_step), Text(comp.function or comp.step.step_name),
+                      status_text(comp.status), outcome)
+    return table
+
+
 def _decision(gate: GateView) -> Text:
     if gate.status != "decided":
         return Text("-")

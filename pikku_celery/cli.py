@@ -135,7 +135,11 @@ def timeline_json(timeline: Timeline) -> dict[str, Any]:
         attempts.append(entry)
     return {"run": to_json(timeline.run), "steps": to_json([s.state for s in timeline.steps]),
             "attempts": attempts, "progress": timeline.progress(),
-            "gates": to_json(timeline.gates)}
+            "gates": to_json(timeline.gates),
+            "compensations": [{"for_step": c.for_step, "step": c.step.step_name,
+                               "function": c.function, "status": c.status,
+                               "result": to_json(c.result), "error": c.error}
+                              for c in timeline.compensations]}
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -189,10 +193,10 @@ def show(ctx: click.Context, run_id: str, as_json: bool, tracebacks: bool) -> No
     out = _terminal.console()
     out.print(_terminal.run_header(timeline, tracebacks=tracebacks))
     out.print()
-    gates = _terminal.gates_table(timeline)
-    if gates is not None:
-        out.print(gates)
-        out.print()
+    for table in (_terminal.gates_table(timeline), _terminal.compensations_table(timeline)):
+        if table is not None:
+            out.print(table)
+            out.print()
     out.print(_terminal.attempts_table(timeline, tracebacks=tracebacks))
     out.print(_terminal.progress_line(timeline))
     waiting = timeline.waiting_gate
@@ -273,8 +277,8 @@ def resume(ctx: click.Context, run_id: str) -> None:
     decides that)."""
     app = resolve(ctx)
     timeline = timeline_of(app, run_id)
-    gate = timeline.waiting_gate
-    if gate is not None and not timeline.waiting_suspension:
+    gate = timeline.approval_only
+    if gate is not None:
         # resume opens suspensions only: the run would wake, find its gate still waiting
         # and suspend again, and "resumed" would be a lie.
         raise CommandFailed(

@@ -133,6 +133,40 @@ class StepView:
         return display_name(self.state.step_name, self.kind)
 
 
+COMPENSATION_SUFFIX = ":on_error"
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """A compensation (``wf.do(name, step, on_error=undo)``): after step ``name`` failed
+    for good, ``undo`` ran once as step ``name:on_error`` with ``{"error", "data"}``.
+    ``failed`` is the step that failed (``None`` if it is not on the page read)."""
+
+    failed: StepState | None
+    step: StepState
+
+    @property
+    def for_step(self) -> str:
+        return self.step.step_name.removesuffix(COMPENSATION_SUFFIX)
+
+    @property
+    def function(self) -> str | None:
+        """The compensation's step function (its task name)."""
+        return self.step.function
+
+    @property
+    def status(self) -> str:
+        return self.step.status
+
+    @property
+    def result(self) -> Any:
+        return self.step.result
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.step.error
+
+
 @dataclass(frozen=True)
 class Timeline:
     run: WorkflowRun
@@ -166,8 +200,33 @@ class Timeline:
         return not self.run.is_terminal and any(
             s.kind == SUSPENSION and s.state.status == STEP_SCHEDULED for s in self.steps)
 
+    @property
+    def approval_only(self) -> GateView | None:
+        """The approval the run waits on when no ``wf.suspend`` gate waits too: ``resume``
+        would change nothing (it opens suspensions; the run would wake and suspend again
+        at its gate), so the CLI, the dashboard and the JSON API refuse it and name this
+        gate."""
+        gate = self.waiting_gate
+        return gate if gate is not None and not self.waiting_suspension else None
+
+    @property
+    def compensations(self) -> list[Compensation]:
+        """The run's compensations (``wf.do(..., on_error=...)``), in the order recorded."""
+        by_name = {s.state.step_name: s for s in self.steps}
+        found = []
+        for view in self.steps:
+            name = view.state.step_name
+            if view.kind == STEP and name.endswith(COMPENSATION_SUFFIX):
+                failed = by_name.get(name.removesuffix(COMPENSATION_SUFFIX))
+                if failed is not None and failed.state.on_error is None:
+                    continue  # a step merely named so
+                found.append(Compensation(failed.state if failed is not None else None,
+                                          view.state))
+        return found
+
     def progress(self) -> str:
-        """``3/5 steps settled, 1 running, 6 attempts (1 superseded)``."""
+        """``3/5 steps settled, 1 running, 6 attempts (1 superseded)``, then the approval
+        waited on and each compensation's status."""
         running = sum(1 for s in self.steps if s.state.status == "running")
         superseded = sum(1 for a in self.attempts if a.superseded)
         line = f"{self.settled_steps}/{len(self.steps)} steps settled"
@@ -179,6 +238,8 @@ class Timeline:
         gate = self.waiting_gate
         if gate is not None:
             line += f", waiting for approval {gate.name!r}"
+        for comp in self.compensations:
+            line += f", compensation of {comp.for_step!r} {comp.status}"
         return line
 
 

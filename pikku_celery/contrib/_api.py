@@ -37,7 +37,7 @@ import json
 import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -58,6 +58,7 @@ from pikku_celery.errors import (
 )
 from pikku_celery.records import StepAttempt, StepState, WorkflowRun
 from pikku_celery.store.base import run_matches
+from pikku_celery.timeline import build
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH
 
 log = logging.getLogger("pikku_celery.contrib")
@@ -343,8 +344,18 @@ class RunsApi:
         return 200, {"cancelled": self.pikku.cancel(run_id, reason)}
 
     def resume(self, run_id: str, body: Any) -> Response:
+        """Open the run's ``wf.suspend`` gates. A run waiting only at an approval is
+        refused (409, naming the approval): resume would wake it to suspend again at its
+        gate, and ``{"resumed": true}`` would be a lie (as in ``pikku resume`` and the
+        dashboard)."""
         _fields(body, allowed=(), what="nothing")
-        readable_run(self.pikku, self.caller, run_id)
+        run = readable_run(self.pikku, self.caller, run_id)
+        gate = build(run, self.pikku.get_steps(run_id), [], datetime.now(UTC)).approval_only
+        if gate is not None:
+            raise ApiError(409, "WorkflowWaitsForApproval",
+                           f"run {run_id!r} waits for approval {gate.name!r}, which resume "
+                           "does not open: decide it with POST "
+                           f"api/runs/{run_id}/approvals/{gate.name}")
         return 200, {"resumed": self.pikku.resume(run_id)}
 
     def approve(self, run_id: str, name: str, body: Any) -> Response:
@@ -437,6 +448,72 @@ def readable_page(pikku: PikkuCelery, caller: Caller, *, workflow: str | None,
                            created_before=cursor, match=caller.match())
     more = runs[-1].run_id if len(runs) == limit else None
     return [r for r in runs if caller.can(READ, r.run_id)], more
+
+
+#: A run-id search reads at most this many runs (newest first, within the other filters)
+#: for one page: the store has no prefix filter, so the page is filtered as it is read.
+SEARCH_BATCH = 200
+MAX_SEARCHED = 2_000
+
+
+@dataclass(frozen=True)
+class RunSearch:
+    """The runs page's narrower filters: created in ``[after_ms, before_ms)`` and a run id
+    starting with ``prefix`` (each ``None``: any)."""
+
+    after_ms: int | None = None
+    before_ms: int | None = None
+    prefix: str | None = None
+
+    @property
+    def narrows(self) -> bool:
+        return (self.after_ms, self.before_ms, self.prefix) != (None, None, None)
+
+
+def readable_search(pikku: PikkuCelery, caller: Caller, search: RunSearch, *,
+                    workflow: str | None, status: str | None, limit: int,
+                    before: str | None) -> tuple[list[WorkflowRun], str | None, bool]:
+    """``readable_page`` narrowed by ``search``: the page, the ``before`` of the next
+    page, and whether the search gave up before the range ended (it read
+    ``MAX_SEARCHED`` runs without filling the page; the next page reads on).
+
+    The time range is part of the store query (its upper bound is the listing's
+    ``created_before_ms``; the listing is newest first, so the runs after ``after_ms``
+    are the start of it and reading stops at the first older one). The store has no
+    run-id prefix filter: the runs read are filtered here, ``SEARCH_BATCH`` at a time."""
+    bound_ms: int | None = search.before_ms
+    bound_id: str | None = None
+    if before:
+        if not caller.can(READ, before):
+            raise WorkflowRunNotFoundError(before)
+        cursor = readable_run(pikku, caller, before)
+        cursor_ms = round(cursor.created_at.timestamp() * 1000)
+        if bound_ms is None or cursor_ms < bound_ms:
+            bound_ms, bound_id = cursor_ms, cursor.run_id
+    kept: list[WorkflowRun] = []
+    read = 0
+    batch = limit if search.prefix is None else SEARCH_BATCH
+    while True:
+        runs = pikku.engine.store.list_runs(
+            workflow=workflow, status=status, limit=batch, created_before_ms=bound_ms,
+            before_run_id=bound_id, **({} if caller.match() is None
+                                       else {"match": caller.match()}))
+        read += len(runs)
+        for run in runs:
+            if search.after_ms is not None and \
+                    run.created_at.timestamp() * 1000 < search.after_ms:
+                return kept, None, False  # the range ended
+            if search.prefix is None or run.run_id.startswith(search.prefix):
+                if caller.can(READ, run.run_id):
+                    kept.append(run)
+                if len(kept) == limit:
+                    return kept, run.run_id, False
+        if len(runs) < batch:
+            return kept, None, False  # no more runs
+        bound_ms = round(runs[-1].created_at.timestamp() * 1000)
+        bound_id = runs[-1].run_id
+        if read >= MAX_SEARCHED:
+            return kept, bound_id, True
 
 
 def readable_count(pikku: PikkuCelery, caller: Caller, status: str, *,

@@ -40,17 +40,22 @@ from pikku_celery.contrib._access import Caller
 from pikku_celery.contrib._api import (
     APPROVE,
     CANCEL,
+    MAX_SEARCHED,
+    READ,
     RESUME,
     ApiError,
     ApiOptions,
+    RunSearch,
     parse_body,
     present,
     readable_count,
     readable_page,
     readable_run,
+    readable_search,
 )
 from pikku_celery.contrib._api import content_length as content_length_of
 from pikku_celery.dashboard.chart import chart
+from pikku_celery.dashboard.graph_view import draw, graph_of
 from pikku_celery.errors import (
     InvalidInputError,
     PikkuConfigurationError,
@@ -80,6 +85,9 @@ MAX_REASON_CHARS = 500
 REFRESH_S = 5
 STEPS_PER_PAGE = 100
 ACTIONS = (CANCEL, RESUME)
+#: Steps whose input and result the run page offers on demand (from the JSON API's
+#: ``api/runs/<run_id>/steps/<step_name>``): a step's body, or a child run's.
+VALUE_KINDS = ("step", "child")
 #: ``?notice=<code>`` after a button: the page shows the text of a known code, nothing else.
 NOTICES = {
     "cancelled": "run cancelled",
@@ -253,14 +261,24 @@ class Dashboard:
             raise InvalidInputError(f"unknown run status {status!r}")
         limit = _limit(query.get("limit"))
         before = query.get("before") or None
-        runs, more = readable_page(self.pikku, view.caller, workflow=workflow, status=status,
-                                   limit=limit, before=before)
+        search, typed = _search(query)
+        gave_up = False
+        if search.narrows:
+            runs, more, gave_up = readable_search(
+                self.pikku, view.caller, search, workflow=workflow, status=status,
+                limit=limit, before=before)
+        else:
+            runs, more = readable_page(self.pikku, view.caller, workflow=workflow,
+                                       status=status, limit=limit, before=before)
         counts = {s: readable_count(self.pikku, view.caller, s, workflow=workflow,
                                     limit=COUNT_LIMIT) for s in RUN_STATUSES}
+        exact = None
+        if search.prefix is not None and search.prefix not in {r.run_id for r in runs}:
+            exact = self._exact(view, search.prefix)
 
         def link(**changes: str | None) -> str:
             params = {"workflow": workflow, "status": status, "limit": (
-                str(limit) if limit != DEFAULT_LIMIT else None), **changes}
+                str(limit) if limit != DEFAULT_LIMIT else None), **typed, **changes}
             kept = {k: v for k, v in params.items() if v}
             return view.base + ("?" + urlencode(kept) if kept else "")
 
@@ -271,7 +289,19 @@ class Dashboard:
             workflows=sorted(self.pikku.registry.workflows), statuses=RUN_STATUSES,
             older=link(before=more) if more else None,
             newest=link() if before else None, link=link, refresh_s=REFRESH_S,
-            now=datetime.now(UTC)))
+            now=datetime.now(UTC), typed=typed, searched=search.narrows, gave_up=gave_up,
+            max_searched=MAX_SEARCHED, exact=exact))
+
+    def _exact(self, view: View, run_id: str) -> str | None:
+        """The run whose id is the searched text, when the caller may read it (a whole id
+        finds its run however old it is)."""
+        try:
+            check_name("run id", run_id)
+            if not view.can(READ, run_id):
+                return None
+            return readable_run(self.pikku, view.caller, run_id).run_id
+        except (WorkflowRunNotFoundError, InvalidInputError):
+            return None
 
     def _timeline(self, run_id: str) -> Timeline:
         return build(self.pikku.get_run(run_id), self.pikku.get_steps(run_id),
@@ -290,7 +320,14 @@ class Dashboard:
                      present({"error": a.error}, show_tracebacks=shown)["error"])
                     for a in timeline.attempts]
         live = not run.is_terminal
+        found = graph_of(self.pikku, run.workflow)
+        graph = None if found is None else draw(found[0], [s.state for s in whole.steps])
+        values = [(s.label, s.state.status,
+                   f"{view.base}api/runs/{segment(run_id)}/steps/{segment(s.state.step_name)}")
+                  for s in timeline.steps if s.kind in VALUE_KINDS]
         return Page(status, ENV.get_template("run.html").render(
+            graph=graph, graph_version=None if found is None else found[1],
+            values=values, compensations=whole.compensations,
             view=view, home=view.base, run=run, timeline=timeline,
             served=present(run, show_tracebacks=shown),
             chart=chart(timeline), attempts=attempts,
@@ -343,7 +380,7 @@ def _back(view: View, run_id: str, notice: str) -> Page:
 def _only_approval_waits(timeline: Timeline) -> bool:
     """The run waits for an approval and for no ``wf.suspend``: resume would change
     nothing (it opens suspensions; the run would wake and suspend again at its gate)."""
-    return timeline.waiting_gate is not None and not timeline.waiting_suspension
+    return timeline.approval_only is not None
 
 
 def _gate_form(view: View, run_id: str, gate: GateView, refusal: Refusal | None
@@ -378,6 +415,37 @@ def _steps_page(timeline: Timeline, after: str | None) -> tuple[Timeline, str | 
     steps = timeline.steps[start:start + STEPS_PER_PAGE]
     more = steps[-1].state.step_name if steps and start + STEPS_PER_PAGE < len(names) else None
     return Timeline(timeline.run, steps, timeline.start, timeline.end), more
+
+
+#: The runs page's time range and run id search: ``?created_after=`` and
+#: ``?created_before=`` (a time, UTC unless it names its offset, as the browser's
+#: datetime-local field sends it: ``2026-05-04T09:12``) and ``?run_id=`` (a prefix).
+SEARCH_FIELDS = ("created_after", "created_before", "run_id")
+
+
+def _search(query: Mapping[str, str]) -> tuple[RunSearch, dict[str, str]]:
+    """The runs page's search, and its fields as typed (kept in its links)."""
+    typed = {k: (query.get(k) or "").strip() for k in SEARCH_FIELDS}
+    typed = {k: v for k, v in typed.items() if v}
+    prefix = typed.get("run_id")
+    if prefix is not None and len(prefix) > 200:
+        raise InvalidInputError("run_id: a run id prefix is at most 200 characters")
+    return RunSearch(after_ms=_moment_ms(typed.get("created_after"), "created_after"),
+                     before_ms=_moment_ms(typed.get("created_before"), "created_before"),
+                     prefix=prefix), typed
+
+
+def _moment_ms(raw: str | None, name: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be a time such as 2026-05-04T09:12 (UTC), "
+                                f"got {raw[:60]!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return round(moment.timestamp() * 1000)
 
 
 def _limit(raw: str | None) -> int:
