@@ -1,12 +1,14 @@
 """The dashboard: server-rendered pages over a ``PikkuCelery`` (no JavaScript build; a few
 lines of vanilla JS re-read live pages).
 
-- **Runs** (``<mount>/``): newest first, filtered by workflow and status, paged
-  (``?before=<run id>``), with a count per status (each an index-served count that stops
-  at 10,000), refreshed every few seconds.
-- **Run** (``<mount>/runs/<run_id>``): status, timings, input/output/error, the
-  per-attempt timeline chart (inline SVG, ``chart.py``), every attempt, child runs, and
-  cancel/resume buttons for callers allowed to.
+- **Runs** (``<mount>/``): newest first, filtered by workflow, status and creation time,
+  searched by run id prefix, paged (``?before=<run id>``), with a count per status (each
+  an index-served count that stops at 10,000), refreshed every few seconds.
+- **Run** (``<mount>/runs/<run_id>``): status, timings, input/output/error, a graph
+  workflow's graph with each node's visits (inline SVG, ``graph_view.py``), the
+  per-attempt timeline chart (inline SVG, ``chart.py``), every attempt, compensations,
+  each step's input and result on demand (read from the JSON API's step route), child
+  runs, and cancel/resume buttons for callers allowed to.
 
 Mounted by the Django app (``pikku_celery.contrib.django.urls``) and the Flask extension
 (its blueprint), behind the JSON API's ``authorize`` rules; served alone by ``pikku

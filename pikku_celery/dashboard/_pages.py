@@ -14,6 +14,14 @@ What a caller may read is the JSON API's rule (``contrib._api.readable_page`` an
 and a run it refuses is left out or unknown. A button's outcome comes back as a fixed
 ``?notice=`` code (``NOTICES``): the page never shows text taken from its address.
 
+The runs page also narrows by creation time (``?created_after=``, ``?created_before=``:
+part of the store query) and by run id prefix (``?run_id=``: the store has no such
+filter, so the runs read are filtered, at most ``_api.MAX_SEARCHED`` for one page; see
+``_api.readable_search``). A run page draws a graph workflow's graph (``graph_view``)
+and offers each step's input and result on demand: a ``<details>`` whose script reads
+the JSON API's ``api/runs/<run_id>/steps/<step_name>`` when it is opened, so a page with
+hundreds of steps carries none of their values.
+
 Approval gates (``wf.approval``) are shown as gates: name, approvers, expiry, schema, and
 the decision once made. A gate the run waits on gets a decision form (``decide``): the
 decision is JSON, checked against the gate's schema and approvers by ``pikku.approve``

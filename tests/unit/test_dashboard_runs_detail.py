@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pikku_celery import PikkuCelery, WorkflowContext
+from pikku_celery import PikkuCelery
 from pikku_celery.contrib import _api
 from pikku_celery.dashboard import graph_view
 from pikku_celery.store.base import NewRun
