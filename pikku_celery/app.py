@@ -43,7 +43,7 @@ from pikku_celery.tasks import (
     make_step_task,
     register_internal_tasks,
 )
-from pikku_celery.validate import check_name, check_value
+from pikku_celery.validate import check_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 EngineFactory = Callable[["PikkuCelery"], Engine]
@@ -315,11 +315,10 @@ class PikkuCelery(RunOperations):
         ``pikku_celery.on_commit``). Everything that can be checked before the commit is
         (the workflow is registered, the run id and the input can be stored), so a bad
         call fails inside the transaction and rolls back with it."""
-        after_commit = on_commit.registered()
+        record_start = on_commit.registered_record_start()  # raises without an adapter
         definition = self.registry.workflow(workflow)
         run_id = check_name("run id", run_id) if run_id is not None else str(uuid.uuid4())
-        check_value("workflow input", data)
-        after_commit(lambda: self.start(definition.name, data, run_id=run_id), using)
+        record_start(self, definition.name, data, run_id, using)
         return run_id
 
     def beat_schedule_entry(self, every: Duration | None = None) -> dict[str, Any]:

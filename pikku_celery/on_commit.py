@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from pikku_celery.errors import PikkuConfigurationError
+from pikku_celery.validate import check_value
 
 # ``(start, using)``: call ``start`` once the transaction open on database ``using``
 # commits (at once when none is open); never when it rolls back.
@@ -37,3 +39,38 @@ def registered() -> AfterCommit:
     raise PikkuConfigurationError(
         "start_on_commit needs a web framework's transactions: add "
         "'pikku_celery.contrib.django' to INSTALLED_APPS (or import it)")
+
+
+
+# ``(pikku, workflow, data, run_id, using)``: keep the start of ``workflow`` (a registered
+# name) with ``data`` under ``run_id`` with the transaction open on database ``using``, and
+# start it once that commits. Raises inside the transaction when the start cannot be kept
+# (``data`` that cannot be stored). ``pikku_celery.contrib.django`` registers one (its
+# start intents, rows written in that transaction); without one, ``start_after_commit``.
+RecordStart = Callable[[Any, str, Any, str, "str | None"], None]
+
+_record_start: list[RecordStart] = []
+
+
+def register_record_start(record: RecordStart) -> None:
+    """Make ``record`` the way ``start_on_commit`` keeps a start with the transaction
+    (the last registered wins)."""
+    with _lock:
+        _record_start[:] = [record]
+
+
+def registered_record_start() -> RecordStart:
+    """The registered ``RecordStart``, else ``start_after_commit``. Raises
+    ``PikkuConfigurationError`` when no adapter registered a way to wait for a commit."""
+    after_commit = registered()
+    with _lock:
+        if _record_start:
+            return _record_start[-1]
+
+    def start_after_commit(pikku: Any, workflow: str, data: Any, run_id: str,
+                           using: str | None) -> None:
+        """The input checked now; the run started from the ``AfterCommit`` hook alone."""
+        check_value("workflow input", data)
+        after_commit(lambda: pikku.start(workflow, data, run_id=run_id), using)
+
+    return start_after_commit

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task
 from celery.exceptions import Ignore, Retry
 
-from pikku_celery import keys
+from pikku_celery import keys, sweep_hooks
 from pikku_celery.backend import record_attempt
 from pikku_celery.errors import (
     InvalidInputError,
@@ -448,6 +448,7 @@ class WorkerReaper:
             raise
         if any(counts.values()):
             log.info("pikku reaper: %s", counts)
+        sweep_hooks.run(engine)  # adapters' work (contrib.django drains its start intents)
         return counts
 
 

@@ -10,7 +10,10 @@
 - ``python manage.py pikku ...`` runs the ``pikku`` command group (``pikku_celery.cli``).
 - ``pikku.start_on_commit(...)`` starts a run once the current transaction commits: this
   module registers Django's ``transaction.on_commit`` with the core when it is imported
-  (``after_commit``; the core never imports Django or ``contrib/``).
+  (``after_commit``; the core never imports Django or ``contrib/``), and the start intent
+  written in that transaction (``intents.record_start``, the ``StartIntent`` model), which
+  every worker's reaper drains after its sweep (``drain_start_intents``, registered with
+  ``pikku_celery.sweep_hooks``) when the start at the commit failed.
 
 The ``PikkuCelery`` is the one bound to the project's Celery app: the app named by the
 ``PIKKU_CELERY_APP`` setting (a dotted path, ``"proj.celery.app"``), else Celery's current
@@ -23,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pikku_celery import on_commit
+from pikku_celery import on_commit, sweep_hooks
 from pikku_celery.app import PikkuCelery
+from pikku_celery.contrib.django import intents
 
 WORKFLOWS_MODULE = "workflows"
 
@@ -35,12 +39,14 @@ def start_on_commit(pikku: PikkuCelery, workflow: str | Callable[..., Any], data
     once the transaction open on database ``using`` commits (at once when none is open),
     like Celery's ``delay_on_commit``. A rolled-back transaction starts nothing.
 
-    Everything that can be checked before the commit is (the workflow is registered, the
-    run id and the input can be stored), so a bad call fails inside the transaction and
-    rolls back with it, not after your rows are committed. What can still fail after the
-    commit (MongoDB unreachable) raises from the commit, as Django's ``on_commit`` hooks
-    do: keep the returned id with your rows, and ``pikku.start(workflow, data,
-    run_id=that_id)`` again later is idempotent."""
+    The start is a row of your database (``StartIntent``) written in your transaction;
+    the input is converted to JSON by ``CELERY_PIKKU_JSON_ENCODER`` (default
+    ``DjangoJSONEncoder``). Everything that can be checked before the commit is (the
+    workflow is registered, the run id and the input can be stored), so a bad call fails
+    inside the transaction and rolls back with it, not after your rows are committed.
+    What can still fail after the commit (MongoDB unreachable) is logged and leaves the
+    row, which a worker's reaper starts later under the same run id
+    (``drain_start_intents``): the run starts once, never twice (see ``intents``)."""
     return pikku.start_on_commit(workflow, data, run_id=run_id, using=using)
 
 
@@ -53,6 +59,9 @@ def after_commit(start: Callable[[], object], using: str | None) -> None:
 
 
 on_commit.register(after_commit)
+on_commit.register_record_start(intents.record_start)
+sweep_hooks.register(intents.drain_after_sweep)
+drain_start_intents = intents.drain_start_intents
 
 
 def project_pikku() -> PikkuCelery:

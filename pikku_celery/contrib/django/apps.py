@@ -23,6 +23,7 @@ class PikkuConfig(AppConfig):
     name = "pikku_celery.contrib.django"
     label = "pikku"
     verbose_name = "pikku workflows"
+    default_auto_field = "django.db.models.BigAutoField"  # whatever the project's default
 
     def ready(self) -> None:
         autodiscover_modules(WORKFLOWS_MODULE)
