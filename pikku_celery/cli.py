@@ -268,6 +268,20 @@ def cancel(ctx: click.Context, run_id: str, reason: str | None) -> None:
     click.echo(f"cancelled run {run_id}")
 
 
+@pikku.command("retry")
+@click.argument("run_id")
+@click.pass_context
+@operator_command
+def retry(ctx: click.Context, run_id: str) -> None:
+    """Run a failed or cancelled run again from where it stopped (its failed steps get a
+    fresh attempt budget; earlier attempts stay in its history)."""
+    app = resolve(ctx)
+    if not app.retry(run_id):
+        raise CommandFailed(f"run {run_id} is {app.get_run(run_id).status}, not failed or "
+                            "cancelled: nothing to retry")
+    click.echo(f"retrying run {run_id}")
+
+
 @pikku.command("resume")
 @click.argument("run_id")
 @click.pass_context

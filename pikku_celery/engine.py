@@ -132,6 +132,9 @@ class Engine:
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         return self.runs.cancel(run_id, reason)
 
+    def retry(self, run_id: str) -> bool:
+        return self.runs.retry(run_id)
+
     def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
         self.runs.notify_parent(child_run_id, dispatcher)
 

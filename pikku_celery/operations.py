@@ -54,6 +54,14 @@ class RunOperations:
         context. Returns ``False`` if the run had already ended."""
         return self.engine.cancel(run_id, reason)
 
+    def retry(self, run_id: str) -> bool:
+        """Run a failed or cancelled run again from where it stopped: its succeeded steps
+        are replayed, each step its end left failed (a body's error, a cancel's fence) gets
+        a fresh attempt budget, and every earlier attempt stays in its history; its failed
+        or cancelled child runs are retried too. ``False`` (nothing done) for a run in any
+        other status. ``WorkflowRunNotFoundError`` for an unknown run."""
+        return self.engine.retry(run_id)
+
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
                   limit: int = 50, created_before: WorkflowRun | None = None,
                   match: RunMatch | None = None) -> list[WorkflowRun]:

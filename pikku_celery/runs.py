@@ -21,8 +21,10 @@ from pikku_celery.reads import get_run
 from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
+    RUN_FAILED,
     RUN_RUNNING,
     RUN_SUSPENDED,
+    STEP_FAILED,
     STEP_RUNNING,
     WorkflowRun,
 )
@@ -167,6 +169,41 @@ class Runs:
         return wrote
 
     # --- children -------------------------------------------------------------------------
+
+    def retry(self, run_id: str) -> bool:
+        """Run a failed or cancelled run again from where it stopped: ``False`` (nothing
+        done) for a run in any other status. Its child runs that failed or were cancelled
+        are retried first, so each is live again before its parent's step waits on it (a
+        child that ends meanwhile is heard by the parent's next pass, ``ensure_child``);
+        then the run itself (``store.retry_run``), the message of every reopened step of a
+        function, and a pass."""
+        run = get_run(self.store, run_id)
+        if run.status not in (RUN_FAILED, RUN_CANCELLED):
+            return False
+        for state in self.store.list_steps(run_id):
+            if (state.child_run_id is not None and state.status == STEP_FAILED
+                    and state.due_at is None):
+                self.retry(state.child_run_id)
+        reopened = self.store.retry_run(run_id, self.now_ms())
+        if reopened is None:
+            return False  # it changed meanwhile (retried, or resumed, by someone else)
+        for state in reopened:
+            if state.function is not None and state.child_run_id is None:
+                self._free_step_lease(run_id, state.step_name)
+                self.dispatcher.dispatch_step(state.function, run_id, state.step_name)
+        self.dispatcher.wake_run(run_id)
+        log.info("pikku: run %s of %s retried: %d step(s) reopened", run_id, run.workflow,
+                 len(reopened))
+        return True
+
+    def _free_step_lease(self, run_id: str, step_name: str) -> None:
+        """A step settled for good keeps its Redis lease until it lapses (a command saved
+        per step, ``claims``): a reopened step's claim would find it held. Freed by its
+        own holder and token; a body still running under it (fenced by a cancel) is told
+        at its next renewal, and its writes are refused as ever."""
+        current = self.leases.get(keys.step_lease_key(run_id, step_name))
+        if current is not None:
+            self.leases.release(current)
 
     def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
         """Settle the parent's step with a finished child's outcome, and wake the parent."""

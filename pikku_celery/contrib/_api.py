@@ -67,7 +67,8 @@ Response = tuple[int, Any]
 __all__ = ["ApiError", "forbidden", "not_authenticated"]  # kept here for the adapters
 
 READ, START, CANCEL, RESUME, APPROVE = "read", "start", "cancel", "resume", "approve"
-ACTIONS = (READ, START, CANCEL, RESUME, APPROVE)
+RETRY = "retry"
+ACTIONS = (READ, START, CANCEL, RESUME, APPROVE, RETRY)
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
@@ -358,6 +359,17 @@ class RunsApi:
                            f"api/runs/{run_id}/approvals/{gate.name}")
         return 200, {"resumed": self.pikku.resume(run_id)}
 
+    def retry(self, run_id: str, body: Any) -> Response:
+        """Run a failed or cancelled run again from where it stopped (``pikku.retry``);
+        409 for a run in any other status."""
+        _fields(body, allowed=(), what="nothing")
+        run = readable_run(self.pikku, self.caller, run_id)
+        if not self.pikku.retry(run_id):
+            raise ApiError(409, "WorkflowRunNotRetryable",
+                           f"run {run_id!r} is {run.status}, not failed or cancelled: "
+                           "nothing to retry")
+        return 200, {"retried": True}
+
     def approve(self, run_id: str, name: str, body: Any) -> Response:
         what = "a 'decision' and an optional 'by'"
         fields = _fields(body, allowed=("decision", "by"), what=what)
@@ -569,6 +581,8 @@ ROUTES = (
           lambda api, p, q, b: api.cancel(p["run_id"], b)),
     Route("resume", "POST", "api/runs/<run_id>/resume", RESUME,
           lambda api, p, q, b: api.resume(p["run_id"], b)),
+    Route("retry", "POST", "api/runs/<run_id>/retry", RETRY,
+          lambda api, p, q, b: api.retry(p["run_id"], b)),
     Route("approve", "POST", "api/runs/<run_id>/approvals/<name>", APPROVE,
           lambda api, p, q, b: api.approve(p["run_id"], p["name"], b)),
     Route("start", "POST", "api/workflows/<workflow>/runs", START,

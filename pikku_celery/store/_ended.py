@@ -17,10 +17,10 @@ statement the server runs after the insert. No mark: the run's end, and the fenc
 after it, come after the insert, so the fence sees the step. A mark (the run is ending, or a
 transition to an end that was refused left it): the run is read, as a claim reads it.
 
-Whatever brings an ended run back to life (a retry of a failed or cancelled run, should one
-be added) must make the run live *before* it makes any of its steps claimable again:
-otherwise a claim landing in between reads the run as ended and fences the step it reopened.
-(A mark left behind only costs a run read per step run in place.)
+Whatever brings an ended run back to life (``retry_run``) must make the run live *before*
+it makes any of its steps claimable again: otherwise a claim landing in between reads the
+run as ended and fences the step it reopened; and it removes the end's mark after that
+(a mark left behind only costs a run read per step run in place).
 """
 
 from __future__ import annotations

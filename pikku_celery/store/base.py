@@ -127,6 +127,15 @@ class WorkflowStore(Protocol):
         status as of that write (``None`` for an unknown run): one round trip."""
         ...
 
+    def retry_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        """Bring a ``failed`` or ``cancelled`` run back to ``running`` (its output, error and
+        cancel reason cleared), then reopen every step its end left failed for good
+        (``store._retry``): the run goes live *before* any of its steps can be claimed
+        again (``store._ended``), and MongoDB's end mark goes after that. Returns the
+        steps reopened; ``None`` (nothing written) when the run is not failed or
+        cancelled."""
+        ...
+
     def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
                         version: int, now_ms: int) -> WorkflowRun | None:
         """Merge ``values`` into the run's state map as write ``version + 1``, made by

@@ -160,6 +160,8 @@ def _exercise(store: MongoWorkflowStore) -> None:
     # A step a pass runs in place: inserted claimed, then its run read.
     store.claim_new_step(NewStep(run_id="run-0001", step_name="c", function="f"), late,
                          LEASE, seq=99, worker="w")
+    # A retry of a failed run (run-0002 failed; see _populate): its failed steps reopened.
+    store.retry_run("run-0002", late)
     # Its settle and the next step's claim, one command.
     store.settle_and_claim_new("run-0001", "c", 1, {"ok": 1}, late + 1,
                                NewStep(run_id="run-0001", step_name="d", function="f"), LEASE,

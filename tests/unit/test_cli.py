@@ -408,3 +408,16 @@ def test_in_memory_store_has_nothing_to_ping() -> None:
     pikku = _pikku_on(InMemoryWorkflowStore(), InMemoryLeaseService())
     checked = run_cli(pikku, "check")
     assert "nothing to reach" in checked.output and checked.exit_code == 0
+
+
+def test_retry(pikku: PikkuCelery) -> None:
+    """``pikku retry`` (issue 25 item 2): a cancelled run runs again; any other status is
+    one line and exit 1."""
+    waiting = pikku.start("waits", None, inline=True)
+    line = one_line_error(run_cli(pikku, "retry", waiting))
+    assert "is suspended, not failed or cancelled: nothing to retry" in line
+    assert pikku.cancel(waiting, "by mistake")
+    retried = run_cli(pikku, "retry", waiting)
+    assert retried.exit_code == 0 and retried.output == f"retrying run {waiting}\n"
+    assert pikku.get_run(waiting).status == "running"
+    assert "WorkflowRunNotFoundError" in one_line_error(run_cli(pikku, "retry", "ghost"))

@@ -585,3 +585,21 @@ def raw_poster(framework: str) -> tuple[PikkuCelery, Callable[[str, str], tuple[
         return web.call("POST", PREFIX + path, raw=body)
 
     return pikku, post
+
+
+def test_retry_over_http_is_its_own_action(web: Web) -> None:
+    """``POST api/runs/<id>/retry`` (issue 25 item 2): authorized as ``retry`` (a reader
+    may not), 409 for a run that is not failed or cancelled, 200 and the run live again."""
+    pikku, call = web.pikku, web.call
+    assert call("POST", PREFIX + "/workflows/waits/runs",
+                {"input": None, "run_id": "http-retry"})[0] == 202
+    status, payload = call("POST", PREFIX + "/runs/http-retry/retry", {})
+    assert (status, payload["error"]) == (409, "WorkflowRunNotRetryable")
+    assert "running, not failed or cancelled" in payload["message"]
+    assert call("POST", PREFIX + "/runs/http-retry/cancel", {})[0] == 200
+    assert call("POST", PREFIX + "/runs/http-retry/retry", {}, user="reader")[0] == 403
+    calls.clear()
+    assert call("POST", PREFIX + "/runs/http-retry/retry", {}) == (200, {"retried": True})
+    assert ("retry", "http-retry") in calls
+    assert pikku.get_run("http-retry").status == "running"
+    assert call("POST", PREFIX + "/runs/http-retry/retry", {"force": True})[0] == 400

@@ -10,8 +10,16 @@ from typing import Any
 from pikku_celery import keys
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
-from pikku_celery.records import STEP_RUNNING, WorkflowRun
-from pikku_celery.store import _docs, _ended
+from pikku_celery.records import (
+    RUN_CANCELLED,
+    RUN_FAILED,
+    RUN_RUNNING,
+    STEP_FAILED,
+    STEP_RUNNING,
+    StepState,
+    WorkflowRun,
+)
+from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_run, check_run_end, run_conflict
 from pikku_celery.store.base import NewRun, RunRead
 from pikku_celery.store.memory.base import Doc, MemoryStoreBase
@@ -71,6 +79,21 @@ class MemoryRuns(MemoryStoreBase):
             if cancel_reason is not None:
                 doc[R.CANCEL_REASON] = cancel_reason
             return True
+
+    def retry_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        check_name("run id", run_id)
+        with self._lock:
+            doc = self._runs.get(run_id)
+            if doc is None or doc[R.STATUS] not in (RUN_FAILED, RUN_CANCELLED):
+                return None
+            doc.update({R.STATUS: RUN_RUNNING, R.OUTPUT: None, R.ERROR: None,
+                        R.CANCEL_REASON: None, R.UPDATED: now_ms})
+            reopened = []
+            for step in self._run_steps(run_id):
+                if step[S.STATUS] == STEP_FAILED and step[S.DUE] is None:
+                    _docs.apply_set(step, copy.deepcopy(_retry.reopened(step, now_ms)["$set"]))
+                    reopened.append(_docs.step_from_doc(copy.deepcopy(step)))
+            return reopened
 
     def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
                         version: int, now_ms: int) -> WorkflowRun | None:

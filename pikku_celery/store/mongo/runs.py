@@ -13,8 +13,18 @@ from pikku_celery import keys
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
 from pikku_celery.keys import VersionField as V
-from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING, STEP_STATUSES, WorkflowRun
-from pikku_celery.store import _docs, _ended
+from pikku_celery.records import (
+    RUN_CANCELLED,
+    RUN_FAILED,
+    RUN_RUNNING,
+    RUN_TERMINAL,
+    STEP_FAILED,
+    STEP_RUNNING,
+    STEP_STATUSES,
+    StepState,
+    WorkflowRun,
+)
+from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_run, check_run_end, run_conflict
 from pikku_celery.store.base import NewRun, RunRead
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
@@ -84,6 +94,28 @@ class MongoRuns(MongoStoreBase):
                 {R.ID: run_id, R.STATUS: {"$in": list(from_statuses)}}, {"$set": fields},
                 session=self._session)
         return found.matched_count == 1
+
+    def retry_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        check_name("run id", run_id)
+        found = self._runs.update_one(
+            {R.ID: run_id, R.STATUS: {"$in": [RUN_FAILED, RUN_CANCELLED]}},
+            {"$set": {R.STATUS: RUN_RUNNING, R.OUTPUT: None, R.ERROR: None,
+                      R.CANCEL_REASON: None, R.UPDATED: now_ms}}, session=self._session)
+        if found.matched_count == 0:
+            return None
+        # Live first, then the end's mark goes: a step run in place meanwhile saw the mark
+        # and read the run (live), or sees neither.
+        self._steps.delete_one({S.ID: keys.run_end_mark_id(run_id)}, session=self._session)
+        reopened = []
+        for doc in self._steps.find({S.RUN: run_id, S.STATUS: STEP_FAILED, S.DUE: None},
+                                    session=self._session):
+            after = self._steps.find_one_and_update(
+                {S.ID: doc[S.ID], S.ATTEMPT: doc[S.ATTEMPT], S.STATUS: STEP_FAILED,
+                 S.DUE: None}, _retry.reopened(doc, now_ms),
+                return_document=ReturnDocument.AFTER, session=self._session)
+            if after is not None:
+                reopened.append(_docs.step_from_doc(after))
+        return reopened
 
     def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
                         version: int, now_ms: int) -> WorkflowRun | None:

@@ -1,0 +1,107 @@
+"""``retry_run`` on every store (issue 25 item 2): a failed or cancelled run goes live again
+and each step its end left failed for good is reopened (``store._retry``), earlier attempts
+kept; any other run is refused with nothing written."""
+
+from __future__ import annotations
+
+import pytest
+
+from pikku_celery import keys
+from pikku_celery.records import RUN_CANCELLED, RUN_FAILED, RUN_RUNNING
+from pikku_celery.store.base import NewStep, WorkflowStore
+from pikku_celery.store.mongo import MongoWorkflowStore
+from tests.contract.test_store import FN, LEASE, T0, add_step, new_run, store
+
+__all__ = ["store"]  # the fixture, parametrized over every store
+
+
+def test_a_failed_run_goes_live_and_its_failed_step_gets_a_fresh_budget(
+        store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, "ok", retries=0)
+    add_step(store, run_id, "boom", retries=1)  # 2 attempts
+    assert store.claim_step(run_id, "ok", FN, T0, LEASE).state is not None
+    store.set_result(run_id, "ok", 1, "fine", T0 + 1)
+    for attempt in (1, 2):
+        claimed = store.claim_step(run_id, "boom", FN, T0 + 10 * attempt, LEASE).state
+        assert claimed is not None and claimed.attempt == attempt
+        store.set_error(run_id, "boom", attempt, {"type": "E", "message": f"#{attempt}"},
+                        T0 + 10 * attempt + 1, retry_at_ms=T0 + 10 * attempt + 2)
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_FAILED, T0 + 50,
+                                error={"type": "E", "message": "boom"})
+
+    reopened = store.retry_run(run_id, T0 + 100)
+
+    assert reopened is not None and [s.step_name for s in reopened] == ["boom"]
+    run = store.get_run(run_id)
+    assert run is not None and (run.status, run.error, run.output) == (RUN_RUNNING, None, None)
+    boom = store.get_step(run_id, "boom")
+    assert boom is not None and (boom.status, boom.attempt, boom.max_attempts) == (
+        "failed", 2, 4)  # two more attempts: its first budget again
+    assert store.get_step(run_id, "ok").status == "succeeded"  # type: ignore[union-attr]
+    # The next claim takes attempt 3; attempts 1 and 2 stay in the history.
+    again = store.claim_step(run_id, "boom", FN, T0 + 101, LEASE).state
+    assert again is not None and again.attempt == 3
+    history = [(h.attempt, h.status) for h in store.get_history(run_id) if h.step_name == "boom"]
+    assert history == [(1, "failed"), (2, "failed"), (3, "running")]
+    # A second retry, after the step failed again, gives the same budget again.
+    store.set_error(run_id, "boom", 3, {"type": "E", "message": "#3"}, T0 + 102, final=True)
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_FAILED, T0 + 103)
+    assert store.retry_run(run_id, T0 + 104) is not None
+    assert store.get_step(run_id, "boom").max_attempts == 5  # type: ignore[union-attr]
+
+
+def test_a_cancelled_runs_fenced_steps_and_gates_are_reopened(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id, "pending")
+    add_step(store, run_id, "running")
+    assert store.claim_step(run_id, "running", FN, T0, LEASE).state is not None
+    store.insert_steps([
+        NewStep(run_id=run_id, step_name="nap", function=None, status="scheduled",
+                due_ms=T0 + 9_000),
+        NewStep(run_id=run_id, step_name="__approval:boss", function=None, status="scheduled",
+                data={"approval": "boss", "expires_at_ms": T0 + 99_000}, due_ms=T0 + 99_000)],
+        T0)
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_CANCELLED, T0 + 1,
+                                cancel_reason="oops")
+    store.cancel_steps(run_id, {"type": "WorkflowCancelledError", "message": "x"}, T0 + 2)
+
+    reopened = store.retry_run(run_id, T0 + 10)
+
+    assert reopened is not None
+    assert sorted(s.step_name for s in reopened) == ["__approval:boss", "nap", "pending",
+                                                     "running"]
+    state = {s.step_name: s for s in store.list_steps(run_id)}
+    assert state["pending"].status == "failed" and state["pending"].due_at is not None
+    assert state["running"].status == "failed" and state["running"].attempt == 1
+    assert state["nap"].status == "scheduled"  # cut short by the cancel: due at once
+    gate = state["__approval:boss"]
+    assert gate.status == "scheduled" and gate.due_at is not None  # waits to its expiry
+    assert store.claim_step(run_id, "running", FN, T0 + 11, LEASE).state.attempt == 2  # type: ignore[union-attr]
+    run = store.get_run(run_id)
+    assert run is not None and run.status == RUN_RUNNING and run.cancel_reason is None
+
+
+@pytest.mark.parametrize("status", ["running", "completed", "suspended"])
+def test_only_a_failed_or_cancelled_run_is_retried(store: WorkflowStore, status: str) -> None:
+    run_id = new_run(store)
+    add_step(store, run_id)
+    if status != "running":
+        assert store.transition_run(run_id, [RUN_RUNNING], status, T0 + 1)
+    before = (store.get_run(run_id), store.list_steps(run_id))
+    assert store.retry_run(run_id, T0 + 2) is None
+    assert (store.get_run(run_id), store.list_steps(run_id)) == before
+
+
+def test_the_end_mark_goes_with_a_retry(store: WorkflowStore) -> None:
+    """MongoDB's end mark: gone once the run is live again, so steps run in place after a
+    retry need no run read; a second end writes it again."""
+    run_id = new_run(store)
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_CANCELLED, T0 + 1)
+    assert store.retry_run(run_id, T0 + 2) == []
+    if isinstance(store, MongoWorkflowStore):
+        steps = store.db[keys.STEPS]
+        assert steps.count_documents({"_id": keys.run_end_mark_id(run_id)}) == 0
+    claimed = store.claim_new_step(NewStep(run_id=run_id, step_name="after", function=FN),
+                                   T0 + 3, LEASE)
+    assert claimed.state is not None and claimed.run_status is None
