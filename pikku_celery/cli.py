@@ -282,6 +282,19 @@ def retry(ctx: click.Context, run_id: str) -> None:
     click.echo(f"retrying run {run_id}")
 
 
+@pikku.command("fork")
+@click.argument("run_id")
+@click.option("--from", "from_step", required=True,
+              help="The step to run afresh; the steps recorded before it are replayed.")
+@click.option("--run-id", "new_run_id", help="The new run's id (default: a fresh one).")
+@click.pass_context
+@operator_command
+def fork(ctx: click.Context, run_id: str, from_step: str, new_run_id: str | None) -> None:
+    """Start a new run of RUN_ID's workflow and input, replaying its steps before --from."""
+    forked = resolve(ctx).fork(run_id, from_step=from_step, new_run_id=new_run_id)
+    click.echo(f"forked run {forked} from run {run_id} at step {from_step!r}")
+
+
 @pikku.command("resume")
 @click.argument("run_id")
 @click.pass_context

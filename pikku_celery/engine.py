@@ -135,6 +135,9 @@ class Engine:
     def retry(self, run_id: str) -> bool:
         return self.runs.retry(run_id)
 
+    def fork(self, run_id: str, from_step: str, new_run_id: str | None = None) -> str:
+        return self.runs.fork(run_id, from_step, new_run_id)
+
     def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
         self.runs.notify_parent(child_run_id, dispatcher)
 

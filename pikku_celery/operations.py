@@ -62,6 +62,14 @@ class RunOperations:
         other status. ``WorkflowRunNotFoundError`` for an unknown run."""
         return self.engine.retry(run_id)
 
+    def fork(self, run_id: str, *, from_step: str, new_run_id: str | None = None) -> str:
+        """Start a new run of ``run_id``'s workflow and input that replays the steps it
+        recorded before ``from_step`` (their results copied) and runs the rest afresh,
+        ``from_step`` included, whatever the old run's status (Temporal's reset, DBOS's
+        fork). ``new_run_id``: the new run's id (idempotent, as ``start``'s; the contract's
+        second ``run_id``, which Python cannot name twice). Returns it."""
+        return self.engine.fork(run_id, from_step, new_run_id)
+
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
                   limit: int = 50, created_before: WorkflowRun | None = None,
                   match: RunMatch | None = None) -> list[WorkflowRun]:

@@ -26,6 +26,7 @@ from pikku_celery.records import (
     RUN_SUSPENDED,
     STEP_FAILED,
     STEP_RUNNING,
+    STEP_SUCCEEDED,
     WorkflowRun,
 )
 from pikku_celery.redaction import redact_error
@@ -195,6 +196,30 @@ class Runs:
         log.info("pikku: run %s of %s retried: %d step(s) reopened", run_id, run.workflow,
                  len(reopened))
         return True
+
+    def fork(self, run_id: str, from_step: str, new_run_id: str | None = None) -> str:
+        """A new run of ``run_id``'s workflow and input that replays the steps it recorded
+        before ``from_step`` (those that succeeded: their results are copied) and runs the
+        rest afresh, ``from_step`` included; ``new_run_id``: its id (idempotent, as
+        ``start``'s). Returns the new run's id. ``InvalidInputError`` naming the run's
+        steps when it recorded no ``from_step``."""
+        source = get_run(self.store, run_id)
+        steps = self.store.list_steps(run_id)  # in the order they were recorded
+        names = [s.step_name for s in steps]
+        if from_step not in names:
+            shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
+            raise InvalidInputError(f"run {run_id} recorded no step {from_step!r} to fork "
+                                    f"from; its steps: {shown or 'none'}")
+        kept = [s for s in steps[:names.index(from_step)] if s.status == STEP_SUCCEEDED]
+        run, _ = self.create_run(source.workflow, source.input, run_id=new_run_id)
+        # Copied before the run's first pass is asked for (a repeated fork copies nothing
+        # twice: a step the run has is kept).
+        self.store.insert_replayed_steps(run.run_id, kept, self.now_ms(), source_run_id=run_id)
+        if not run.is_terminal:
+            self.dispatcher.wake_run(run.run_id)
+        log.info("pikku: run %s forked from %s at step %r (%d step(s) replayed)", run.run_id,
+                 run_id, from_step, len(kept))
+        return run.run_id
 
     def _free_step_lease(self, run_id: str, step_name: str) -> None:
         """A step settled for good keeps its Redis lease until it lapses (a command saved

@@ -3,11 +3,10 @@
 The Django and Flask adapters translate requests and responses; everything a request goes
 through is decided here, once, in this order:
 
-1. the caller is authorized for the route's action (``read``, ``start``, ``cancel``,
-   ``resume``, ``approve``) by the deployment's rules (``_access``): 401 for an anonymous
-   caller, 403 for one without the right; an approval's check is told the gate; what the
-   caller may read also narrows every read (``_access.Caller.match``: the listing, its
-   cursor, single runs) and every listed run is checked on its own;
+1. the caller is authorized for the route's action (``ACTIONS``) by the deployment's rules
+   (``_access``): 401 for an anonymous caller, 403 for one without the right; an
+   approval's check is told the gate; what the caller may read narrows every read
+   (``_access.Caller.match``) and every listed run is checked on its own;
 2. a POST body must be ``application/json`` (415 otherwise: a cross-site form can only send
    ``text/plain``, form or multipart bodies), at most ``max_body_bytes`` (413), and nested
    no deeper than MongoDB stores (400);
@@ -21,13 +20,11 @@ through is decided here, once, in this order:
 An approval is recorded as given by the caller the adapter identified (Django: the
 signed-in user; Flask: ``PIKKU_IDENTIFY``), never by whoever the body's ``by`` names: a
 ``by`` that is not the caller is refused (403), and so is any ``by`` when the adapter cannot
-tell who the caller is (an approval without ``by`` is recorded with no approver, which only
-a gate without approvers takes).
+tell who the caller is (no ``by``: no approver, which only a gate without approvers takes).
 
 Served records carry errors as ``type`` and ``message`` only; their ``traceback`` (and
-those of error-shaped values nested in step data, such as a compensation's input) is
-served only with ``show_tracebacks``. Every route requires an authorized caller, so a
-traceback only ever reaches a caller allowed to ``read``.
+those nested in step data, such as a compensation's input) is served only with
+``show_tracebacks``, to an authorized caller.
 """
 
 from __future__ import annotations
@@ -66,14 +63,13 @@ log = logging.getLogger("pikku_celery.contrib")
 Response = tuple[int, Any]
 __all__ = ["ApiError", "forbidden", "not_authenticated"]  # kept here for the adapters
 
-READ, START, CANCEL, RESUME, APPROVE = "read", "start", "cancel", "resume", "approve"
-RETRY = "retry"
-ACTIONS = (READ, START, CANCEL, RESUME, APPROVE, RETRY)
+READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK = (
+    "read", "start", "cancel", "resume", "approve", "retry", "fork")
+ACTIONS = (READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK)
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
-#: ``/steps`` and ``/history`` pages: their entries carry no values (a step's data and
-#: result are served by ``/steps/<step_name>``), so a page stays small with any step.
+#: ``/steps`` and ``/history`` pages carry no values (``/steps/<step_name>`` serves them).
 DEFAULT_STEP_LIMIT = 100
 MAX_STEP_LIMIT = 500
 JSON_TYPE = "application/json"
@@ -360,8 +356,7 @@ class RunsApi:
         return 200, {"resumed": self.pikku.resume(run_id)}
 
     def retry(self, run_id: str, body: Any) -> Response:
-        """Run a failed or cancelled run again from where it stopped (``pikku.retry``);
-        409 for a run in any other status."""
+        """``pikku.retry``; 409 for a run neither failed nor cancelled."""
         _fields(body, allowed=(), what="nothing")
         run = readable_run(self.pikku, self.caller, run_id)
         if not self.pikku.retry(run_id):
@@ -369,6 +364,20 @@ class RunsApi:
                            f"run {run_id!r} is {run.status}, not failed or cancelled: "
                            "nothing to retry")
         return 200, {"retried": True}
+
+    def fork(self, run_id: str, body: Any) -> Response:
+        """``pikku.fork``, authorized as ``fork`` on the run forked from."""
+        what = "a 'from_step' and an optional 'run_id'"
+        fields = _fields(body, allowed=("from_step", "run_id"), what=what)
+        if not isinstance(fields.get("from_step"), str):
+            raise InvalidInputError(f"the body must be a JSON object with {what}")
+        readable_run(self.pikku, self.caller, run_id)
+        try:
+            return 202, {"run_id": self.pikku.fork(run_id, from_step=fields["from_step"],
+                                                   new_run_id=fields.get("run_id"))}
+        except WorkflowRunConflictError:
+            raise ApiError(409, "WorkflowRunConflictError",
+                           f"run id {fields.get('run_id')!r} is taken by another run") from None
 
     def approve(self, run_id: str, name: str, body: Any) -> Response:
         what = "a 'decision' and an optional 'by'"
@@ -539,8 +548,7 @@ def _fields(body: Any, *, allowed: tuple[str, ...], what: str) -> Mapping[str, A
         return {}
     if not isinstance(body, Mapping):
         raise InvalidInputError(f"the body must be a JSON object with {what}")
-    unknown = sorted(set(body) - set(allowed))
-    if unknown:
+    if unknown := sorted(set(body) - set(allowed)):
         raise InvalidInputError(f"unknown field(s) {unknown} in the body; it takes {what}")
     return body
 
@@ -583,6 +591,8 @@ ROUTES = (
           lambda api, p, q, b: api.resume(p["run_id"], b)),
     Route("retry", "POST", "api/runs/<run_id>/retry", RETRY,
           lambda api, p, q, b: api.retry(p["run_id"], b)),
+    Route("fork", "POST", "api/runs/<run_id>/fork", FORK,
+          lambda api, p, q, b: api.fork(p["run_id"], b)),
     Route("approve", "POST", "api/runs/<run_id>/approvals/<name>", APPROVE,
           lambda api, p, q, b: api.approve(p["run_id"], p["name"], b)),
     Route("start", "POST", "api/workflows/<workflow>/runs", START,

@@ -1,5 +1,6 @@
-"""What a retry of a failed or cancelled run does to each step its end left failed for good,
-shared by every store (``WorkflowStore.retry_run``).
+"""What a retry of a failed or cancelled run does to each step its end left failed for good
+(``WorkflowStore.retry_run``), and what a fork copies (``insert_replayed_steps``), shared by
+every store.
 
 A step a body failed, or a run's end fenced, is given a fresh attempt budget, due now: the
 claim of its message reclaims it as the next attempt, and every earlier attempt keeps its
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pikku_celery.keys import HistoryField as H
 from pikku_celery.keys import StepField as S
-from pikku_celery.records import STEP_RUNNING, STEP_SCHEDULED
-from pikku_celery.store._docs import entry_path, open_entry
+from pikku_celery.records import STEP_RUNNING, STEP_SCHEDULED, STEP_SUCCEEDED, StepState
+from pikku_celery.store._docs import entry_path, new_step_doc, open_entry
+from pikku_celery.store.base import NewStep
 
 Doc = dict[str, Any]
 BUDGET = "retry_budget"  # the attempts a retry gives: the step's first max_attempts
@@ -43,3 +46,20 @@ def reopened(doc: Doc, now_ms: int) -> Doc:
     else:  # a sleep
         fields.update({S.STATUS: STEP_SCHEDULED, S.DUE: now_ms})
     return {"$set": fields}
+
+
+FORKED_FROM = "forked_from"  # the run a replayed step was copied from
+
+
+def forked_doc(run_id: str, state: StepState, now_ms: int, source_run_id: str) -> Doc:
+    """``state``, a succeeded step of run ``source_run_id``, as a step of ``run_id`` that a
+    fork replays: succeeded with the same result, one attempt, its history entry closed."""
+    doc = new_step_doc(NewStep(
+        run_id=run_id, step_name=state.step_name, function=state.function, data=state.data,
+        max_attempts=state.max_attempts, retry_delay_ms=state.retry_delay_ms,
+        on_error=state.on_error), now_ms)
+    doc.update({S.STATUS: STEP_SUCCEEDED, S.RESULT: state.result, S.DUE: None,
+                S.STARTED: now_ms, S.CHILD_RUN: state.child_run_id, FORKED_FROM: source_run_id,
+                S.ATTEMPTS: {"1": {**open_entry(now_ms, None, None), H.STATUS: STEP_SUCCEEDED,
+                                   H.ENDED: now_ms}}})
+    return doc

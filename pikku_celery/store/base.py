@@ -199,6 +199,13 @@ class WorkflowStore(Protocol):
         in place: a step's settle and the next step's claim, one command."""
         ...
 
+    def insert_replayed_steps(self, run_id: str, steps: Sequence[StepState], now_ms: int,
+                              *, source_run_id: str) -> int:
+        """Record ``steps``, succeeded steps of run ``source_run_id``, as succeeded steps of
+        ``run_id`` with the same results (a fork replays them: ``store._retry``); a step
+        ``run_id`` has already is kept as it is. Returns how many were inserted."""
+        ...
+
     def read_run(self, run_id: str, *, run: bool = True, input: bool = True,
                  all_steps: bool = False, step_names: Collection[str] = (),
                  recorded_after: int | None = None) -> RunRead:

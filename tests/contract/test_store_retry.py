@@ -105,3 +105,21 @@ def test_the_end_mark_goes_with_a_retry(store: WorkflowStore) -> None:
     claimed = store.claim_new_step(NewStep(run_id=run_id, step_name="after", function=FN),
                                    T0 + 3, LEASE)
     assert claimed.state is not None and claimed.run_status is None
+
+
+def test_replayed_steps_are_copied_as_succeeded_once(store: WorkflowStore) -> None:
+    """``insert_replayed_steps`` (a fork): the succeeded steps of another run become
+    succeeded steps of the new one, with their results and one closed history entry; a
+    step the new run has is kept."""
+    source = new_run(store)
+    add_step(store, source, "a")
+    assert store.claim_step(source, "a", FN, T0, LEASE).state is not None
+    done = store.set_result(source, "a", 1, {"total": 3}, T0 + 1)
+    fork = new_run(store)
+    assert store.insert_replayed_steps(fork, [done], T0 + 5, source_run_id=source) == 1
+    copied = store.get_step(fork, "a")
+    assert copied is not None and (copied.status, copied.result, copied.attempt) == (
+        "succeeded", {"total": 3}, 1)
+    assert [(h.attempt, h.status) for h in store.get_history(fork)] == [(1, "succeeded")]
+    assert store.insert_replayed_steps(fork, [done], T0 + 6, source_run_id=source) == 0
+    assert store.get_step(source, "a") == done  # the source is untouched

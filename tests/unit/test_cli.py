@@ -421,3 +421,14 @@ def test_retry(pikku: PikkuCelery) -> None:
     assert retried.exit_code == 0 and retried.output == f"retrying run {waiting}\n"
     assert pikku.get_run(waiting).status == "running"
     assert "WorkflowRunNotFoundError" in one_line_error(run_cli(pikku, "retry", "ghost"))
+
+
+def test_fork(pikku: PikkuCelery) -> None:
+    done = pikku.start("sum", {"a": 1, "b": 1}, inline=True)
+    step = pikku.get_steps(done)[0].step_name
+    forked = run_cli(pikku, "fork", done, "--from", step, "--run-id", "cli-fork")
+    assert forked.exit_code == 0, forked.output
+    assert forked.output == f"forked run cli-fork from run {done} at step {step!r}\n"
+    assert pikku.get_run("cli-fork").input == {"a": 1, "b": 1}
+    assert "recorded no step 'nope'" in one_line_error(run_cli(pikku, "fork", done, "--from",
+                                                               "nope"))

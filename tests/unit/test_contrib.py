@@ -603,3 +603,20 @@ def test_retry_over_http_is_its_own_action(web: Web) -> None:
     assert ("retry", "http-retry") in calls
     assert pikku.get_run("http-retry").status == "running"
     assert call("POST", PREFIX + "/runs/http-retry/retry", {"force": True})[0] == 400
+
+
+def test_fork_over_http_is_its_own_action(web: Web) -> None:
+    pikku, call = web.pikku, web.call
+    assert call("POST", PREFIX + "/workflows/sum/runs",
+                {"input": {"a": 2, "b": 2}, "run_id": "http-src"})[0] == 202
+    pikku.engine.advance("http-src")
+    assert call("POST", PREFIX + "/runs/http-src/fork", {"from_step": "add"},
+                user="reader")[0] == 403
+    calls.clear()
+    status, payload = call("POST", PREFIX + "/runs/http-src/fork",
+                           {"from_step": "add", "run_id": "http-fork"})
+    assert (status, payload) == (202, {"run_id": "http-fork"})
+    assert ("fork", "http-src") in calls
+    assert pikku.get_run("http-fork").input == {"a": 2, "b": 2}
+    assert call("POST", PREFIX + "/runs/http-src/fork", {})[0] == 400
+    assert call("POST", PREFIX + "/runs/http-src/fork", {"from_step": "nope"})[0] == 400

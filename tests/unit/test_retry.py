@@ -106,3 +106,31 @@ def test_retrying_a_running_or_unknown_run() -> None:
     assert not pikku.retry(run_id)
     with pytest.raises(WorkflowRunNotFoundError):
         pikku.retry("no-such-run")
+
+
+def test_a_fork_replays_the_steps_before_its_step_and_runs_the_rest() -> None:
+    pikku, _, worker = _app()
+    ran: list[str] = []
+
+    @pikku.step(name="rt.work")
+    def work(name: str) -> str:
+        ran.append(name)
+        return f"{name} done"
+
+    @pikku.workflow("rt.three")
+    def three(wf: Any, data: Any) -> list[str]:
+        return [wf.do("a", work, "a"), wf.do("b", work, "b"), wf.do("c", work, "c")]
+
+    source = pikku.start("rt.three", None)
+    worker.drain()
+    assert ran == ["a", "b", "c"]
+    forked = pikku.fork(source, from_step="b", new_run_id="forked-1")
+    assert forked == "forked-1"
+    worker.drain()
+    assert pikku.get_run(forked).output == ["a done", "b done", "c done"]
+    assert ran == ["a", "b", "c", "b", "c"]  # a was replayed from the copy
+    assert pikku.fork(source, from_step="b", new_run_id="forked-1") == "forked-1"  # same run
+    worker.drain()
+    assert ran == ["a", "b", "c", "b", "c"]
+    with pytest.raises(Exception, match="recorded no step 'z' to fork from; its steps: 'a'"):
+        pikku.fork(source, from_step="z")

@@ -17,7 +17,7 @@ from pikku_celery.errors import (
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
 from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
-from pikku_celery.store import _docs, _ended
+from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._decide import Action, claimed_step_doc, decide_claim, running_fields
 from pikku_celery.store._settle import expired_fields, failed_fields, succeeded_fields
@@ -73,6 +73,13 @@ class MemorySteps(MemoryStoreBase):
             settled = self._fenced(run_id, step_name, attempt)
             _docs.apply_set(settled, succeeded_fields(attempt, as_stored(result), now_ms))
             return self._claim_new(step, now_ms, lease_ms, seq, worker, None)
+
+    def insert_replayed_steps(self, run_id: str, steps: Sequence[StepState], now_ms: int,
+                              *, source_run_id: str) -> int:
+        check_name("run id", run_id)
+        with self._lock:
+            return sum(self._insert(_retry.forked_doc(run_id, state, now_ms,
+                                                      source_run_id))[1] for state in steps)
 
     def _insert(self, doc: Doc) -> tuple[StepState, bool]:
         existing = self._steps.get(doc[S.ID])

@@ -23,7 +23,7 @@ from pikku_celery.keys import HistoryField as H
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
 from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
-from pikku_celery.store import _docs, _ended
+from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._decide import (
     Action,
@@ -159,6 +159,22 @@ class MongoSteps(MongoStoreBase):
         if claim.state is None:
             return NewClaim(None, created=True, run_status=claim.run_status)
         return NewClaim(claim.state, created=True)
+
+    def insert_replayed_steps(self, run_id: str, steps: Sequence[StepState], now_ms: int,
+                              *, source_run_id: str) -> int:
+        check_name("run id", run_id)
+        if not steps:
+            return 0
+        docs = [_retry.forked_doc(run_id, state, now_ms, source_run_id) for state in steps]
+        try:
+            with storable("a replayed step"):
+                return len(self._steps.insert_many(docs, ordered=False,
+                                                   session=self._session).inserted_ids)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            if any(e.get("code") != DUPLICATE_KEY for e in errors):
+                raise
+            return int(exc.details.get("nInserted", 0))
 
     def get_step(self, run_id: str, step_name: str) -> StepState | None:
         doc = self._steps.find_one({S.ID: keys.invocation_id(run_id, step_name)},
