@@ -29,6 +29,11 @@ decision is JSON, checked against the gate's schema and approvers by ``pikku.app
 as the ``approve`` action told the gate, and CSRF-checked like the buttons; a refused
 decision re-renders the page with the refusal and the decision as typed (409). A run
 waiting at an approval is not offered Resume, which does not open an approval.
+
+A failed or cancelled run gets a Retry button (``pikku.retry``, action ``retry``), and a
+run with recorded steps a Fork form (``pikku.fork``, action ``fork`` on the run forked
+from): a step of the run to fork from and an optional new run id (``check_run_id``). A
+fork goes to the new run's page; an unknown step, a bad or taken id come back as notices.
 """
 
 from __future__ import annotations
@@ -48,9 +53,11 @@ from pikku_celery.contrib._access import Caller
 from pikku_celery.contrib._api import (
     APPROVE,
     CANCEL,
+    FORK,
     MAX_SEARCHED,
     READ,
     RESUME,
+    RETRY,
     ApiError,
     ApiOptions,
     RunSearch,
@@ -69,9 +76,10 @@ from pikku_celery.errors import (
     PikkuConfigurationError,
     WorkflowApprovalError,
     WorkflowNotFoundError,
+    WorkflowRunConflictError,
     WorkflowRunNotFoundError,
 )
-from pikku_celery.records import RUN_STATUSES, RUN_SUSPENDED
+from pikku_celery.records import RUN_CANCELLED, RUN_FAILED, RUN_STATUSES, RUN_SUSPENDED
 from pikku_celery.timeline import (
     GateView,
     Timeline,
@@ -80,7 +88,7 @@ from pikku_celery.timeline import (
     format_duration,
     format_time,
 )
-from pikku_celery.validate import check_name
+from pikku_celery.validate import check_name, check_run_id
 
 log = logging.getLogger("pikku_celery.contrib")
 
@@ -92,7 +100,8 @@ MAX_FORM_BYTES = 16 * 1024
 MAX_REASON_CHARS = 500
 REFRESH_S = 5
 STEPS_PER_PAGE = 100
-ACTIONS = (CANCEL, RESUME)
+ACTIONS = (CANCEL, RESUME, RETRY, FORK)
+RETRYABLE = (RUN_FAILED, RUN_CANCELLED)
 #: Steps whose input and result the run page offers on demand (from the JSON API's
 #: ``api/runs/<run_id>/steps/<step_name>``): a step's body, or a child run's.
 VALUE_KINDS = ("step", "child")
@@ -105,8 +114,16 @@ NOTICES = {
     "not-resumed-approval": "nothing to resume: the run waits for an approval, which "
                             "resume does not open; decide it below",
     "decided": "decision recorded",
+    "retried": "run retried: it runs again from where it stopped",
+    "not-retried": "nothing to retry: only a failed or cancelled run can be retried",
+    "forked": "run forked: this is the new run",
+    "fork-unknown-step": "not forked: the run recorded no such step; pick one of its steps",
+    "fork-bad-run-id": "not forked: a new run id is 1 to 200 ASCII letters, digits and "
+                       "- _ . : + = ~ @ (not @ first), or empty for a generated one",
+    "fork-run-id-taken": "not forked: that run id is taken by another run",
 }
-DONE = {CANCEL: ("cancelled", "not-cancelled"), RESUME: ("resumed", "not-resumed")}
+DONE = {CANCEL: ("cancelled", "not-cancelled"), RESUME: ("resumed", "not-resumed"),
+        RETRY: ("retried", "not-retried")}
 
 
 @dataclass(frozen=True)
@@ -207,15 +224,37 @@ class Dashboard:
         def act() -> Page:
             check_name("run id", run_id)
             readable_run(self.pikku, view.caller, run_id)
+            if action == FORK:
+                return self._fork(view, run_id, form)
             if action == CANCEL:
                 reason = (form.get("reason") or "").strip()[:MAX_REASON_CHARS] or None
                 done = self.pikku.cancel(run_id, reason or "cancelled from the dashboard")
+            elif action == RETRY:
+                done = self.pikku.retry(run_id)  # False for a run neither failed nor cancelled
             elif _only_approval_waits(self._timeline(run_id)):
                 return _back(view, run_id, "not-resumed-approval")  # it would wake for nothing
             else:
                 done = self.pikku.resume(run_id)
             return _back(view, run_id, DONE[action][0 if done else 1])
         return self._page(view.base, act)
+
+    def _fork(self, view: View, run_id: str, form: Mapping[str, str]) -> Page:
+        """The Fork form: ``pikku.fork`` from a step the run recorded, under the new run
+        id typed (``None``: one is generated), then the new run's page."""
+        step = form.get("from_step") or ""
+        new_run_id = (form.get("run_id") or "").strip() or None
+        if new_run_id is not None:
+            try:
+                check_run_id(new_run_id)
+            except InvalidInputError:
+                return _back(view, run_id, "fork-bad-run-id")
+        if step not in {s.step_name for s in self.pikku.get_steps(run_id)}:
+            return _back(view, run_id, "fork-unknown-step")
+        try:
+            forked = self.pikku.fork(run_id, from_step=step, new_run_id=new_run_id)
+        except WorkflowRunConflictError:
+            return _back(view, run_id, "fork-run-id-taken")
+        return _back(view, forked, "forked")
 
     def decide(self, view: View, run_id: str, gate: str, form: Mapping[str, str]) -> Page:
         """A decision form's POST (authorized for ``approve`` on ``gate`` and CSRF-checked
@@ -345,6 +384,10 @@ class Dashboard:
             can_cancel=live and view.csrf is not None and view.can(CANCEL, run_id),
             can_resume=(run.status == RUN_SUSPENDED and view.csrf is not None
                         and not _only_approval_waits(whole) and view.can(RESUME, run_id)),
+            can_retry=(run.status in RETRYABLE and view.csrf is not None
+                       and view.can(RETRY, run_id)),
+            fork_steps=([(s.state.step_name, s.label) for s in whole.steps]
+                        if view.csrf is not None and view.can(FORK, run_id) else []),
             notice=NOTICES.get(view.query.get("notice") or ""), live=live,
             refresh_s=REFRESH_S, progress=whole.progress(), steps_total=len(whole.steps),
             later=later and (f"{view.base}runs/{segment(run_id)}?"

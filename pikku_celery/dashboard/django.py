@@ -1,8 +1,9 @@
 """The dashboard in Django: pages beside the JSON API in
 ``pikku_celery.contrib.django.urls`` (``pikku/``: the runs page; ``pikku/runs/<run_id>``:
 a run), behind the same ``PIKKU_AUTHORIZE`` (staff users by default) with the action each
-needs (``read`` for a page, ``cancel``/``resume`` for a button, ``approve`` told the gate for
-a decision form, ``pikku/runs/<run_id>/approvals/<name>``). The buttons' forms carry
+needs (``read`` for a page, ``cancel``/``resume``/``retry``/``fork`` for a button or the fork
+form, ``approve`` told the gate for a decision form, ``pikku/runs/<run_id>/approvals/
+<name>``). The forms carry
 Django's CSRF token and their views are ``csrf_protect``-ed (with or without
 ``CsrfViewMiddleware``, which passes them by: they check the form's type and size, then
 CSRF, before anything reads the form); every page sets the CSRF cookie
@@ -87,7 +88,7 @@ def run_view(request: HttpRequest, run_id: str) -> HttpResponse:
 
 
 def _action_view(action: str) -> Callable[..., HttpResponse]:
-    """A form's POST: a button (``cancel``, ``resume``), or a decision (``approve``, with
+    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, or a decision (``approve``, with
     the gate's ``name`` from the path)."""
     def checked(request: HttpRequest, run_id: str, name: str | None = None) -> HttpResponse:
         def act(board: Dashboard, view: View) -> Page:
