@@ -88,8 +88,8 @@ def run_view(request: HttpRequest, run_id: str) -> HttpResponse:
 
 
 def _action_view(action: str) -> Callable[..., HttpResponse]:
-    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, or a decision (``approve``, with
-    the gate's ``name`` from the path)."""
+    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, or a
+    decision (``approve``, with the gate's ``name`` from the path)."""
     def checked(request: HttpRequest, run_id: str, name: str | None = None) -> HttpResponse:
         def act(board: Dashboard, view: View) -> Page:
             if action == APPROVE:

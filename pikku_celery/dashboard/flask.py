@@ -3,8 +3,8 @@ JSON API, under ``PIKKU_URL_PREFIX`` (``/pikku/`` by default: the runs page; ``/
 <run_id>``: a run). Every request goes through the caller the adapter makes
 (``contrib._access.Caller``) with the action it needs (``read`` for a page,
 ``cancel``/``resume``/``retry``/``fork`` for a button or the fork form, ``approve`` told the
-gate for a decision form, ``/pikku/runs/<run_id>/approvals/<name>``). This module imports no Flask extension code: the
-adapter hands it ``served`` (``contrib._flask_web``).
+gate for a decision form, ``/pikku/runs/<run_id>/approvals/<name>``). This module imports
+no Flask extension code: the adapter hands it ``served`` (``contrib._flask_web``).
 
 The buttons POST small urlencoded forms, which a cross-site page can also send, so each
 carries a CSRF token kept in Flask's signed session (the app needs a ``SECRET_KEY``;
@@ -63,8 +63,8 @@ def _run_view(served: CurrentServed) -> Callable[[str], Response]:
 
 
 def _action_view(served: CurrentServed, action: str) -> Callable[..., Response]:
-    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, or a decision (``approve``, with
-    the gate's ``name`` from the path)."""
+    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, or a
+    decision (``approve``, with the gate's ``name`` from the path)."""
     def view(run_id: str, name: str | None = None) -> Response:
         def act(board: Dashboard, page_view: View) -> Page:
             why = _api.cross_origin_refusal(request.headers.get, request.host,
