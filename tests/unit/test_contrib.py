@@ -212,12 +212,14 @@ ENDPOINTS = [
     ("GET", "/runs/r-live/history", "read"),
     ("POST", "/runs/r-live/cancel", "cancel"),
     ("POST", "/runs/r-live/resume", "resume"),
+    ("POST", "/runs/r-live/retry", "retry"),
+    ("POST", "/runs/r-live/fork", "fork"),
     ("POST", "/runs/r-live/approvals/manager", "approve"),
     ("POST", "/workflows/sum/runs", "start"),
 ]
 POSTS = [e for e in ENDPOINTS if e[0] == "POST"]
 BODIES = {"cancel": {"reason": "x"}, "resume": {}, "start": {"input": {"a": 1, "b": 1}},
-          "approve": {"decision": True}}
+          "approve": {"decision": True}, "retry": {}, "fork": {"from_step": "add"}}
 
 
 def test_every_route_is_in_the_access_tests() -> None:
@@ -262,8 +264,14 @@ def test_django_refuses_a_post_without_the_csrf_token(method: str, path: str,
     assert unchanged(pikku)
     # the same request with the token goes through
     status, payload = web.call(method, PREFIX + path, BODIES[action])
-    if action == "approve":  # through the CSRF check, to the handler: r-live has no gate
+    # Through the CSRF check, to the handler: r-live has no gate, is running (nothing to
+    # retry) and recorded no step yet (nothing to fork from).
+    if action == "approve":
         assert (status, payload["error"]) == (409, "WorkflowApprovalError")
+    elif action == "retry":
+        assert (status, payload["error"]) == (409, "WorkflowRunNotRetryable")
+    elif action == "fork":
+        assert (status, payload["error"]) == (400, "InvalidInputError")
     else:
         assert status in (200, 202)
 

@@ -27,6 +27,7 @@ def pikku() -> PikkuCelery:
 def test_without_an_adapter_start_on_commit_names_the_app_to_install(
         pikku: PikkuCelery, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(on_commit, "_registered", [])
+    monkeypatch.setattr(on_commit, "_record_start", [])  # Django's, if loaded here
     with pytest.raises(PikkuConfigurationError, match=r"pikku_celery\.contrib\.django"):
         pikku.start_on_commit("hooks.echo", {"n": 1})
     assert pikku.list_runs() == []
@@ -36,6 +37,7 @@ def test_start_on_commit_starts_when_the_registered_hook_says_so(
         pikku: PikkuCelery, monkeypatch: pytest.MonkeyPatch) -> None:
     waiting: list[tuple[Callable[[], object], str | None]] = []
     monkeypatch.setattr(on_commit, "_registered", [])
+    monkeypatch.setattr(on_commit, "_record_start", [])  # Django's, if loaded here
     on_commit.register(lambda start, using: waiting.append((start, using)))
     run_id = pikku.start_on_commit("hooks.echo", {"n": 1}, run_id="oc-hook", using="other")
     assert run_id == "oc-hook" and pikku.list_runs() == []

@@ -55,6 +55,7 @@ def test_an_unknown_workflow_names_the_known_ones_or_says_none_was_imported() ->
     pikku = PikkuCelery(Celery("nf", broker="memory://"), store=InMemoryWorkflowStore(),
                         leases=RedisLeaseService.from_url("redis://127.0.0.1:6379/0"),
                         worker_reaper=False)
+    pikku.registry.workflows.clear()  # no shared workflow another test module bound here
     with pytest.raises(WorkflowNotFoundError) as none:
         pikku.start("checkout", None)
     assert "INSTALLED_APPS" in str(none.value) and "pikku_celery.contrib.django" in str(
@@ -63,6 +64,7 @@ def test_an_unknown_workflow_names_the_known_ones_or_says_none_was_imported() ->
     with pytest.raises(WorkflowNotFoundError) as typo:
         pikku.start("shiping", None)
     assert "(registered: 'shipping')" in str(typo.value)
+    assert WorkflowNotFoundError("x", []).known == ()
     again = pickle.loads(pickle.dumps(typo.value))  # Celery round-trips errors by args
     assert str(again) == str(typo.value)
 
