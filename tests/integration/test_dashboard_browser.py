@@ -13,33 +13,23 @@ read). With ``PIKKU_SCREENSHOTS=docs`` the screenshots the README shows are writ
 from __future__ import annotations
 
 import os
-import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask, redirect, session
 from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
-from werkzeug.serving import make_server
 
 from pikku_celery import PikkuCelery, WorkflowContext
-from pikku_celery.contrib.flask import PikkuFlask
-from tests.support.mongod import free_port
+from tests.support.browser import chromium, served_dashboard
 from tests.support.operate import now_ms, showcase_run, superseded_run
 from tests.unit.test_contrib import authorize, make_pikku
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--window-size=1280,900")
 WAIT_S = 30  # an upper bound for the page to get there, never a duration asserted
 
 pytestmark = pytest.mark.slow
@@ -58,37 +48,14 @@ def pikku() -> PikkuCelery:
 
 @pytest.fixture(scope="module")
 def base_url(pikku: PikkuCelery) -> Iterator[str]:
-    app = Flask("dashboard-browser")
-    app.config.update(SECRET_KEY=os.urandom(16), PIKKU_AUTHORIZE=authorize)
-    PikkuFlask(pikku).init_app(app)
-
-    @app.get("/login/<user>")
-    def login(user: str) -> Any:
-        session["user"] = user
-        return redirect("/pikku/")
-
-    server = make_server("127.0.0.1", free_port(), app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(timeout=10)
+    with served_dashboard(pikku, "dashboard-browser", PIKKU_AUTHORIZE=authorize) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver_path, ("Debian's chromium and chromium-driver are needed "
-                                      "(./dev test installs them)")
-    options = Options()
-    options.binary_location = chromium
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    os.environ.setdefault("SE_OFFLINE", "true")  # selenium must not look for downloads
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-    yield driver
-    driver.quit()
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        yield driver
 
 
 @pytest.fixture

@@ -8,27 +8,19 @@ loopback port, in-memory services, Debian's chromium)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from flask import Flask, redirect, session
 from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
-from werkzeug.serving import make_server
 
 from pikku_celery import PikkuCelery
-from pikku_celery.contrib.flask import PikkuFlask
 from pikku_celery.store.base import NewRun
-from tests.integration.test_dashboard_browser import CHROMIUM_FLAGS, wait
-from tests.support.mongod import free_port
+from tests.integration.test_dashboard_browser import wait
+from tests.support.browser import chromium, served_dashboard
 from tests.unit.test_contrib import authorize, make_pikku
 from tests.unit.test_dashboard_runs_detail import add_graphs
 
@@ -46,39 +38,16 @@ def pikku() -> PikkuCelery:
 
 @pytest.fixture(scope="module")
 def base_url(pikku: PikkuCelery) -> Iterator[str]:
-    app = Flask("dashboard-graph-browser")
-    app.config.update(SECRET_KEY=os.urandom(16), PIKKU_AUTHORIZE=authorize)
-    PikkuFlask(pikku).init_app(app)
-
-    @app.get("/login/<user>")
-    def login(user: str) -> Any:
-        session["user"] = user
-        return redirect("/pikku/")
-
-    server = make_server("127.0.0.1", free_port(), app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(timeout=10)
+    with served_dashboard(pikku, "dashboard-graph-browser", PIKKU_AUTHORIZE=authorize) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory,
             base_url: str) -> Iterator[webdriver.Chrome]:
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver_path, ("Debian's chromium and chromium-driver are needed "
-                                      "(./dev test installs them)")
-    options = Options()
-    options.binary_location = chromium
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    os.environ.setdefault("SE_OFFLINE", "true")  # selenium must not look for downloads
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-    driver.get(f"{base_url}/login/admin")
-    yield driver
-    driver.quit()
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        driver.get(f"{base_url}/login/admin")
+        yield driver
 
 
 def _fill(element: Any) -> str:
