@@ -29,36 +29,15 @@ import argparse
 import statistics
 import time
 import uuid
-from collections import deque
 from typing import Any
 
 from celery import Celery
 
+from benchmarks.step_cost import Broker  # delivers what the engine publishes, in order
 from benchmarks.target import counting_store, describe
 from example_project.stack import Stack
 from pikku_celery import PikkuCelery, RedisLeaseService
 from tests.support.counting import CountingRedis, MongoCommands
-
-
-class Broker:
-    """Delivers what the engine publishes, in order (see ``benchmarks.step_cost``)."""
-
-    def __init__(self) -> None:
-        self.queue: deque[tuple[str, str, str | None]] = deque()
-        self.delivering = False
-
-    def runs_here(self, function: str, run_id: str, step_name: str) -> bool:
-        return self.delivering  # as ``CeleryDispatcher.runs_here`` in a worker's task
-
-    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
-        self.queue.append(("step", run_id, step_name))
-
-    def wake_run(self, run_id: str, countdown_s: float = 0.0,
-                 step_name: str | None = None) -> None:
-        self.queue.append(("run", run_id, step_name))
-
-    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
-        raise AssertionError("no timers in this benchmark")
 
 
 def _sequential(pikku: PikkuCelery) -> Broker:

@@ -280,13 +280,12 @@ class Claimer:
             raise
 
     def settle_then_claim(self, succeeded: Succeeded, step: NewStep, lease_ms: int, *,
-                          seq: int, holding: list[HeldStep]
-                          ) -> tuple[StepState, Claimed | NewClaim | None]:
+                          seq: int, holding: list[HeldStep]) -> Claimed | NewClaim | None:
         """Write ``succeeded``'s result and claim ``step`` (``claim_new``) in one round trip
-        (``store.settle_and_claim_new``): the settled step, and what ``claim_new`` would
-        return for ``step``. ``WorkflowStepSupersededError`` when the attempt lost its step
-        (nothing written). Should the write fail otherwise, the settle is made alone, as
-        ``succeed`` makes it, and the step is left to be recorded as usual (``None``)."""
+        (``store.settle_and_claim_new``); returns what ``claim_new`` would return for
+        ``step``. ``WorkflowStepSupersededError`` when the attempt lost its step (nothing
+        written). Should the write fail otherwise, the settle is made alone, as ``succeed``
+        makes it, and the step is left to be recorded as usual (``None``)."""
         claimed = succeeded.claimed
         held = claimed.held
         sent = time.monotonic()
@@ -296,15 +295,16 @@ class Claimer:
         except Exception:
             lease = None  # Redis cannot gate the next step: settle alone, send it as usual
         if lease is None:
-            return self.succeed(claimed, succeeded.result), None
+            self.succeed(claimed, succeeded.result)
+            return None
         self.clock.observe(lease.granted_at_ms, sent)
         held.settling = True  # a beat racing the write must not call the refusal a loss
-        now = lease.granted_at_ms
         try:
             with deadline(held.held_until - time.monotonic()):
                 outcome = self.store.settle_and_claim_new(
                     claimed.state.run_id, claimed.state.step_name, claimed.state.attempt,
-                    succeeded.result, now, step, lease_ms, seq=seq, worker=self.worker)
+                    succeeded.result, lease.granted_at_ms, step, lease_ms, seq=seq,
+                    worker=self.worker)
         except WorkflowStepSupersededError:
             self._release_quietly(lease)
             held.mark_lost("superseded at settle")
@@ -314,13 +314,13 @@ class Claimer:
             # An outage, or a document refused (this result or the next step's data: the
             # settle alone tells which, and the next step's insert fails on its own).
             self._release_quietly(lease)
-            return self.succeed(claimed, succeeded.result, maybe_landed=True), None
+            self.succeed(claimed, succeeded.result, maybe_landed=True)
+            return None
         self._let_go(held, release=False)  # settled for good: its Redis lease lapses
-        settled = succeeded.settled(now)
         if outcome.state is None or not outcome.created:
             self._release_quietly(lease)
-            return settled, outcome
-        return settled, self._hold(outcome.state, lease_ms, lease, sent, holding)
+            return outcome
+        return self._hold(outcome.state, lease_ms, lease, sent, holding)
 
     def _release_quietly(self, lease: Lease) -> None:
         with contextlib.suppress(Exception):  # unreleased, it lapses

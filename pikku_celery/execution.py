@@ -165,6 +165,9 @@ class StepExecution:
                 return self._record_failure(definition, claim, exc, dispatcher, report)[1], None
             pending = InPlaceSettle(definition, succeeded, report, holding)
             return succeeded.settled(self.now_ms()), pending
+        except WorkflowStepSupersededError as exc:  # its failure's settle was refused
+            _log_superseded(exc)
+            raise
         finally:
             if pending is None:
                 for held in holding:  # as in ``execute_step``
@@ -173,8 +176,8 @@ class StepExecution:
     def _settle_then_claim(self, after: InPlaceSettle, step: NewStep, lease_ms: int,
                            seq: int, holding: list[HeldStep]) -> Claimed | NewClaim | None:
         try:
-            _, claim = self.claimer.settle_then_claim(after.succeeded, step, lease_ms,
-                                                      seq=seq, holding=holding)
+            claim = self.claimer.settle_then_claim(after.succeeded, step, lease_ms, seq=seq,
+                                                   holding=holding)
         except BaseException as exc:
             self._refused(after, exc)
             raise
@@ -205,7 +208,7 @@ class StepExecution:
         claim = after.succeeded.claimed
         if isinstance(exc, WorkflowStepSupersededError):
             after.report.superseded(exc)
-            log.warning("WorkflowStepSupersededError: %s (the step ran in place)", exc)
+            _log_superseded(exc)
             raise ContinuationRefused(str(exc)) from exc
         if isinstance(exc, InvalidInputError):
             self._record_failure(after.definition, claim, exc, self.dispatcher, after.report,
@@ -342,6 +345,11 @@ class InPlaceSettle:
     @property
     def running(self) -> StepState:
         return self.succeeded.claimed.state
+
+
+def _log_superseded(exc: WorkflowStepSupersededError) -> None:
+    """What a step task logs when its attempt was superseded (``tasks.py``)."""
+    log.warning("WorkflowStepSupersededError: %s (the step ran in place)", exc)
 
 
 def _pending(pending: PendingSettle) -> InPlaceSettle:

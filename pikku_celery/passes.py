@@ -418,9 +418,8 @@ class _PassHost:
         workflow goes on from its result with no replay, under the same run lease; after
         ``in_place_steps`` steps or ``in_place_ms`` the next step is sent instead."""
         in_place = self._in_place
-        chosen = None if in_place is None else in_place.runnable(
-            self._pending, step_name, self._passes.registry, self._dispatcher)
-        if in_place is None or chosen is None:
+        if in_place is None or (chosen := in_place.runnable(
+                self._pending, step_name, self._passes.registry, self._dispatcher)) is None:
             return None
         step, definition = chosen
         self._pending = []
@@ -432,10 +431,7 @@ class _PassHost:
         except ContinuationRefused:  # the step before it: this one was reached in vain
             self._void()
             return None
-        except WorkflowStepSupersededError as exc:
-            # Fenced by a cancel, or reclaimed after a stall: what a step task logs, then
-            # read what happened and replay from there.
-            log.warning("WorkflowStepSupersededError: %s (the step ran in place)", exc)
+        except WorkflowStepSupersededError:  # fenced by a cancel, or reclaimed: read it
             self._replay_again(ALL)
             return None
         except PikkuError:

@@ -138,9 +138,20 @@ class CeleryDispatcher:
             return False
         if type(task).__call__ is not type(current).__call__:
             return False
-        here = self._destination(current.name, tuple(request.args or ()), current)
+        here = self._here(current)
         return here is not None and here == self._destination(function, (run_id, step_name),
                                                                task)
+
+    def _here(self, current: Task) -> tuple[Any, ...] | None:
+        """Where the running task's message came from, worked out once per delivery (a
+        streak asks at every step)."""
+        request = current.request
+        key = (current.name, request.id)
+        cached = getattr(self._local, "here", None)
+        if cached is None or cached[0] != key:
+            cached = (key, self._destination(current.name, tuple(request.args or ()), current))
+            self._local.here = cached
+        return cached[1]
 
     def _destination(self, name: str, args: tuple[Any, ...], task: Task
                      ) -> tuple[Any, ...] | None:
