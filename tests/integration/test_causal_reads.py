@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pymongo.errors import OperationFailure
 
 from pikku_celery import MongoWorkflowStore
 from pikku_celery.records import RUN_CANCELLED, RUN_RUNNING, STEP_FAILED, STEP_RUNNING
@@ -82,9 +83,21 @@ def _replicated(rs: MongodReplicaSet, node: MongodNode, store: MongoWorkflowStor
 
 
 def _elect(rs: MongodReplicaSet, node: MongodNode, store: MongoWorkflowStore) -> None:
-    """Make ``node`` primary and wait until the store's client routes to it."""
+    """Make ``node`` primary and wait until the store's client routes to it.
+
+    A step-up can lose its election ("Election failed.", code 125) when a voter has not yet
+    seen the candidate catch up or is still in the previous election's term: MongoDB's own
+    answer is to ask again, so this does until a deadline."""
+    deadline = time.monotonic() + 30
     with node.client() as client:
-        client.admin.command("replSetStepUp")
+        while True:
+            try:
+                client.admin.command("replSetStepUp")
+                break
+            except OperationFailure as exc:
+                if exc.code != 125 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     rs.wait_for_primary(30)
     deadline = time.monotonic() + 30
     want = ("127.0.0.1", node.port)
