@@ -15,6 +15,7 @@ from pikku_celery.errors import (
     PikkuError,
     WorkflowApprovalError,
     WorkflowCancelledError,
+    WorkflowEventError,
     WorkflowNotFoundError,
     WorkflowReplayError,
     WorkflowRunConflictError,
@@ -32,7 +33,7 @@ from pikku_celery.leases import (
     RedisLeaseService,
     hold_lease,
 )
-from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.records import StepAttempt, StepState, WorkflowEvent, WorkflowRun
 from pikku_celery.replay import WorkflowContext
 from pikku_celery.shared import shared_step, shared_workflow
 from pikku_celery.store.base import WorkflowStore
@@ -58,6 +59,8 @@ __all__ = [
     "WorkflowApprovalError",
     "WorkflowCancelledError",
     "WorkflowContext",
+    "WorkflowEvent",
+    "WorkflowEventError",
     "WorkflowNotFoundError",
     "WorkflowReplayError",
     "WorkflowRun",

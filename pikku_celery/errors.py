@@ -147,6 +147,18 @@ class WorkflowApprovalError(PikkuError):
         self._message = f"approval {name!r} of run {run_id} refused: {reason}"
 
 
+class WorkflowEventError(PikkuError):
+    """An event was refused: the run it was sent to has ended (an unknown run raises
+    ``WorkflowRunNotFoundError``). Nothing was recorded."""
+
+    def __init__(self, run_id: str, name: str, reason: str):
+        self.run_id = run_id
+        self.name = name
+        self.reason = reason
+        super().__init__(run_id, name, reason)
+        self._message = f"event {name!r} for run {run_id} refused: {reason}"
+
+
 class WorkflowReplayError(PikkuError):
     """A replay met a recorded step that the workflow code no longer reaches the same way."""
 

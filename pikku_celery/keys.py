@@ -16,6 +16,8 @@ INVOCATION_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0001")
 CHILD_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0002")
 _FRAMED_INVOCATION_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0003")
 _FRAMED_CHILD_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0004")
+EVENT_KEY_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0005")
+_FRAMED_EVENT_KEY_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0006")
 
 
 def _derived(plain: uuid.UUID, framed: uuid.UUID, run_id: str, name: str) -> str:
@@ -35,6 +37,19 @@ def _derived(plain: uuid.UUID, framed: uuid.UUID, run_id: str, name: str) -> str
 def invocation_id(run_id: str, step_name: str) -> str:
     """The step's id and idempotency key: stable across attempts, stores and machines."""
     return _derived(INVOCATION_NAMESPACE, _FRAMED_INVOCATION_NAMESPACE, run_id, step_name)
+
+
+def keyed_event_id(run_id: str, key: str) -> str:
+    """The ``_id`` of an event sent with an idempotency ``key``: a retried send of the same
+    key to the same run lands on the same document, so it is delivered once."""
+    return _derived(EVENT_KEY_NAMESPACE, _FRAMED_EVENT_KEY_NAMESPACE, run_id, f"k:{key}")
+
+
+def event_id(run_id: str, seq: int) -> str:
+    """The ``_id`` of an event sent without a key: its run and its place in the run's
+    order (``seq`` is given out once per run, so no two sends share it; a keyed id is
+    derived from ``k:<key>``, never ``#``)."""
+    return _derived(EVENT_KEY_NAMESPACE, _FRAMED_EVENT_KEY_NAMESPACE, run_id, f"#{seq}")
 
 
 RUN_END_MARK_PREFIX = "$end:"
@@ -102,6 +117,7 @@ RUNS = "workflow_runs"
 STEPS = "workflow_steps"
 HISTORY = "workflow_step_history"  # written by earlier versions only, read for their runs
 VERSIONS = "workflow_versions"
+EVENTS = "workflow_events"
 RESULTS = "celery_task_results"
 DEFAULT_DATABASE = "pikku"
 
@@ -125,6 +141,7 @@ class RunField:
     STATE = "state"  # the run state map (graph nodes' shared values)
     STATE_VERSION = "state_version"  # how many writes the state map has had
     STATE_WRITERS = "state_writers"  # who made each write, in order: write N is [N - 1]
+    EVENTS_SENT = "events_sent"  # how many events were sent to the run: the last ``seq``
 
 
 class StepField:
@@ -186,3 +203,19 @@ class VersionField:
     VERSION = "version"
     SOURCE = "source"
     CREATED = "created_ms"
+
+
+class EventField:
+    """Fields of a ``workflow_events`` document (``_id``: ``keyed_event_id`` or
+    ``event_id``)."""
+
+    ID = "_id"
+    RUN = "run_id"
+    NAME = "name"
+    SEQ = "seq"
+    PAYLOAD = "payload"
+    KEY = "key"
+    SENT = "sent_ms"
+    # When the reaper should wake the run should the sender stop between its write and its
+    # wake-up (null once the sender woke it).
+    WAKE = "wake_ms"

@@ -1,8 +1,8 @@
 """The read and operate half of ``PikkuCelery``: read runs, their steps and history, wait
-for a run, resume, approve and cancel it, list and count runs, purge ended ones, sweep for
-lost work. Each call goes to the engine (``engine.Engine``); nothing here sends a message
-itself. ``PikkuCelery`` inherits it; the CLI and the web API call these methods, never the
-store."""
+for a run, resume, approve and cancel it, send it events, list and count runs, purge ended
+ones, sweep for lost work. Each call goes to the engine (``engine.Engine``); nothing here
+sends a message itself. ``PikkuCelery`` inherits it; the CLI and the web API call these
+methods, never the store."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from typing import Any
 
 from pikku_celery.durations import Duration
 from pikku_celery.engine import Engine
-from pikku_celery.records import RUN_TERMINAL, StepAttempt, StepState, WorkflowRun
+from pikku_celery.events import Events
+from pikku_celery.records import (
+    RUN_TERMINAL,
+    StepAttempt,
+    StepState,
+    WorkflowEvent,
+    WorkflowRun,
+)
 from pikku_celery.store.base import RunMatch
 
 
@@ -105,6 +112,29 @@ class RunOperations:
 
         return purge(self.engine, older_than, statuses=statuses, dry_run=dry_run,
                      batch=batch)
+
+    def send_event(self, run_id: str, name: str, payload: Any = None, *,
+                   key: str | None = None) -> WorkflowEvent:
+        """Send the event ``name`` with ``payload`` to the run and wake it: its next
+        ``wf.wait_for_event(name)`` returns the payload (events wait, in the order sent,
+        until a wait takes them). ``key`` makes the send idempotent: a send with a key
+        already sent to this run returns the first send's event and delivers nothing more.
+        ``WorkflowRunNotFoundError`` for an unknown run, ``WorkflowEventError`` for one that
+        has ended; nothing is kept then."""
+        return self._events.send(run_id, name, payload, key=key)
+
+    def get_event(self, run_id: str, key: str, default: Any = None) -> Any:
+        """The value the run last published under ``key`` with ``wf.set_event``;
+        ``default`` when it has published none."""
+        return self._events.get(run_id, key, default)
+
+    def list_events(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
+        """The events sent to the run, in the order they were sent (taken or not)."""
+        return self._events.list(run_id, limit)
+
+    @property
+    def _events(self) -> Events:
+        return Events(self.engine)
 
     def reap(self) -> dict[str, int]:
         """Sweep for lost work now (workers also do this every ``reaper_interval``)."""

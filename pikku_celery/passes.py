@@ -46,6 +46,7 @@ from pikku_celery.in_place import InPlace
 from pikku_celery.leases.base import Lease, LeaseBusy, LeaseService
 from pikku_celery.leases.hold import hold_granted
 from pikku_celery.leases.memory import WATCH_SLACK_MS
+from pikku_celery.pass_events import EventWrites
 from pikku_celery.protocols import (
     ContinuationRefused,
     Dispatcher,
@@ -309,7 +310,7 @@ class Passes:
                                    leftovers=bool(view.unsettled))
 
 
-class _PassHost:
+class _PassHost(EventWrites):
     """The writes one pass makes (``ReplayHost``), bound to its dispatcher and view.
 
     Steps reached for the first time are recorded together: ``record_step`` returns the step

@@ -2,7 +2,8 @@
 
 Steps whose lease lapsed (their worker died), ``pending`` steps nobody picked up (their
 message died in a killed worker's prefetch), due sleeps and retries, stalled runs (a lost
-wake-up), and child runs whose parent was never told. Safe from any number of processes at
+wake-up), child runs whose parent was never told, and events whose sender stopped before it
+woke their run. Safe from any number of processes at
 once: re-dispatching a step only asks for a claim, and the claim is the guarded write that
 decides; waking a run only asks for a pass, and the run lease admits one at a time.
 """
@@ -25,7 +26,8 @@ from pikku_celery.records import (
     STEP_SUCCEEDED,
     StepState,
 )
-from pikku_celery.replay import APPROVAL_PREFIX, CHILD_PREFIX, SUSPEND_PREFIX
+from pikku_celery.events import wake_lost_sends
+from pikku_celery.replay import APPROVAL_PREFIX, CHILD_PREFIX, EVENT_PREFIX, SUSPEND_PREFIX
 from pikku_celery.store.base import WorkflowStore
 
 log = logging.getLogger("pikku_celery")
@@ -52,7 +54,8 @@ class Reaper:
     def sweep(self, dispatcher: Dispatcher) -> dict[str, int]:
         store, s = self.store, self.settings
         now = self.leases.now_ms()
-        counts = {"lapsed": 0, "due": 0, "stalled": 0}
+        counts = {"events": wake_lost_sends(store, dispatcher, now, s.sweep_limit),
+                  "lapsed": 0, "due": 0, "stalled": 0}
         lapsed = store.find_lapsed_steps(now, s.sweep_limit,
                                                 after=self._cursor.get("lapsed"))
         self._advance("lapsed", lapsed, lambda step: step.lease_expires_at)
@@ -101,7 +104,7 @@ class Reaper:
         store = self.store
         waiting_elsewhere = any(
             step.function is None and step.status == STEP_SCHEDULED
-            and step.step_name.startswith((APPROVAL_PREFIX, SUSPEND_PREFIX))
+            and step.step_name.startswith((APPROVAL_PREFIX, SUSPEND_PREFIX, EVENT_PREFIX))
             for step in store.find_unsettled_steps([gate.run_id]))
         if not waiting_elsewhere:  # suspended behind another gate: it stays
             if store.transition_run(gate.run_id, [RUN_SUSPENDED], RUN_RUNNING, now):

@@ -14,6 +14,7 @@ RUN_FAILED = "failed"
 RUN_CANCELLED = "cancelled"
 RUN_STATUSES = (RUN_RUNNING, RUN_SUSPENDED, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
 RUN_TERMINAL = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
+RUN_LIVE = (RUN_RUNNING, RUN_SUSPENDED)  # the statuses an event may be sent to
 
 STEP_PENDING = "pending"
 STEP_SCHEDULED = "scheduled"
@@ -93,3 +94,17 @@ class StepAttempt:
     ended_at: datetime | None
     worker: str | None = None
     task_id: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkflowEvent:
+    """One event sent to a run (``pikku.send_event``). ``seq`` orders a run's events (the
+    order they were sent in); ``key`` is the sender's idempotency key, if it gave one."""
+
+    run_id: str
+    name: str
+    seq: int
+    payload: Any
+    sent_at: datetime
+    key: str | None = None
+    event_id: str = ""

@@ -38,11 +38,13 @@ from pikku_celery.records import (
     StepState,
 )
 from pikku_celery.store.base import NewStep
-from pikku_celery.validate import check_state_write
+from pikku_celery.validate import check_event_name, check_state_write
 
 CHILD_PREFIX = "workflow:"
 SUSPEND_PREFIX = "__suspend:"
 APPROVAL_PREFIX = "__approval:"
+EVENT_PREFIX = "__event:"  # a wf.wait_for_event: its result names the event it took
+PUBLISH_PREFIX = "__publish:"  # a wf.set_event: its result is the value published
 EXPIRED = {"expired": True}  # an approval's result when its expiry elapsed first
 
 
@@ -102,6 +104,16 @@ class ReplayHost(Protocol):
     def write_state(self, run_id: str, writer: str, values: Mapping[str, Any]) -> None:
         """Merge ``values`` into the run state as ``writer``'s write (a no-op if
         ``writer`` wrote before)."""
+        ...
+
+    def receive_event(self, run_id: str, gate: str, name: str, taken: list[int]
+                      ) -> StepState | None:
+        """Settle the event gate ``gate`` with the first event named ``name`` whose seq
+        is not in ``taken``; the settled gate, or ``None`` when no such event was sent."""
+        ...
+
+    def publish(self, run_id: str, step_name: str, value: Any) -> None:
+        """Settle the ``wf.set_event`` step ``step_name`` with ``value``."""
         ...
 
 
@@ -278,6 +290,63 @@ class WorkflowContext:
             return _copied(self._steps[step].result)  # decided while this pass suspended
         raise Pause
 
+    # --- events -----------------------------------------------------------------------------
+
+    def wait_for_event(self, name: str, *, timeout: Duration | None = None,
+                       default: Any = None) -> Any:
+        """Wait for the next event ``name`` sent to this run (``pikku.send_event``) and
+        return its payload; ``default`` once ``timeout`` has passed with none. Events sent
+        before the run waits are kept, and each wait takes the first one not taken yet, in
+        the order they were sent. The run waits ``suspended``, holding no worker."""
+        check_event_name("event name", name)
+        gate = self._physical(EVENT_PREFIX + name)
+        state = self._steps.get(gate)
+        if state is None:
+            due = None
+            if timeout is not None:
+                due = self._host.now_ms() + to_ms(timeout, what=f"event {name!r} timeout")
+            state = self._record(NewStep(
+                run_id=self.run_id, step_name=gate, function=None,
+                data={"event": name, "expires_at_ms": due}, status=STEP_SCHEDULED,
+                due_ms=due))
+        self._check_same_function(state, None)
+        if state.status == STEP_SUCCEEDED:
+            return _payload(state, default)
+        if state.status == STEP_FAILED:  # fenced by a cancel: the run is ending
+            raise Pause
+        received = self._host.receive_event(self.run_id, gate, name, self._events_taken())
+        if received is not None:
+            return _payload(received, default)
+        if (state.due_at is not None
+                and state.due_at.timestamp() * 1000 <= self._host.now_ms()
+                and self._host.expire_gate(self.run_id, gate, {"event": name,
+                                                               "timed_out": True})):
+            return _copied(default)
+        if not self._host.suspend_run(self.run_id, gate):
+            return _payload(self._steps[gate], default)  # settled while this pass suspended
+        raise Pause
+
+    def set_event(self, key: str, value: Any) -> None:
+        """Publish ``value`` under ``key`` for callers to read (``pikku.get_event``): the
+        latest value set under a key is the one read. Durable before this returns, and a
+        replay that reaches the same call again changes nothing."""
+        check_event_name("event key", key)
+        step = self._physical(PUBLISH_PREFIX + key)
+        state = self._steps.get(step)
+        if state is None:
+            state = self._record(NewStep(run_id=self.run_id, step_name=step, function=None,
+                                         data={"publish": key}, status=STEP_SCHEDULED))
+        self._check_same_function(state, None)
+        if state.status == STEP_SCHEDULED:
+            self._host.publish(self.run_id, step, value)
+
+    def _events_taken(self) -> list[int]:
+        """The seqs of the events this run's waits took: a run's seqs are unique over all
+        its events, so one list serves every name."""
+        return [s.result["seq"] for name, s in self._steps.items()
+                if name.startswith(EVENT_PREFIX) and s.status == STEP_SUCCEEDED
+                and isinstance(s.result, dict) and isinstance(s.result.get("seq"), int)]
+
     # --- run state ------------------------------------------------------------------------
 
     @property
@@ -351,6 +420,15 @@ class WorkflowContext:
                 max_attempts=definition.retries + 1, retry_delay_ms=-1))
         if self._outcome(comp).outcome == "waiting":
             raise Pause
+
+
+def _payload(state: StepState, default: Any) -> Any:
+    """What a settled event gate gives the workflow: the event's payload, or ``default``
+    when it timed out."""
+    result = state.result if isinstance(state.result, dict) else {}
+    if result.get("timed_out"):
+        return _copied(default)
+    return _copied(result.get("payload"))
 
 
 def _approvers(name: str, approvers: Iterable[str]) -> list[str]:

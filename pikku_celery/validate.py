@@ -49,6 +49,17 @@ def check_name(what: str, value: object) -> str:
     return value
 
 
+def check_event_name(what: str, value: object) -> str:
+    """Return ``value`` if it can name an event or a published key: a name as
+    ``check_name`` has it, without ``#`` (the reach suffix of a waiting step's name, so
+    ``a#2`` could not tell the second wait for ``a`` from the first for ``a#2``)."""
+    check_name(what, value)
+    assert isinstance(value, str)
+    if "#" in value:
+        raise InvalidInputError(f"{what} {value!r} is not allowed (no '#')")
+    return value
+
+
 #: What a caller-chosen run id may hold: ASCII letters and digits and ``- _ . : + = ~ @``,
 #: never ``@`` first (``check_run_id``).
 #: Every one of them is served as is in a URL path segment (the web API's and the

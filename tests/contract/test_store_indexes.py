@@ -182,6 +182,16 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.settle_waiting_step("run-0013", "gate", late, result={"ok": 1}, gate=True, by="x")
     store.clear_wake_check("run-0003", "gate", T0 + 30 + 60_000)
     store.cancel_steps("run-0053", {"type": "Cancelled", "message": "c"}, late)
+    # Events: sends (with a key, and its retry), a wait's next event, a run's events, the
+    # wake sweep and its end.
+    sent, _ = store.send_event(one, "paid", {"n": 1}, late, wake_check_ms=late)
+    store.send_event(one, "paid", 2, late, key="k")
+    store.send_event(one, "paid", 2, late, key="k")
+    store.next_event(one, "paid")
+    store.next_event(one, "paid", [sent.seq])
+    store.list_events(one)
+    store.find_event_wakes(late, 10)
+    store.clear_event_wake(sent.event_id)
     store.get_history(one)
     store.record_version("wf-0", "v1", "src", late)
     store.get_version("wf-0", "v1")

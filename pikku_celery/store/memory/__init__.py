@@ -7,7 +7,8 @@ alias stored state.
 
 ``InMemoryWorkflowStore`` combines one class per concern, each on ``base.MemoryStoreBase``
 (the documents and the lock), as the MongoDB store does: ``runs``, ``steps`` (claim, settle,
-leases, history), ``gates``, ``retention`` and ``listing`` (``list_runs`` and the sweeps).
+leases, history), ``gates``, ``events``, ``retention`` and ``listing`` (``list_runs`` and
+the sweeps).
 What both stores must agree on is written once beside them: ``store._decide`` (claims),
 ``store._settle`` (settles), ``store._ended`` (a run's end), ``store._retention`` (purges),
 ``store._checks`` (argument checks).
@@ -15,6 +16,7 @@ What both stores must agree on is written once beside them: ``store._decide`` (c
 
 from __future__ import annotations
 
+from pikku_celery.store.memory.events import MemoryEvents
 from pikku_celery.store.memory.gates import MemoryGates
 from pikku_celery.store.memory.listing import MemoryListing
 from pikku_celery.store.memory.retention import MemoryRetention
@@ -24,6 +26,6 @@ from pikku_celery.store.memory.steps import MemorySteps
 __all__ = ["InMemoryWorkflowStore"]
 
 
-class InMemoryWorkflowStore(MemoryRuns, MemorySteps, MemoryGates, MemoryRetention,
-                            MemoryListing):
+class InMemoryWorkflowStore(MemoryRuns, MemorySteps, MemoryGates, MemoryEvents,
+                            MemoryRetention, MemoryListing):
     """A complete ``WorkflowStore`` for tests and single-process use."""

@@ -22,6 +22,7 @@ class MemoryStoreBase:
         self._runs: dict[str, Doc] = {}
         self._steps: dict[str, Doc] = {}  # each with its history (``attempts``)
         self._versions: dict[str, Doc] = {}
+        self._events: dict[str, Doc] = {}
 
     def _run_steps(self, run_id: str) -> list[Doc]:
         docs = [d for d in self._steps.values() if d[S.RUN] == run_id]

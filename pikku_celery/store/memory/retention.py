@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pikku_celery.keys import EventField as E
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
 from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING
@@ -42,6 +43,8 @@ class MemoryRetention(MemoryStoreBase):
             doomed = set(ids)  # a step's history is in its document: it goes with it
             for key in [k for k, d in self._steps.items() if d[S.RUN] in doomed]:
                 del self._steps[key]
+            for key in [k for k, d in self._events.items() if d[E.RUN] in doomed]:
+                del self._events[key]
             for run_id in ids:
                 del self._runs[run_id]
         return ids

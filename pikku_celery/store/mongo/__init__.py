@@ -41,6 +41,14 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
                     ``run_id``.
 ``workflow_versions``  ``_id`` ``<workflow>:<version>``, ``workflow``, ``version``,
                     ``source``, ``created_ms``; first writer wins (insert, duplicate ignored).
+``workflow_events``  ``_id`` (derived from the run and the sender's key, or the run and the
+                    event's ``seq``: ``keys.keyed_event_id``, ``keys.event_id``), ``run_id``,
+                    ``name``, ``seq`` (the run's ``events_sent`` counter when it was sent),
+                    ``payload``, ``key``, ``sent_ms``, ``wake_ms`` (when the reaper wakes the
+                    run should the sender stop before it did; null once it has). Indexes:
+                    ``(run_id, name, seq)`` for the next event a wait takes, ``(run_id, seq)``
+                    for a run's events in order, ``(wake_ms, _id)`` for the wake sweep.
+                    Deleted with their run.
 
 Atomicity: every claim, fenced write and run transition is one ``update_one`` or
 ``find_one_and_update`` whose filter repeats what the decision read. A step's history lives
@@ -73,11 +81,13 @@ Modules (one concern each, every one a class on ``base.MongoStoreBase``, combine
 ``base`` the collections, the causal session of each call (``_causally``) and the indexes;
 ``runs`` create, read, transition, run state, the end's fence (``cancel_steps``), versions;
 ``steps`` insert, claim, settle, leases, history; ``gates`` waiting steps and wake checks;
-``retention`` counts and purges; ``listing`` ``list_runs`` and the reaper's sweeps;
+``events`` events sent to runs; ``retention`` counts and purges; ``listing`` ``list_runs``
+and the reaper's sweeps;
 ``session`` the wrapper every public method runs in; ``errors`` how refusals are named.
 The decisions both stores must agree on are shared with the in-memory store:
 ``store._decide`` (claims), ``store._settle`` (settles), ``store._ended`` (a run's end),
-``store._retention`` (purges), ``store._checks`` (argument checks).
+``store._retention`` (purges), ``store._checks`` (argument checks), ``store._events``
+(events).
 """
 
 from __future__ import annotations
@@ -99,6 +109,7 @@ from pikku_celery.store.mongo.errors import (
     MongoUnreachableError,
     describe_database,
 )
+from pikku_celery.store.mongo.events import MongoEvents
 from pikku_celery.store.mongo.gates import MongoGates
 from pikku_celery.store.mongo.listing import MongoListing
 from pikku_celery.store.mongo.retention import MongoRetention
@@ -113,7 +124,8 @@ __all__ = ["DEFAULT_SERVER_SELECTION_TIMEOUT_S", "DUPLICATE_KEY", "INDEXES",
 DEFAULT_SERVER_SELECTION_TIMEOUT_S = 5.0
 
 
-class MongoWorkflowStore(MongoRuns, MongoSteps, MongoGates, MongoRetention, MongoListing):
+class MongoWorkflowStore(MongoRuns, MongoSteps, MongoGates, MongoEvents, MongoRetention,
+                         MongoListing):
     """A ``WorkflowStore`` on a pymongo ``Database``; safe from any number of processes."""
 
     @classmethod

@@ -16,6 +16,7 @@ from pymongo.client_session import ClientSession
 from pymongo.database import Database
 
 from pikku_celery import keys
+from pikku_celery.keys import EventField as E
 from pikku_celery.keys import HistoryField as H
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
@@ -36,6 +37,9 @@ INDEXES: dict[str, list[list[tuple[str, int]]]] = {
                  *([(S.STATUS, ASCENDING), (field, ASCENDING), (S.ID, ASCENDING)]
                    for field in (S.LEASE, S.UPDATED, S.DUE))],
     keys.HISTORY: [[(H.RUN, ASCENDING)]],
+    keys.EVENTS: [[(E.RUN, ASCENDING), (E.NAME, ASCENDING), (E.SEQ, ASCENDING)],
+                  [(E.RUN, ASCENDING), (E.SEQ, ASCENDING)],
+                  [(E.WAKE, ASCENDING), (E.ID, ASCENDING)]],
 }
 
 
@@ -48,6 +52,7 @@ class MongoStoreBase:
         self._steps = db[keys.STEPS]
         self._history = db[keys.HISTORY]
         self._versions = db[keys.VERSIONS]
+        self._events = db[keys.EVENTS]
         self._causal = CausalClock()
         self._sessions = True  # until the deployment says it has none (``session.public``)
         # Indexes are created before the first insert, not here: constructing a store (at

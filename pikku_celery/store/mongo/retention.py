@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pikku_celery import keys
+from pikku_celery.keys import EventField as E
 from pikku_celery.keys import HistoryField as H
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
@@ -56,6 +57,7 @@ class MongoRetention(MongoStoreBase):
         self._steps.delete_many({S.ID: {"$in": [keys.run_end_mark_id(i) for i in ids]}},
                                 session=self._session)  # the marks their ends left
         self._history.delete_many({H.RUN: {"$in": ids}}, session=self._session)
+        self._events.delete_many({E.RUN: {"$in": ids}}, session=self._session)
         # The ended status again, in the delete itself: whatever was read, nothing live goes.
         self._runs.delete_many({R.ID: {"$in": ids}, **ended}, session=self._session)
         return ids

@@ -1,0 +1,95 @@
+"""Events, from outside a run: send one to a run (``wf.wait_for_event`` takes it), read
+what a run published (``wf.set_event``), list a run's events.
+
+A send keeps the event (``store.send_event``), then wakes the run: the pass that wake
+asks for finds the event, whatever the run was doing, so no order of a send and a pass
+that suspends the run leaves the run asleep with an event it could take
+(``pass_events``). The event carries a wake check until the sender has woken the run: a
+sender that stops between the two leaves the reaper to wake it (``wake_lost_sends``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pikku_celery.errors import WorkflowRunNotFoundError
+from pikku_celery.protocols import Dispatcher
+from pikku_celery.records import STEP_SUCCEEDED, WorkflowEvent
+from pikku_celery.replay import PUBLISH_PREFIX
+from pikku_celery.store.base import WorkflowStore
+from pikku_celery.validate import check_event_name, check_name
+
+if TYPE_CHECKING:
+    from pikku_celery.engine import Engine
+
+log = logging.getLogger("pikku_celery")
+
+
+class Events:
+    """Events on ``engine``'s store, woken through its dispatcher (both read at each call:
+    the test kit replaces them)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def send(self, run_id: str, name: str, payload: Any = None, *, key: str | None = None
+             ) -> WorkflowEvent:
+        engine = self.engine
+        now = engine.now_ms()
+        event, created = engine.store.send_event(
+            run_id, name, payload, now, key=key,
+            wake_check_ms=engine.settings.wake_check_ms(now))
+        if not created:
+            log.info("pikku: event %r (key %r) for run %s was sent before: not sent again",
+                     name, key, run_id)
+        # Woken even when the key's first send was the one that kept it: that sender may
+        # have stopped before it woke the run, and a second wake costs one pass.
+        engine.dispatcher.wake_run(run_id)
+        engine.store.clear_event_wake(event.event_id)
+        return event
+
+    def get(self, run_id: str, key: str, default: Any = None) -> Any:
+        """The value the run last published under ``key`` (``wf.set_event``); ``default``
+        when it has published none."""
+        check_name("run id", run_id)
+        check_event_name("event key", key)
+        store = self.engine.store
+        if store.get_run(run_id) is None:
+            raise WorkflowRunNotFoundError(run_id)
+        base = PUBLISH_PREFIX + key
+        latest: tuple[int, Any] | None = None
+        for step in store.list_steps(run_id):
+            reach = _reach(step.step_name, base)
+            if reach is not None and step.status == STEP_SUCCEEDED and (
+                    latest is None or reach > latest[0]):
+                latest = (reach, step.result)
+        return default if latest is None else latest[1]
+
+    def list(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
+        store = self.engine.store
+        if store.get_run(run_id) is None:
+            raise WorkflowRunNotFoundError(run_id)
+        return store.list_events(run_id, limit)
+
+
+def wake_lost_sends(store: WorkflowStore, dispatcher: Dispatcher, now_ms: int,
+                    limit: int) -> int:
+    """The reaper's part: wake the runs of events whose sender stopped before it woke
+    them; how many were woken."""
+    woken = 0
+    for event in store.find_event_wakes(now_ms, limit):
+        dispatcher.wake_run(event.run_id)
+        store.clear_event_wake(event.event_id)
+        woken += 1
+    return woken
+
+
+def _reach(step_name: str, base: str) -> int | None:
+    """Which reach of ``base`` the step ``step_name`` is (1, 2, ...), or ``None`` when it is
+    another step (``replay``: the N-th reach of a name is ``name#N``; keys hold no ``#``)."""
+    if step_name == base:
+        return 1
+    head, sep, tail = step_name.rpartition("#")
+    if sep and head == base and tail.isdigit():
+        return int(tail)
+    return None

@@ -1,0 +1,70 @@
+"""Events sent to runs, on the documents held here, with the MongoDB store's decisions
+(``store._events``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection
+from typing import Any
+
+from pikku_celery import keys
+from pikku_celery.errors import WorkflowEventError, WorkflowRunNotFoundError
+from pikku_celery.keys import EventField as E
+from pikku_celery.keys import RunField as R
+from pikku_celery.records import RUN_LIVE, WorkflowEvent
+from pikku_celery.store import _events
+from pikku_celery.store.memory.base import MemoryStoreBase
+from pikku_celery.validate import as_stored, check_name
+
+
+class MemoryEvents(MemoryStoreBase):
+    def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
+                   key: str | None = None, wake_check_ms: int | None = None
+                   ) -> tuple[WorkflowEvent, bool]:
+        _events.check_send(run_id, name, payload, key)
+        with self._lock:
+            if key is not None and (sent := self._events.get(
+                    keys.keyed_event_id(run_id, key))) is not None:
+                return _events.event_from_doc(copy.deepcopy(sent)), False
+            run = self._runs.get(run_id)
+            if run is None:
+                raise WorkflowRunNotFoundError(run_id)
+            if run[R.STATUS] not in RUN_LIVE:
+                raise WorkflowEventError(run_id, name, f"the run has ended ({run[R.STATUS]})")
+            run[R.EVENTS_SENT] = seq = run.get(R.EVENTS_SENT, 0) + 1
+            doc = _events.new_event_doc(run_id, name, as_stored(payload), key, seq, now_ms,
+                                        wake_check_ms)
+            self._events[doc[E.ID]] = doc
+            return _events.event_from_doc(copy.deepcopy(doc)), True
+
+    def next_event(self, run_id: str, name: str, taken: Collection[int] = ()
+                   ) -> WorkflowEvent | None:
+        seqs = set(_events.check_next(run_id, name, taken))
+        with self._lock:
+            found = [d for d in self._events.values() if d[E.RUN] == run_id
+                     and d[E.NAME] == name and d[E.SEQ] not in seqs]
+            if not found:
+                return None
+            return _events.event_from_doc(copy.deepcopy(min(found, key=lambda d: d[E.SEQ])))
+
+    def list_events(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
+        check_name("run id", run_id)
+        with self._lock:
+            found = sorted((d for d in self._events.values() if d[E.RUN] == run_id),
+                           key=lambda d: d[E.SEQ])[:limit]
+            return [_events.event_from_doc(copy.deepcopy(d)) for d in found]
+
+    def find_event_wakes(self, now_ms: int, limit: int) -> list[WorkflowEvent]:
+        with self._lock:
+            found = sorted((d for d in self._events.values()
+                            if d[E.WAKE] is not None and d[E.WAKE] <= now_ms),
+                           key=lambda d: (d[E.WAKE], d[E.ID]))[:limit]
+            return [_events.event_from_doc(copy.deepcopy(d)) for d in found]
+
+    def clear_event_wake(self, event_id: str) -> bool:
+        with self._lock:
+            doc = self._events.get(event_id)
+            if doc is None or doc[E.WAKE] is None:
+                return False
+            doc[E.WAKE] = None
+            return True
