@@ -3,9 +3,9 @@
 Steps whose lease lapsed (their worker died), ``pending`` steps nobody picked up (their
 message died in a killed worker's prefetch), due sleeps and retries, stalled runs (a lost
 wake-up), child runs whose parent was never told, and events whose sender stopped before it
-woke their run. Safe from any number of processes at
-once: re-dispatching a step only asks for a claim, and the claim is the guarded write that
-decides; waking a run only asks for a pass, and the run lease admits one at a time.
+woke their run. Safe from any number of processes at once: re-dispatching a step only asks
+for a claim, and the claim is the guarded write that decides; waking a run only asks for a
+pass, and the run lease admits one at a time.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from pikku_celery.definitions import Registry
+from pikku_celery.events import wake_lost_sends
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.protocols import Dispatcher, RunEnds, Settings
 from pikku_celery.records import (
@@ -26,7 +27,6 @@ from pikku_celery.records import (
     STEP_SUCCEEDED,
     StepState,
 )
-from pikku_celery.events import wake_lost_sends
 from pikku_celery.replay import APPROVAL_PREFIX, CHILD_PREFIX, EVENT_PREFIX, SUSPEND_PREFIX
 from pikku_celery.store.base import WorkflowStore
 
