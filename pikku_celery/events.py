@@ -10,26 +10,38 @@ sender that stops between the two leaves the reaper to wake it (``wake_lost_send
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pikku_celery.errors import WorkflowRunNotFoundError
-from pikku_celery.protocols import Dispatcher
+from pikku_celery.protocols import Dispatcher, Settings
 from pikku_celery.records import STEP_SUCCEEDED, WorkflowEvent
 from pikku_celery.replay import PUBLISH_PREFIX
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.validate import check_event_name, check_name
 
-if TYPE_CHECKING:
-    from pikku_celery.engine import Engine
-
 log = logging.getLogger("pikku_celery")
+
+
+class _Engine(Protocol):
+    """What of ``engine.Engine`` events use."""
+
+    @property
+    def store(self) -> WorkflowStore: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+
+    def now_ms(self) -> int: ...
 
 
 class Events:
     """Events on ``engine``'s store, woken through its dispatcher (both read at each call:
     the test kit replaces them)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: _Engine) -> None:
         self.engine = engine
 
     def send(self, run_id: str, name: str, payload: Any = None, *, key: str | None = None

@@ -13,22 +13,28 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pikku_celery._guard import guarded
+from pikku_celery.protocols import Settings
 from pikku_celery.records import RUN_RUNNING, RUN_SUSPENDED, STEP_SUCCEEDED, StepState
+from pikku_celery.store.base import WorkflowStore
 from pikku_celery.validate import as_stored
+from pikku_celery.views import RunView
 
-if TYPE_CHECKING:
-    from pikku_celery.passes import Passes
-    from pikku_celery.views import RunView
+
+class _Passes(Protocol):
+    """What of ``passes.Passes`` the event writes use."""
+
+    store: WorkflowStore
+    settings: Settings
 
 
 class EventWrites:
     """``_PassHost``'s event writes; ``_passes``, ``_view``, ``flush`` and ``now_ms`` are
     the host's."""
 
-    _passes: Passes
+    _passes: _Passes
     _view: RunView
 
     def flush(self) -> None:

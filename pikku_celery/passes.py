@@ -24,12 +24,13 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import nullcontext
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from pikku_celery import keys
+from pikku_celery._guard import guarded as _guarded
 from pikku_celery.claims import serialize_error
 from pikku_celery.clock import Clock
 from pikku_celery.definitions import Registry, StepDefinition
@@ -318,6 +319,8 @@ class _PassHost(EventWrites):
     messages. Every other write flushes first, since it may need them (a sleep settled at
     once, a child run, a suspension gate)."""
 
+    _passes: Passes
+
     def __init__(self, passes: Passes, dispatcher: Dispatcher, view: RunView, token: int,
                  fresh: set[str], in_place: InPlace | None = None) -> None:
         self._passes = passes
@@ -579,18 +582,3 @@ class _PassHost(EventWrites):
         if isinstance(step, str) and step in self._passes.registry.steps:
             return self._passes.registry.steps[step]
         raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")
-
-
-T = TypeVar("T")
-
-
-def _guarded(operation: Callable[[], T]) -> T:
-    """Run a pass's write. The library's own errors (bad input, an unknown child workflow)
-    are the workflow's and fail the run; anything else is the broker's, MongoDB's or Redis's
-    and only interrupts the pass (see ``PassInterrupted``)."""
-    try:
-        return operation()
-    except PikkuError:
-        raise
-    except Exception as exc:
-        raise PassInterrupted() from exc

@@ -97,7 +97,42 @@ class RunRead:
 
 
 @runtime_checkable
-class WorkflowStore(Protocol):
+class EventStore(Protocol):
+    """The events part of the store contract (``store._events``)."""
+
+    def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
+                   key: str | None = None, wake_check_ms: int | None = None
+                   ) -> tuple[WorkflowEvent, bool]:
+        """Keep an event for the live run ``run_id``, next in the run's order; returns it
+        and whether this call wrote it (``False``: an event with the same ``key`` was sent
+        before, and that one is returned). ``WorkflowRunNotFoundError`` for an unknown run,
+        ``WorkflowEventError`` for an ended one: nothing is written. ``wake_check_ms``: when
+        the reaper should wake the run (``find_event_wakes``) unless the sender does first
+        and says so (``clear_event_wake``)."""
+        ...
+
+    def next_event(self, run_id: str, name: str, taken: Collection[int] = ()
+                   ) -> WorkflowEvent | None:
+        """The first event named ``name`` sent to the run whose ``seq`` is not in
+        ``taken`` (the events the run's earlier waits took)."""
+        ...
+
+    def list_events(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
+        """The run's events in the order they were sent, at most ``limit``."""
+        ...
+
+    def find_event_wakes(self, now_ms: int, limit: int) -> list[WorkflowEvent]:
+        """Events whose wake check is due: their sender may have stopped before it woke
+        the run."""
+        ...
+
+    def clear_event_wake(self, event_id: str) -> bool:
+        """End an event's wake check; ``False`` when it had none."""
+        ...
+
+
+@runtime_checkable
+class WorkflowStore(EventStore, Protocol):
     # --- runs -------------------------------------------------------------------------
 
     def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:
@@ -316,38 +351,6 @@ class WorkflowStore(Protocol):
     def clear_wake_check(self, run_id: str, step_name: str, due_ms: int) -> bool:
         """End a settled gate's wake check (the reaper has taken its run back); guarded on
         the check being the one read, so a newer one is kept."""
-        ...
-
-    # --- events (``store._events``) --------------------------------------------------------
-
-    def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
-                   key: str | None = None, wake_check_ms: int | None = None
-                   ) -> tuple[WorkflowEvent, bool]:
-        """Keep an event for the live run ``run_id``, next in the run's order; returns it
-        and whether this call wrote it (``False``: an event with the same ``key`` was sent
-        before, and that one is returned). ``WorkflowRunNotFoundError`` for an unknown run,
-        ``WorkflowEventError`` for an ended one: nothing is written. ``wake_check_ms``: when
-        the reaper should wake the run (``find_event_wakes``) unless the sender does first
-        and says so (``clear_event_wake``)."""
-        ...
-
-    def next_event(self, run_id: str, name: str, taken: Collection[int] = ()
-                   ) -> WorkflowEvent | None:
-        """The first event named ``name`` sent to the run whose ``seq`` is not in
-        ``taken`` (the events the run's earlier waits took)."""
-        ...
-
-    def list_events(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
-        """The run's events in the order they were sent, at most ``limit``."""
-        ...
-
-    def find_event_wakes(self, now_ms: int, limit: int) -> list[WorkflowEvent]:
-        """Events whose wake check is due: their sender may have stopped before it woke
-        the run."""
-        ...
-
-    def clear_event_wake(self, event_id: str) -> bool:
-        """End an event's wake check; ``False`` when it had none."""
         ...
 
     def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
