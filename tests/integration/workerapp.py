@@ -250,6 +250,15 @@ def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
             return {"expired": True}
         return {"decision": decision, "sum": wf.do("sum", add, {"a": 1, "b": 2})}
 
+    @pikku.workflow("evented")
+    def evented(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
+        wf.set_event("stage", "waiting")
+        first = wf.wait_for_event("go")
+        total = wf.do("sum", add, {"a": first["a"], "b": 1})
+        wf.set_event("stage", "summed")
+        second = wf.wait_for_event("go", timeout=data.get("timeout"), default={"a": -1})
+        return {"first": first, "total": total, "second": second}
+
 
 def _feature_graph(pikku: PikkuCelery) -> None:
     """One graph with every graph feature of issue 12: per-item fan-out (parallel and
