@@ -225,16 +225,20 @@ class PikkuCelery(RunOperations):
     def step(self, name: str | None = None, *, retries: int = DEFAULT_RETRIES,
              retry_delay: Duration | None = None, lease: Duration | None = None,
              bind: bool = False, no_retry_for: tuple[type[BaseException], ...] = (),
-             **task_options: Any) -> Callable[[F], Any]:
+             transactional: bool = False, **task_options: Any) -> Callable[[F], Any]:
         """Turn ``fn(data)`` (or ``fn(ctx, data)`` with ``bind=True``) into a Celery task
         that is also a workflow step. ``retries`` (default 3) gives ``retries + 1``
         attempts; ``retry_delay`` is fixed when given, else 1 s doubling per attempt. An
         exception of a ``no_retry_for`` class fails the step at once (a declined card).
+        ``transactional=True`` (with ``bind=True``): the body's MongoDB writes made with
+        ``ctx.session`` commit in one transaction with the step's settle, so only the
+        attempt whose outcome is recorded leaves them (``pikku_celery.transactional``).
         Extra keyword arguments are Celery task options (``queue``, ``acks_late``...)."""
         def decorate(fn: F) -> Any:
             task_name = name or self.app.gen_task_name(fn.__name__, fn.__module__)
             definition = make_step(fn, task_name, retries=retries, retry_delay=retry_delay,
-                                   lease=lease, bind=bind, no_retry_for=tuple(no_retry_for))
+                                   lease=lease, bind=bind, no_retry_for=tuple(no_retry_for),
+                                   transactional=transactional)
             return self.add_step(definition, task_options)
         return decorate
 

@@ -35,6 +35,8 @@ class StepDefinition:
     lease_ms: int | None  # None: the app's step_lease
     bind: bool
     no_retry_for: tuple[type[BaseException], ...] = ()  # errors that fail the step at once
+    # The body's MongoDB writes (``ctx.session``) commit with its settle (``transactional``)
+    transactional: bool = False
 
     def delay_before(self, next_attempt: int, override_ms: int | None = None) -> int:
         """The wait before ``next_attempt`` (2, 3, ...): fixed if set, else exponential."""
@@ -47,8 +49,15 @@ class StepDefinition:
 
 def make_step(fn: Callable[..., Any], name: str, *, retries: int, retry_delay: Duration | None,
               lease: Duration | None, bind: bool,
-              no_retry_for: tuple[type[BaseException], ...] = ()) -> StepDefinition:
+              no_retry_for: tuple[type[BaseException], ...] = (),
+              transactional: bool = False) -> StepDefinition:
     check_name("step function name", name)
+    if transactional is not False and transactional is not True:
+        raise InvalidInputError(f"step {name!r}: transactional must be True or False, got "
+                                f"{transactional!r}")
+    if transactional and not bind:
+        raise InvalidInputError(f"step {name!r}: transactional=True needs bind=True (the "
+                                "body writes with ctx.session)")
     if not all(isinstance(t, type) and issubclass(t, BaseException) for t in no_retry_for):
         raise InvalidInputError(f"step {name!r}: no_retry_for must be exception classes, "
                                 f"got {no_retry_for!r}")
@@ -56,7 +65,7 @@ def make_step(fn: Callable[..., Any], name: str, *, retries: int, retry_delay: D
         name=name, fn=fn, retries=check_retries(retries, f"step {name!r}"),
         retry_delay_ms=None if retry_delay is None else to_ms(retry_delay, what="retry_delay"),
         lease_ms=None if lease is None else _positive_ms(lease, "lease"), bind=bind,
-        no_retry_for=tuple(no_retry_for))
+        no_retry_for=tuple(no_retry_for), transactional=transactional)
 
 
 def _positive_ms(value: Duration, what: str) -> int:

@@ -81,7 +81,8 @@ Modules (one concern each, every one a class on ``base.MongoStoreBase``, combine
 ``base`` the collections, the causal session of each call (``_causally``) and the indexes;
 ``runs`` create, read, transition, run state, the end's fence (``cancel_steps``), versions;
 ``steps`` insert, claim, settle, leases, history; ``gates`` waiting steps and wake checks;
-``events`` events sent to runs; ``retention`` counts and purges; ``listing`` ``list_runs``
+``events`` events sent to runs; ``transactions`` a transactional step's transaction;
+``retention`` counts and purges; ``listing`` ``list_runs``
 and the reaper's sweeps;
 ``session`` the wrapper every public method runs in; ``errors`` how refusals are named.
 The decisions both stores must agree on are shared with the in-memory store:
@@ -116,6 +117,7 @@ from pikku_celery.store.mongo.retention import MongoRetention
 from pikku_celery.store.mongo.runs import MongoRuns
 from pikku_celery.store.mongo.session import public as _public
 from pikku_celery.store.mongo.steps import MongoSteps
+from pikku_celery.store.mongo.transactions import MongoTransactions
 
 __all__ = ["DEFAULT_SERVER_SELECTION_TIMEOUT_S", "DUPLICATE_KEY", "INDEXES",
            "PERMANENT_WRITE_CODES", "MongoUnreachableError", "MongoWorkflowStore",
@@ -125,7 +127,7 @@ DEFAULT_SERVER_SELECTION_TIMEOUT_S = 5.0
 
 
 class MongoWorkflowStore(MongoRuns, MongoSteps, MongoGates, MongoEvents, MongoRetention,
-                         MongoListing):
+                         MongoListing, MongoTransactions):
     """A ``WorkflowStore`` on a pymongo ``Database``; safe from any number of processes."""
 
     @classmethod
