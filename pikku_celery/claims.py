@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pikku_celery import keys
 from pikku_celery.clock import Clock
@@ -44,6 +44,9 @@ from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 from pikku_celery.validate import as_stored, check_step_document
 from pikku_celery.views import settled_for_good
 
+if TYPE_CHECKING:
+    from pymongo.client_session import ClientSession
+
 
 class StepContext:
     """What a step body sees with ``bind=True``.
@@ -54,7 +57,12 @@ class StepContext:
     lease was lost, because its outcome will be refused.
     """
 
-    def __init__(self, state: StepState, held: HeldStep | None) -> None:
+    def __init__(self, state: StepState, held: HeldStep | None,
+                 session: ClientSession | None = None) -> None:
+        #: A transactional step's MongoDB session, in the transaction its settle commits
+        #: in (``None`` for any other step, and in the test kit): write with
+        #: ``session=ctx.session`` on a collection of the store's client.
+        self.session = session
         self.run_id = state.run_id
         self.step_name = state.step_name
         self.attempt = state.attempt

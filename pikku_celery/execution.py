@@ -47,6 +47,7 @@ from pikku_celery.protocols import (
 from pikku_celery.records import STEP_FAILED, STEP_SUCCEEDED, StepState
 from pikku_celery.redaction import redact_error
 from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
+from pikku_celery.transactional import BodyFailed, TransactionalAttempt
 
 log = logging.getLogger("pikku_celery")
 
@@ -219,6 +220,8 @@ class StepExecution:
                  dispatcher: Dispatcher) -> tuple[StepOutcome, StepState]:
         """The body of a claimed attempt and its settle; a retry to come gets its timer."""
         attempt = _AttemptReport(self, definition.name, claim, task_id)
+        if definition.transactional and TransactionalAttempt.possible(self.store):
+            return self._transactional(definition, claim, dispatcher, attempt)
         try:
             result = self._call_body(definition, claim)
         except Exception as exc:
@@ -237,6 +240,24 @@ class StepExecution:
         attempt.finished("succeeded", result=result)
         return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
                            max_attempts=claim.state.max_attempts), settled
+
+    def _transactional(self, definition: StepDefinition, claim: Claimed,
+                       dispatcher: Dispatcher, attempt: _AttemptReport
+                       ) -> tuple[StepOutcome, StepState]:
+        """``_attempt`` for a transactional step (``pikku_celery.transactional``)."""
+        lease_ms = definition.lease_ms or self.settings.step_lease_ms
+        try:
+            done = TransactionalAttempt(self.store, self.claimer, lease_ms,
+                                        self.now_ms).run(definition, claim)
+        except WorkflowStepSupersededError as exc:
+            attempt.superseded(exc)
+            raise
+        if isinstance(done, BodyFailed):
+            return self._record_failure(definition, claim, done.error, dispatcher, attempt,
+                                        final=done.final)
+        attempt.finished("succeeded", result=done.result)
+        return StepOutcome("succeeded", result=done.result, attempt=claim.state.attempt,
+                           max_attempts=claim.state.max_attempts), done.settled
 
     def _recheck(self, run_id: str, step_name: str, dispatcher: Dispatcher) -> None:
         """The redelivery of the delivery that settled a step may follow a worker that

@@ -42,6 +42,10 @@ class HeldStep:
     lost: threading.Event = field(default_factory=threading.Event)
     lost_reason: str | None = None
     settling: bool = False  # its outcome is being written: a refused renewal is expected
+    # Its body runs in a MongoDB transaction whose last write is the settle: a renewal of
+    # its store lease meanwhile would be a write conflict with it, so none is made (its
+    # deadline is not extended either: the body has one lease to commit in).
+    in_transaction: bool = False
 
     def mark_lost(self, reason: str) -> None:
         if not self.lost.is_set():
@@ -148,7 +152,7 @@ class Heartbeat:
             # A step given up just now (its Redis renewal failed past its last confirmed
             # deadline) must not have its store lease extended: that would only delay the
             # reclaim of a step this process no longer runs by up to one lease.
-            if not h.lost.is_set():
+            if not h.lost.is_set() and not h.in_transaction:
                 by_lease.setdefault(h.lease_ms, []).append(h)
         for lease_ms, group in by_lease.items():
             try:

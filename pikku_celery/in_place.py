@@ -72,14 +72,17 @@ class InPlace:
                  dispatcher: Dispatcher) -> tuple[NewStep, StepDefinition] | None:
         """The step to run in place, when the pass that ``recorded`` these steps may run
         ``step_name`` in place now: the budget allows, it is the one step recorded, a
-        function's pending step, and the dispatcher says this task may run it."""
+        function's pending step, not transactional (its settle belongs to its own
+        transaction, not to the next step's claim), and the dispatcher says this task may
+        run it."""
         if not self.allows() or len(recorded) != 1 or recorded[0].step_name != step_name:
             return None
         step = recorded[0]
         definition = None if step.function is None else registry.steps.get(step.function)
         runs_here = getattr(dispatcher, "runs_here", None)
-        if (definition is None or step.status != STEP_PENDING or step.child_run_id is not None
-                or runs_here is None or not runs_here(step.function, step.run_id, step_name)):
+        if (definition is None or definition.transactional or step.status != STEP_PENDING
+                or step.child_run_id is not None or runs_here is None
+                or not runs_here(step.function, step.run_id, step_name)):
             return None
         return step, definition
 

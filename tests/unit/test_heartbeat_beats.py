@@ -280,3 +280,20 @@ def test_one_cluster_node_down_costs_only_the_steps_whose_leases_it_holds(
     assert bad.lost.is_set()
     for h in (good, bad):
         heartbeat.remove(h)
+
+
+def test_a_step_in_a_transaction_keeps_its_redis_lease_and_leaves_its_store_lease_alone(
+        rig: Rig) -> None:
+    """A store renewal would be a write conflict with the transaction's settle
+    (``pikku_celery.transactional``); the Redis lease is still renewed."""
+    in_txn, plain = rig.claim("txn").held, rig.claim("plain").held
+    in_txn.in_transaction = True
+    before = rig.store_deadline("txn")
+    rig.clock.ms += 600
+    rig.heartbeat.beat([in_txn, plain])
+    assert [names for names, _, _ in rig.store.renewals] == [[("run", "plain", 1)]]
+    assert rig.store_deadline("txn") == before
+    assert rig.store_deadline("plain") == rig.clock.ms + 1_000
+    redis = rig.redis_lease("txn")
+    assert redis is not None and redis.expires_at_ms == rig.clock.ms + 1_000
+    assert not in_txn.lost.is_set()

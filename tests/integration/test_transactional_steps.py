@@ -1,0 +1,206 @@
+"""Transactional steps on the real MongoDB replica set (issue 26, item 4), run by the inline
+engine: the body's writes with ``ctx.session`` commit with the step's settle; a body that
+fails leaves no write, and its retry's writes stand; an attempt superseded or cancelled
+while its body runs leaves none of its writes; a transient transaction error runs the body
+again; a standalone server is refused by name. (The SIGSTOP case on real workers is in
+test_transactional_workers.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+from celery import Celery
+from pymongo.errors import OperationFailure
+
+from pikku_celery import (
+    InMemoryLeaseService,
+    InvalidInputError,
+    MongoWorkflowStore,
+    PikkuCelery,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.inline import run_inline
+from tests.support.mongod import MongoTarget, free_port, mongod_binary
+
+pytestmark = [pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def database(mongo_server: MongoTarget) -> Iterator[tuple[str, str]]:
+    name = f"pikku_txn_{uuid.uuid4().hex[:10]}"
+    yield mongo_server.url_for(name), name
+    with pymongo.MongoClient(mongo_server.url) as client:
+        client.drop_database(name)
+
+
+class Shop:
+    """A PikkuCelery on the real replica set, with one transactional step whose body the
+    test steers through ``self.during`` (called inside the transaction, after the write)."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.store = MongoWorkflowStore.from_url(url)
+        self.orders = self.store.db.client[name]["orders"]
+        self.pikku = PikkuCelery(Celery(f"txn-{uuid.uuid4().hex[:8]}", broker="memory://"),
+                                 store=self.store, leases=InMemoryLeaseService(),
+                                 worker_reaper=False)
+        self.during: Any = None
+        shop = self
+
+        @self.pikku.step(name="txn.place", bind=True, transactional=True, retries=2,
+                         retry_delay="10ms")
+        def place(ctx: Any, data: Any) -> dict[str, Any]:
+            orders = ctx.session.client[name]["orders"]
+            orders.insert_one({"order": data["order"], "attempt": ctx.attempt},
+                              session=ctx.session)
+            if shop.during is not None:
+                shop.during(ctx)
+            return {"placed": data["order"], "attempt": ctx.attempt}
+
+        @self.pikku.workflow("txn_order")
+        def order(wf: Any, data: Any) -> Any:
+            return wf.do("place", place, data)
+
+    def written(self) -> list[tuple[str, int]]:
+        return sorted((d["order"], d["attempt"]) for d in self.orders.find({}))
+
+    def start(self, order: str) -> str:
+        return self.pikku.start("txn_order", {"order": order})
+
+    def close(self) -> None:
+        self.store.db.client.close()
+
+
+@pytest.fixture
+def shop(database: tuple[str, str]) -> Iterator[Shop]:
+    made = Shop(*database)
+    yield made
+    made.close()
+
+
+def test_the_bodys_writes_commit_with_the_settle(shop: Shop) -> None:
+    run = run_inline(shop.pikku.engine, shop.start("o-1"))
+    assert run.status == "completed" and run.output == {"placed": "o-1", "attempt": 1}
+    assert shop.written() == [("o-1", 1)]
+
+
+def test_a_failed_body_leaves_no_write_and_its_retry_commits(shop: Shop) -> None:
+    def fail_first(ctx: Any) -> None:
+        if ctx.attempt == 1:
+            raise ConnectionError("the card service is down")
+    shop.during = fail_first
+    run = run_inline(shop.pikku.engine, shop.start("o-2"))
+    assert run.status == "completed", run
+    assert shop.written() == [("o-2", 2)]  # attempt 1's insert rolled back
+    statuses = [(a.attempt, a.status) for a in shop.pikku.get_history(run.run_id)]
+    assert statuses == [(1, "failed"), (2, "succeeded")]
+
+
+def test_an_attempt_superseded_while_its_body_runs_leaves_no_write(shop: Shop) -> None:
+    seen: list[str] = []
+
+    def reclaimed_meanwhile(ctx: Any) -> None:
+        if ctx.attempt != 1:
+            return
+        # Another worker reclaims the step (its lease "lapsed"): a write outside the
+        # transaction, from another thread, as another process's would be.
+        def reclaim() -> None:
+            later = shop.pikku.engine.now_ms() + 10 * 60_000
+            claimed = shop.store.claim_step(ctx.run_id, ctx.step_name, "txn.place", later,
+                                            60_000)
+            seen.append(f"reclaimed as {claimed.state.attempt}" if claimed.state else "no")
+        thread = threading.Thread(target=reclaim)
+        thread.start()
+        thread.join(30)
+    shop.during = reclaimed_meanwhile
+    run_id = shop.start("o-3")
+    with pytest.raises(WorkflowStepSupersededError, match=r"superseded by attempt 2"):
+        run_inline(shop.pikku.engine, run_id)
+    assert seen == ["reclaimed as 2"]
+    assert shop.written() == []  # attempt 1's insert rolled back; attempt 2 has not run
+    step = shop.pikku.get_steps(run_id)[0]
+    assert (step.status, step.attempt) == ("running", 2)
+
+
+def test_an_attempt_cancelled_while_its_body_runs_leaves_no_write(shop: Shop) -> None:
+    def cancelled_meanwhile(ctx: Any) -> None:
+        thread = threading.Thread(target=lambda: shop.pikku.cancel(ctx.run_id, "no"))
+        thread.start()
+        thread.join(30)
+    shop.during = cancelled_meanwhile
+    run_id = shop.start("o-4")
+    with pytest.raises(WorkflowStepSupersededError, match=r"attempt 1 was fenced"):
+        run_inline(shop.pikku.engine, run_id)
+    assert shop.written() == []
+    assert shop.pikku.get_run(run_id).status == "cancelled"
+
+
+def test_a_transient_transaction_error_runs_the_body_again(shop: Shop) -> None:
+    tries: list[int] = []
+
+    def conflict_once(ctx: Any) -> None:
+        tries.append(ctx.attempt)
+        if len(tries) == 1:
+            raise OperationFailure("WriteConflict", code=112,
+                                   details={"errorLabels": ["TransientTransactionError"],
+                                            "code": 112, "errmsg": "WriteConflict"})
+    shop.during = conflict_once
+    run = run_inline(shop.pikku.engine, shop.start("o-5"))
+    assert run.status == "completed", run
+    assert tries == [1, 1]  # the same attempt, twice: no attempt spent on a conflict
+    assert shop.written() == [("o-5", 1)]
+
+
+def test_transactional_needs_bind() -> None:
+    pikku = PikkuCelery(Celery(f"txn-{uuid.uuid4().hex[:8]}", broker="memory://"))
+    with pytest.raises(InvalidInputError, match="transactional=True needs bind=True"):
+        @pikku.step(name="txn.unbound", transactional=True)
+        def unbound(data: Any) -> None:
+            return None
+
+
+def test_a_standalone_server_is_refused_by_name(tmp_path: Path) -> None:
+    binary = mongod_binary()
+    if binary is None and os.environ.get("PIKKU_TEST_MONGO_URL"):
+        pytest.skip("no mongod binary here: the suite uses PIKKU_TEST_MONGO_URL's server")
+    assert binary is not None
+    port = free_port()
+    (tmp_path / "db").mkdir()
+    proc = subprocess.Popen([binary, "--dbpath", str(tmp_path / "db"), "--port", str(port),
+                             "--bind_ip", "127.0.0.1", "--logpath", str(tmp_path / "log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        url = f"mongodb://127.0.0.1:{port}/shop"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with pymongo.MongoClient(url, serverSelectionTimeoutMS=500) as client:
+                    client.admin.command("ping")
+                break
+            except Exception:
+                assert time.monotonic() < deadline, (tmp_path / "log").read_text()[-2000:]
+                time.sleep(0.2)
+        shop = Shop(url + "?w=1", "shop")
+        try:
+            run = run_inline(shop.pikku.engine, shop.start("o-6"))
+            assert run.status == "failed"
+            assert run.error is not None
+            assert ("PikkuConfigurationError: step 'place' is transactional, and MongoDB at "
+                    in run.error["message"])
+            assert "has no transactions (a standalone server)" in run.error["message"]
+            assert shop.written() == []
+            history = [(a.attempt, a.status) for a in shop.pikku.get_history(run.run_id)]
+            assert history == [(1, "failed")]  # refused at once: no attempt spent retrying
+        finally:
+            shop.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
