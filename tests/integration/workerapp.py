@@ -66,6 +66,7 @@ ADD = "it.add"
 SLOW = "it.slow"
 FLAKY = "it.flaky"
 PARKED = "it.parked"
+PLACE = "it.place"  # transactional: writes an order with ctx.session
 TICK_S = 0.05
 
 
@@ -197,11 +198,22 @@ def _steps(pikku: PikkuCelery, redis_url: str) -> dict[str, Any]:
             raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
         return {"ok_on_attempt": ctx.attempt}
 
+    @pikku.step(PLACE, bind=True, transactional=True, retries=3, retry_delay="100ms",
+                lease="3s")
+    def place(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
+        orders = ctx.session.client.get_default_database()["orders"]
+        orders.insert_one({"order": data["order"], "attempt": ctx.attempt,
+                           "pid": os.getpid()}, session=ctx.session)
+        ledger.add(data, ctx, "start")
+        time.sleep(float(data["seconds"]))  # inside the transaction, the order written
+        ledger.add(data, ctx, "end")
+        return {"attempt": ctx.attempt, "pid": os.getpid()}
+
     @pikku.step(PARKED, retries=0)  # routed to <queue>.parked: never consumed
     def parked(data: dict[str, Any]) -> str:
         return "parked ran"
 
-    return {"add": add, "slow": slow, "flaky": flaky, "parked": parked}
+    return {"add": add, "slow": slow, "flaky": flaky, "parked": parked, "place": place}
 
 
 def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
@@ -249,6 +261,10 @@ def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
         if decision.get("expired"):
             return {"expired": True}
         return {"decision": decision, "sum": wf.do("sum", add, {"a": 1, "b": 2})}
+
+    @pikku.workflow("txn_order")
+    def txn_order(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
+        return {"placed": wf.do("place", steps["place"], data)}
 
     @pikku.workflow("evented")
     def evented(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
