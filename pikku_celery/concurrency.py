@@ -1,0 +1,108 @@
+"""Concurrency limits per key (``@pikku.workflow(concurrency=N, concurrency_key=fn)``): at
+most N runs of the workflow per key run at once, over every worker; the others wait
+``queued`` and start in the order they came.
+
+A run of a limited workflow is created ``queued`` in its slot group (``store._slots``),
+then admitted: whoever may have freed a slot (a start, a run's end, the reaper) takes a
+slot for the group's oldest queued run, moves it to ``running`` (a guarded write: a run
+cancelled meanwhile stays cancelled, and its slot is given back) and wakes it, until the
+group is full or nobody waits. A slot is held from admission to the run's end, whatever
+happens to workers meanwhile: a run whose worker died is still running, and resumes
+elsewhere holding its slot.
+
+No slot may leak. Each write that could be followed by a crash has a sweep behind it
+(``Admission.sweep``, run by the reaper): a holder whose run ended (its ender stopped
+before it gave the slot back) or does not exist (its starter stopped before it created it)
+loses the slot; a holder still ``queued`` (its admitter stopped before it moved it) is moved
+and woken; a group with a free slot and queued runs (a freer stopped before it admitted)
+admits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pikku_celery.protocols import Dispatcher
+from pikku_celery.records import RUN_RUNNING, WorkflowRun
+
+log = logging.getLogger("pikku_celery")
+RUN_QUEUED = "queued"
+MAX_ADMITS = 1000  # runs one call admits at most (a sweep admits the rest)
+
+
+class SlotStore(Protocol):
+    def take_slot(self, slot: str, run_id: str, limit: int, *, workflow: str = "",
+                  key: str | None = None) -> bool: ...
+    def give_slot(self, slot: str, run_id: str) -> bool: ...
+    def list_slots(self, limit: int = 1000) -> list[dict[str, Any]]: ...
+    def next_queued(self, slot: str) -> WorkflowRun | None: ...
+    def queued_slots(self, limit: int = 1000) -> list[str]: ...
+    def get_run(self, run_id: str) -> WorkflowRun | None: ...
+    def transition_run(self, run_id: str, from_statuses: Any, to_status: str,
+                       now_ms: int) -> bool: ...
+
+
+class Admission:
+    """Admits queued runs into free slots and gives slots back; ``limit_of(workflow)`` is
+    the workflow's limit in this process (``None``: unknown here, or not limited)."""
+
+    def __init__(self, store: SlotStore, limit_of: Callable[[str], int | None],
+                 now_ms: Callable[[], int]) -> None:
+        self.store = store
+        self.limit_of = limit_of
+        self.now_ms = now_ms
+
+    def admit(self, slot: str, dispatcher: Dispatcher) -> list[str]:
+        """Take free slots of ``slot`` for its oldest queued runs, move them to
+        ``running`` and wake them; the run ids admitted."""
+        admitted: list[str] = []
+        for _ in range(MAX_ADMITS):
+            run = self.store.next_queued(slot)
+            if run is None:
+                break
+            limit = self.limit_of(run.workflow)
+            if limit is None:  # a workflow this process does not know: its workers admit
+                break
+            if not self.store.take_slot(slot, run.run_id, limit, workflow=run.workflow):
+                break  # full
+            if self.store.transition_run(run.run_id, [RUN_QUEUED], RUN_RUNNING,
+                                         self.now_ms()):
+                dispatcher.wake_run(run.run_id)
+                admitted.append(run.run_id)
+            else:
+                # Cancelled while queued (its slot goes back, the next one is tried), or
+                # moved by the sweep meanwhile (it runs: the slot is its).
+                current = self.store.get_run(run.run_id)
+                if current is None or current.is_terminal:
+                    self.store.give_slot(slot, run.run_id)
+        return admitted
+
+    def release(self, run_id: str, slot: str | None, dispatcher: Dispatcher) -> None:
+        """The run ended: give its slot back and admit the next."""
+        if slot is None:
+            return
+        self.store.give_slot(slot, run_id)
+        self.admit(slot, dispatcher)
+
+    def sweep(self, dispatcher: Dispatcher, limit: int = 1000) -> int:
+        """Mend what a crash between two of the writes above left (see the module's
+        docstring); how many slots or runs it mended."""
+        mended = 0
+        for group in self.store.list_slots(limit):
+            slot = group["slot"]
+            for holder in group["holders"]:
+                run = self.store.get_run(holder)
+                if run is None or run.is_terminal:
+                    if self.store.give_slot(slot, holder):
+                        log.warning("pikku: slot of %s run %s given back by the sweep "
+                                    "(%s)", group.get("workflow"), holder,
+                                    "it never started" if run is None else "it had ended")
+                        mended += 1
+                elif run.status == RUN_QUEUED and self.store.transition_run(
+                        holder, [RUN_QUEUED], RUN_RUNNING, self.now_ms()):
+                    dispatcher.wake_run(holder)
+                    mended += 1
+        for slot in self.store.queued_slots(limit):
+            mended += len(self.admit(slot, dispatcher))
+        return mended
