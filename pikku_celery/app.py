@@ -34,6 +34,7 @@ from pikku_celery.leases.base import LeaseService
 from pikku_celery.operations import RunOperations
 from pikku_celery.replay import WorkflowContext
 from pikku_celery.routing import Routing
+from pikku_celery.schedules.ticker import WorkerTicker
 from pikku_celery.signals import SignalSender
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.tasks import (
@@ -54,8 +55,8 @@ class PikkuCelery(RunOperations):
     """Durable, fenced workflows on ``celery_app``.
 
     Registers pikku's tasks (``pikku.orchestrate``, ``pikku.timer``, ``pikku.reap``) on the
-    app, so ``celery -A proj worker`` runs steps, orchestration and the reaper with no
-    extra process. The instance is reachable as ``celery_app.pikku``.
+    app, so ``celery -A proj worker`` runs steps, orchestration, the reaper and the ticks
+    of schedules (``schedule``) with no extra process. Reachable as ``celery_app.pikku``.
 
     Every argument is optional and wins over the setting of the same name in the Celery
     app's configuration, ``pikku_<name>`` (``CELERY_PIKKU_<NAME>`` in Django settings read
@@ -141,12 +142,12 @@ class PikkuCelery(RunOperations):
         reset_in_forked_child(self)
         self._reaper: WorkerReaper | None = None
         register_internal_tasks(celery_app, lambda: self.engine)
-        # No app-wide setting (a prefetch of 1 for every task hung the app's own expiring
-        # tasks): a worker that consumes only pikku's queue gets it, see routing.py.
+        # No app-wide prefetch of 1 (it hung the app's own expiring tasks): routing.py.
         self.routing.connect()
         if worker_reaper is not False:
             signals.worker_ready.connect(self._on_worker_ready, weak=False)
             signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
+            self._ticker = WorkerTicker(self).connect()
         celery_app.pikku = self
         shared.bind(self)  # steps and workflows declared with shared_step/shared_workflow
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from pikku_celery.durations import Duration, to_ms
 from pikku_celery.errors import InvalidInputError, WorkflowNotFoundError
+from pikku_celery.schedules.spec import ScheduleDefinition
 from pikku_celery.validate import check_name
 
 DEFAULT_RETRIES = 3  # so 4 attempts: max attempts is always retries + 1
@@ -97,11 +98,13 @@ def make_workflow(fn: Callable[..., Any], name: str, *, source: str | None = Non
 
 
 class Registry:
-    """Steps by task name and workflows by name, for one ``PikkuCelery`` instance."""
+    """Steps by task name, workflows and schedules by name, for one ``PikkuCelery``
+    instance."""
 
     def __init__(self) -> None:
         self.steps: dict[str, StepDefinition] = {}
         self.workflows: dict[str, WorkflowDefinition] = {}
+        self.schedules: dict[str, ScheduleDefinition] = {}
 
     def add_step(self, step: StepDefinition) -> None:
         self.steps[step.name] = step
@@ -110,6 +113,15 @@ class Registry:
         if workflow.name in self.workflows and self.workflows[workflow.name].fn is not workflow.fn:
             raise InvalidInputError(f"a workflow named {workflow.name!r} is already registered")
         self.workflows[workflow.name] = workflow
+
+    def add_schedule(self, schedule: ScheduleDefinition) -> None:
+        """Register a schedule; the same declaration again (a module imported twice) is
+        fine, another definition under a name already used is refused."""
+        known = self.schedules.get(schedule.name)
+        if known is not None and known != schedule:
+            raise InvalidInputError(f"a schedule named {schedule.name!r} is already "
+                                    f"registered with another definition ({known})")
+        self.schedules[schedule.name] = schedule
 
     def workflow(self, name_or_fn: str | Callable[..., Any] | WorkflowDefinition
                  ) -> WorkflowDefinition:

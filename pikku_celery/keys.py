@@ -7,7 +7,9 @@ what to inspect. Redis keys here are *logical*: the lease service adds its ``key
 
 from __future__ import annotations
 
+import re
 import uuid
+from datetime import UTC, datetime
 
 # --- Ids derived from a run id and a name ------------------------------------------------
 
@@ -83,6 +85,48 @@ def legacy_child_run_id(parent_run_id: str, step_name: str) -> str:
     return _derived(CHILD_NAMESPACE, _FRAMED_CHILD_NAMESPACE, parent_run_id, step_name)
 
 
+#: What a schedule's name may hold: it is part of the run id of each of its ticks.
+SCHEDULE_NAME_CHARS = "ASCII letters, digits, '_', '.' and '-'"
+_SCHEDULE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
+_SCHEDULED_RUN_ID = re.compile(
+    r"@([A-Za-z0-9_.\-]{1,100})@(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z")
+
+
+def is_schedule_name(name: object) -> bool:
+    return isinstance(name, str) and _SCHEDULE_NAME.fullmatch(name) is not None
+
+
+def scheduled_run_id(schedule: str, tick_ms: int) -> str:
+    """The run id of the run a schedule's tick starts: ``@<schedule>@<tick, ISO 8601 UTC
+    with milliseconds>``, e.g. ``@nightly-report@2026-12-03T02:00:00.000Z``.
+
+    The tick decides it, so every worker that fires the tick, and a worker that fires it
+    again after a crash, creates the same run (``create_run`` is idempotent by id): one
+    run per tick. It starts with ``DERIVED_RUN_ID_PREFIX``, so no caller can take it first,
+    and it is readable in ``pikku runs``. A schedule name holds none of ``@`` or ``:``
+    (``is_schedule_name``), so the id splits one way only, and no child run id (``@`` and
+    a UUID) has this form."""
+    when = datetime.fromtimestamp(tick_ms / 1000, tz=UTC)
+    return (f"{DERIVED_RUN_ID_PREFIX}{schedule}@{when:%Y-%m-%dT%H:%M:%S}."
+            f"{tick_ms % 1000:03d}Z")
+
+
+def scheduled_tick(run_id: str) -> tuple[str, int] | None:
+    """The schedule and tick (epoch ms) a run id was derived from (``scheduled_run_id``);
+    ``None`` for any other run id."""
+    found = _SCHEDULED_RUN_ID.fullmatch(run_id)
+    if found is None:
+        return None
+    when = datetime.strptime(found.group(2), "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=UTC)
+    return found.group(1), round(when.timestamp() * 1000)
+
+
+def scheduled_for(run_id: str) -> datetime | None:
+    """The tick a run id was derived from, an aware UTC datetime (``wf.scheduled_for``)."""
+    tick = scheduled_tick(run_id)
+    return None if tick is None else datetime.fromtimestamp(tick[1] / 1000, tz=UTC)
+
+
 # --- Redis (logical keys; RedisLeaseService prefixes them) ---------------------------
 
 
@@ -118,6 +162,7 @@ STEPS = "workflow_steps"
 HISTORY = "workflow_step_history"  # written by earlier versions only, read for their runs
 VERSIONS = "workflow_versions"
 EVENTS = "workflow_events"
+SCHEDULES = "workflow_schedules"
 RESULTS = "celery_task_results"
 DEFAULT_DATABASE = "pikku"
 
@@ -142,6 +187,8 @@ class RunField:
     STATE_VERSION = "state_version"  # how many writes the state map has had
     STATE_WRITERS = "state_writers"  # who made each write, in order: write N is [N - 1]
     EVENTS_SENT = "events_sent"  # how many events were sent to the run: the last ``seq``
+    SCHEDULE = "schedule"  # the schedule whose tick started the run (absent otherwise)
+    SCHEDULED = "scheduled_ms"  # that tick
 
 
 class StepField:
@@ -219,3 +266,20 @@ class EventField:
     # When the reaper should wake the run should the sender stop between its write and its
     # wake-up (null once the sender woke it).
     WAKE = "wake_ms"
+
+
+class ScheduleField:
+    """Fields of a ``workflow_schedules`` document (``_id`` is the schedule's name)."""
+
+    ID = "_id"
+    WORKFLOW = "workflow"
+    CRON = "cron"  # a cron expression, or null
+    EVERY = "every_ms"  # an interval in ms (ticks are its multiples since the epoch), or null
+    TZ = "tz"  # the time zone the cron expression is read in
+    DATA = "data"  # each run's input
+    CATCH_UP = "catch_up"  # "latest", "all" or "none"
+    PAUSED = "paused"
+    NEXT = "next_ms"  # the next tick not yet started
+    LAST = "last_ms"  # the latest tick fired (null before the first)
+    CREATED = "created_ms"
+    UPDATED = "updated_ms"

@@ -1,14 +1,15 @@
 """The read and operate half of ``PikkuCelery``: read runs, their steps and history, wait
 for a run, resume, approve and cancel it, send it events, list and count runs, purge ended
-ones, sweep for lost work. Each call goes to the engine (``engine.Engine``); nothing here
-sends a message itself. ``PikkuCelery`` inherits it; the CLI and the web API call these
-methods, never the store."""
+ones, sweep for lost work; declare, list, pause, resume and trigger schedules. Each call
+goes to the engine (``engine.Engine``); nothing here sends a message itself.
+``PikkuCelery`` inherits it; the CLI and the web API call these methods, never the store."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from pikku_celery.definitions import Registry
 from pikku_celery.durations import Duration
 from pikku_celery.engine import Engine
 from pikku_celery.events import Events
@@ -18,11 +19,79 @@ from pikku_celery.records import (
     StepState,
     WorkflowEvent,
     WorkflowRun,
+    WorkflowSchedule,
 )
+from pikku_celery.schedules.firing import Scheduler
+from pikku_celery.schedules.spec import ScheduleDefinition, make_schedule
 from pikku_celery.store.base import RunMatch
 
 
-class RunOperations:
+class ScheduleOperations:
+    """Schedules (``pikku_celery.schedules``): declare one, list them, pause, resume and
+    trigger one. On the engine ``engine`` gives and the registry ``registry`` holds."""
+
+    registry: Registry
+
+    @property
+    def engine(self) -> Engine:
+        raise NotImplementedError
+
+    def schedule(self, name: str, workflow: str | Callable[..., Any], *,
+                 cron: str | None = None, every: Duration | None = None, data: Any = None,
+                 tz: str = "UTC", catch_up: str = "latest") -> ScheduleDefinition:
+        """Start a run of ``workflow`` with input ``data`` at each tick: each instant the
+        cron expression ``cron`` names in time zone ``tz``, or each multiple of ``every``
+        (a duration, at least 1 s) since the Unix epoch. Exactly one run per tick, however
+        many workers fire it and across restarts; ``wf.scheduled_for`` is its tick. Every
+        worker of the app fires due ticks (no beat process). ``catch_up`` says what the
+        ticks missed while no worker ran start: ``"latest"`` only the most recent,
+        ``"all"`` each of them (bounded), ``"none"`` none. Declare it where the workflow
+        is declared, after it, so every worker imports it; a worker writes its
+        declarations to the store when it starts. ``InvalidInputError`` naming what is
+        wrong: an unknown workflow, a bad cron, both or neither of ``cron`` and ``every``,
+        a bad ``tz`` or ``catch_up``, a name already used for another definition."""
+        named = workflow if isinstance(workflow, str) else str(
+            getattr(getattr(workflow, "pikku_workflow", None), "name", None)
+            or getattr(workflow, "__name__", repr(workflow)))
+        definition = make_schedule(name, named, cron=cron, every=every, data=data, tz=tz,
+                                   catch_up=catch_up,
+                                   workflow_known=lambda w: w in self.registry.workflows)
+        self.registry.add_schedule(definition)
+        return definition
+
+    def list_schedules(self) -> list[WorkflowSchedule]:
+        """Every schedule in the store, by name, each with its definition, whether it is
+        paused, its next tick, its latest tick and that tick's run id, and ``declared``:
+        whether this process declares it (one no worker declares any more never fires)."""
+        return self._scheduler.list()
+
+    def get_schedule(self, name: str) -> WorkflowSchedule:
+        """The schedule ``name``; ``InvalidInputError`` for one neither stored nor
+        declared here."""
+        return self._scheduler.get(name)
+
+    def pause_schedule(self, name: str) -> bool:
+        """Stop the schedule's ticks until ``resume_schedule``; ``False`` when it was
+        paused already. Durable, for every worker."""
+        return self._scheduler.pause(name)
+
+    def resume_schedule(self, name: str) -> bool:
+        """Resume a paused schedule from its first tick after now: the ticks that fell
+        while it was paused start nothing (``catch_up`` is for ticks missed while no worker
+        ran, not for a pause). ``False`` when it was not paused."""
+        return self._scheduler.resume(name)
+
+    def trigger_schedule(self, name: str) -> str:
+        """Start the schedule's workflow now, paused or not, as a tick of this instant
+        (its run's ``scheduled_for``); the ticks go on as before. Returns the run id."""
+        return self._scheduler.trigger(name)
+
+    @property
+    def _scheduler(self) -> Scheduler:
+        return Scheduler(self.engine)
+
+
+class RunOperations(ScheduleOperations):
     """What callers do with runs, on the engine ``engine`` gives (``PikkuCelery``'s)."""
 
     @property

@@ -45,6 +45,10 @@ class WorkflowRun:
     state: Mapping[str, Any] = field(default_factory=dict)
     state_version: int = 0
     state_writers: tuple[str, ...] = ()
+    # The schedule whose tick started the run, and that tick (``pikku.schedule``); ``None``
+    # for a run started any other way.
+    schedule: str | None = None
+    scheduled_for: datetime | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -108,3 +112,31 @@ class WorkflowEvent:
     sent_at: datetime
     key: str | None = None
     event_id: str = ""
+
+
+CATCH_UP_LATEST = "latest"
+CATCH_UP_ALL = "all"
+CATCH_UP_NONE = "none"
+CATCH_UPS = (CATCH_UP_LATEST, CATCH_UP_ALL, CATCH_UP_NONE)
+
+
+@dataclass(frozen=True)
+class WorkflowSchedule:
+    """A schedule as stored (``pikku.schedule``, ``pikku.list_schedules``): its definition,
+    whether it is paused, the next tick not yet started and the latest tick fired.
+    ``every`` is in seconds; ``last_run_id`` is the run the latest tick started."""
+
+    name: str
+    workflow: str
+    cron: str | None
+    every: float | None
+    tz: str
+    data: Any
+    catch_up: str
+    paused: bool
+    next_at: datetime
+    last_at: datetime | None
+    last_run_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    declared: bool = True  # whether this process declares it (list_schedules says)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 from pikku_celery import keys
@@ -138,6 +139,12 @@ class WorkflowContext:
         self._host = host
         self._reached: dict[str, int] = {}
         self._functions: dict[Any, str] = {}  # step object -> its step function's name
+
+    @property
+    def scheduled_for(self) -> datetime | None:
+        """The tick that started this run (aware UTC) when a schedule did, else ``None``:
+        read from the run id the tick decided (``keys.scheduled_run_id``), never stored."""
+        return keys.scheduled_for(self.run_id)
 
     # --- steps --------------------------------------------------------------------------
 

@@ -65,9 +65,15 @@ class Runs:
     # --- create, finish -------------------------------------------------------------------
 
     def create_run(self, workflow: Any, data: Any, *, run_id: str | None = None,
-                   parent: tuple[str, str] | None = None) -> tuple[WorkflowRun, bool]:
+                   parent: tuple[str, str] | None = None,
+                   scheduled: tuple[str, int] | None = None) -> tuple[WorkflowRun, bool]:
+        """Create the run (idempotent by ``run_id``). ``parent``: the parent run and step
+        of a child run; ``scheduled``: the schedule and tick (epoch ms) that start it,
+        whose run id is derived from them (``keys.scheduled_run_id``), not chosen."""
         definition = self.registry.workflow(workflow)
-        if parent is None and run_id is not None:
+        if scheduled is not None:
+            run_id = keys.scheduled_run_id(*scheduled)
+        elif parent is None and run_id is not None:
             # A caller's id: servable in a URL, and never of the form pikku derives for a
             # child run (a caller could otherwise take a future child's id first).
             check_run_id(run_id)
@@ -76,7 +82,9 @@ class Runs:
         run, created = self.store.create_run(NewRun(
             run_id=run_id, workflow=definition.name, input=data, version=definition.version,
             parent_run_id=parent[0] if parent else None,
-            parent_step_name=parent[1] if parent else None), now)
+            parent_step_name=parent[1] if parent else None,
+            schedule=scheduled[0] if scheduled else None,
+            scheduled_ms=scheduled[1] if scheduled else None), now)
         if created:
             self.store.record_version(definition.name, definition.version, definition.source,
                                       now)

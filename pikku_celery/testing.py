@@ -27,6 +27,10 @@ does and by ``kit.advance("10m")``, which fires every timer due and runs what it
 ``kit.release_timers()`` goes back to jumping. ``time.sleep`` in a step body is real time
 either way: the kit's clock is not Python's.
 
+Schedules (``pikku.schedule``) tick when the clock advances: ``kit.advance("1h")`` starts
+the run of each tick in that hour, in order (``InlineKit.advance``), as workers that stayed
+up would; ``wf.scheduled_for`` is the tick.
+
 Nothing is connected, configured or read from ``app.conf``'s URLs: a project whose Celery
 app is configured for production imports and tests as it is. After the test, each instance
 goes back to the engine it had, and the kit's store is dropped.
@@ -48,10 +52,13 @@ from pikku_celery.errors import WorkflowRunNotFoundError
 from pikku_celery.inline import DrivingDispatcher
 from pikku_celery.leases.memory import InMemoryLeaseService, wall_clock_ms
 from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.schedules.firing import Scheduler
 from pikku_celery.store.memory import InMemoryWorkflowStore
 
 if TYPE_CHECKING:
     from pikku_celery.app import EngineFactory, PikkuCelery
+
+MAX_TICKS = 10_000  # schedule ticks one ``advance`` fires at most
 
 
 class VirtualClock:
@@ -84,6 +91,11 @@ class VirtualClock:
         with self._lock:
             self._skipped_ms += to_ms(duration, what="advance")
 
+    def advance_to(self, when_ms: int) -> None:
+        """Move the clock forward to ``when_ms`` (nothing when it is there already)."""
+        with self._lock:
+            self._skipped_ms += max(0, when_ms - self._now_locked())
+
     @property
     def skipped_s(self) -> float:
         """How much time the kit skipped so far, in seconds."""
@@ -100,6 +112,8 @@ class InlineKit:
         self._lock = threading.Lock()
         self._engines: list[Engine] = []
         self._hold = hold_timers
+        self._instances: list[PikkuCelery] = []
+        self._schedulers: dict[int, Scheduler] = {}  # by id of the engine
 
     # --- timers -------------------------------------------------------------------------
 
@@ -120,13 +134,50 @@ class InlineKit:
         suspension) at once, as the kit does by default."""
         self._hold = False
         self._drive()
+        self.advance(0)  # and the schedules' ticks the jumps made due
 
     def advance(self, duration: Duration) -> None:
         """Move the clock forward by ``duration`` (seconds, ``timedelta`` or ``"10m"``),
         then fire every timer now due and run what it wakes, in this thread, until the runs
-        wait again (for a later timer, a gate, a resume) or end."""
-        self.clock.advance(duration)
+        wait again (for a later timer, a gate, a resume) or end.
+
+        Schedules (``pikku.schedule``) tick on the way, as on workers that stay up: the
+        clock stops at each tick up to the new time, in order, fires the timers due by
+        then, and starts the tick's run (which runs here, to its end or its first wait).
+        Every tick counts (none is "missed": the kit's workers never stopped), at most
+        ``MAX_TICKS`` per call. Ticks that fall due beyond the new time, when the clock
+        jumps to a later timer (timers not held), fire at the next ``advance``
+        (``advance(0)`` fires what is due now)."""
+        target = self.clock.now_ms() + to_ms(duration, what="advance")
+        ticks = 0
+        next_ms = self._fire_schedules()
+        while next_ms is not None and next_ms <= target:
+            ticks += 1
+            if ticks > MAX_TICKS:
+                raise RuntimeError(f"the test kit fired more than {MAX_TICKS} schedule ticks "
+                                   f"in one advance; advance less at a time, or pause the "
+                                   f"schedules the test does not need")
+            self.clock.advance_to(next_ms)
+            self._drive()
+            next_ms = self._fire_schedules()
+        self.clock.advance_to(target)
         self._drive()
+
+    def _fire_schedules(self) -> int | None:
+        """Fire the due ticks of every instance's schedules; the earliest next tick."""
+        with self._lock:
+            instances = list(self._instances)
+        for pikku in instances:
+            pikku.engine  # noqa: B018 - builds the kit's engine (and saves its schedules)
+        with self._lock:
+            schedulers = list(self._schedulers.values())
+        found = [t for s in schedulers if (t := s.fire_due(every_tick=True)) is not None]
+        return min(found, default=None)
+
+    def adopt(self, pikku: PikkuCelery) -> None:
+        """Fire ``pikku``'s schedules too (the kit's ``inline`` and fixture do it)."""
+        with self._lock:
+            self._instances.append(pikku)
 
     def _drive(self) -> None:
         while True:
@@ -168,8 +219,11 @@ class InlineKit:
                 leases=InMemoryLeaseService(clock_ms=self.clock.now_ms),
                 clock=self.clock, dispatcher=lambda engine: DrivingDispatcher(
                     engine, holds_timers=lambda: self._hold))
+            scheduler = Scheduler(engine)
+            scheduler.sync()  # its schedules tick from now on the kit's clock
             with self._lock:
                 self._engines.append(engine)
+                self._schedulers[id(engine)] = scheduler
             return engine
         return build
 
@@ -194,6 +248,7 @@ def inline(pikku: PikkuCelery, *, hold_timers: bool = False) -> Iterator[InlineK
     in-memory store and leases, with a virtual clock (see the module docstring); with
     ``hold_timers=True`` the clock moves only by ``kit.advance``."""
     kit = InlineKit(hold_timers=hold_timers)
+    kit.adopt(pikku)
     previous = pikku._override_engine(kit.engine_factory())
     try:
         yield kit
@@ -212,6 +267,7 @@ def inline_everywhere(*, hold_timers: bool = False) -> Iterator[InlineKit]:
     lock = threading.Lock()
 
     def enter(pikku: PikkuCelery) -> None:
+        kit.adopt(pikku)
         previous = pikku._override_engine(factory)
         with lock:
             restore.append((pikku, previous))

@@ -55,6 +55,9 @@ def new_run_doc(run: NewRun, now_ms: int) -> Doc:
         R.STATE: {},
         R.STATE_VERSION: 0,
         R.STATE_WRITERS: [],
+        # Only on a run a schedule's tick started: other runs' documents stay as they were.
+        **({R.SCHEDULE: run.schedule, R.SCHEDULED: run.scheduled_ms}
+           if run.schedule is not None else {}),
     }
 
 
@@ -106,6 +109,8 @@ def run_from_doc(doc: Doc) -> WorkflowRun:
         state=doc.get(R.STATE) or {},  # runs stored before run state have none
         state_version=doc.get(R.STATE_VERSION) or 0,
         state_writers=tuple(doc.get(R.STATE_WRITERS) or ()),
+        schedule=doc.get(R.SCHEDULE),
+        scheduled_for=to_datetime(doc.get(R.SCHEDULED)),
     )
 
 

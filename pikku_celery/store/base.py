@@ -28,6 +28,7 @@ from pikku_celery.records import (
     WorkflowEvent,
     WorkflowRun,
 )
+from pikku_celery.store._schedules import ScheduleStore
 from pikku_celery.validate import check_name
 
 
@@ -39,6 +40,9 @@ class NewRun:
     version: str | None = None
     parent_run_id: str | None = None
     parent_step_name: str | None = None
+    # The schedule whose tick starts the run, and that tick (epoch ms): ``pikku.schedule``.
+    schedule: str | None = None
+    scheduled_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ class EventStore(Protocol):
 
 
 @runtime_checkable
-class WorkflowStore(EventStore, Protocol):
+class WorkflowStore(EventStore, ScheduleStore, Protocol):
     # --- runs -------------------------------------------------------------------------
 
     def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:

@@ -7,8 +7,8 @@ alias stored state.
 
 ``InMemoryWorkflowStore`` combines one class per concern, each on ``base.MemoryStoreBase``
 (the documents and the lock), as the MongoDB store does: ``runs``, ``steps`` (claim, settle,
-leases, history), ``gates``, ``events``, ``retention`` and ``listing`` (``list_runs`` and
-the sweeps).
+leases, history), ``gates``, ``events``, ``schedules``, ``retention`` and ``listing``
+(``list_runs`` and the sweeps).
 What both stores must agree on is written once beside them: ``store._decide`` (claims),
 ``store._settle`` (settles), ``store._ended`` (a run's end), ``store._retention`` (purges),
 ``store._checks`` (argument checks).
@@ -21,11 +21,12 @@ from pikku_celery.store.memory.gates import MemoryGates
 from pikku_celery.store.memory.listing import MemoryListing
 from pikku_celery.store.memory.retention import MemoryRetention
 from pikku_celery.store.memory.runs import MemoryRuns
+from pikku_celery.store.memory.schedules import MemorySchedules
 from pikku_celery.store.memory.steps import MemorySteps
 
 __all__ = ["InMemoryWorkflowStore"]
 
 
 class InMemoryWorkflowStore(MemoryRuns, MemorySteps, MemoryGates, MemoryEvents,
-                            MemoryRetention, MemoryListing):
+                            MemorySchedules, MemoryRetention, MemoryListing):
     """A complete ``WorkflowStore`` for tests and single-process use."""

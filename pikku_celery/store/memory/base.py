@@ -23,6 +23,7 @@ class MemoryStoreBase:
         self._steps: dict[str, Doc] = {}  # each with its history (``attempts``)
         self._versions: dict[str, Doc] = {}
         self._events: dict[str, Doc] = {}
+        self._schedules: dict[str, Doc] = {}
 
     def _run_steps(self, run_id: str) -> list[Doc]:
         docs = [d for d in self._steps.values() if d[S.RUN] == run_id]

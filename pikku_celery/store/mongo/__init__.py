@@ -49,6 +49,12 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
                     ``(run_id, name, seq)`` for the next event a wait takes, ``(run_id, seq)``
                     for a run's events in order, ``(wake_ms, _id)`` for the wake sweep.
                     Deleted with their run.
+``workflow_schedules``  ``_id`` the schedule's name, ``workflow``, ``cron``, ``every_ms``,
+                    ``tz``, ``data``, ``catch_up``, ``paused``, ``next_ms`` (the next tick not
+                    yet started), ``last_ms`` (the latest tick fired), ``created_ms``,
+                    ``updated_ms`` (``store._schedules``). Read and written by ``_id`` only:
+                    no index of its own. Runs a tick started carry ``schedule`` and
+                    ``scheduled_ms``.
 
 Atomicity: every claim, fenced write and run transition is one ``update_one`` or
 ``find_one_and_update`` whose filter repeats what the decision read. A step's history lives
@@ -115,6 +121,7 @@ from pikku_celery.store.mongo.gates import MongoGates
 from pikku_celery.store.mongo.listing import MongoListing
 from pikku_celery.store.mongo.retention import MongoRetention
 from pikku_celery.store.mongo.runs import MongoRuns
+from pikku_celery.store.mongo.schedules import MongoSchedules
 from pikku_celery.store.mongo.session import public as _public
 from pikku_celery.store.mongo.steps import MongoSteps
 from pikku_celery.store.mongo.transactions import MongoTransactions
@@ -126,8 +133,8 @@ __all__ = ["DEFAULT_SERVER_SELECTION_TIMEOUT_S", "DUPLICATE_KEY", "INDEXES",
 DEFAULT_SERVER_SELECTION_TIMEOUT_S = 5.0
 
 
-class MongoWorkflowStore(MongoRuns, MongoSteps, MongoGates, MongoEvents, MongoRetention,
-                         MongoListing, MongoTransactions):
+class MongoWorkflowStore(MongoRuns, MongoSteps, MongoGates, MongoEvents, MongoSchedules,
+                         MongoRetention, MongoListing, MongoTransactions):
     """A ``WorkflowStore`` on a pymongo ``Database``; safe from any number of processes."""
 
     @classmethod

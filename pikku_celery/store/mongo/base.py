@@ -53,6 +53,7 @@ class MongoStoreBase:
         self._history = db[keys.HISTORY]
         self._versions = db[keys.VERSIONS]
         self._events = db[keys.EVENTS]
+        self._schedules = db[keys.SCHEDULES]  # by ``_id`` (the name) only: no index of its own
         self._causal = CausalClock()
         self._sessions = True  # until the deployment says it has none (``session.public``)
         # Indexes are created before the first insert, not here: constructing a store (at
