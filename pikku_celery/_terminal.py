@@ -17,21 +17,26 @@ from rich.text import Text
 
 from pikku_celery.records import WorkflowRun
 from pikku_celery.timeline import (
+    SELF_NAMED,
     AttemptView,
+    EventWaitView,
     GateView,
+    SentEvent,
     StepView,
     Timeline,
     approve_command,
     error_line,
     format_duration,
     format_time,
+    send_command,
 )
 
 STATUS_STYLE = {"completed": "green", "succeeded": "green", "failed": "red",
                 "lease-expired": "red", "cancelled": "yellow", "superseded": "magenta",
                 "running": "cyan", "suspended": "blue", "pending": "dim",
                 "scheduled": "blue", "waiting": "blue", "decided": "green",
-                "expired": "yellow", "expiry-passed": "yellow"}
+                "expired": "yellow", "expiry-passed": "yellow", "received": "green",
+                "timed-out": "yellow", "not taken yet": "blue", "published": "green"}
 MAX_VALUE_CHARS = 2000
 SUPERSEDED_MARK = "superseded ⟲"
 #: The width of a console that is not a terminal (a pipe, a file): wide enough that no
@@ -122,7 +127,7 @@ def attempts_table(timeline: Timeline, *, tracebacks: bool = False) -> Table:
     table.add_column("error", overflow="fold")
     for step in timeline.steps:
         label = Text(step.label)
-        if step.kind != "step":
+        if step.kind != "step" and step.kind not in SELF_NAMED:
             label.append(f" ({step.kind})", style="dim")
         if not step.attempts:
             table.add_row(label, "-", status_text(_step_status(step)), "", "", "", "")
@@ -136,7 +141,11 @@ def attempts_table(timeline: Timeline, *, tracebacks: bool = False) -> Table:
 
 
 def _step_status(step: StepView) -> str:
-    return step.gate.status if step.gate is not None else step.state.status
+    if step.gate is not None:
+        return step.gate.status
+    if step.event_wait is not None:
+        return step.event_wait.status
+    return step.state.status
 
 
 def gates_table(timeline: Timeline) -> Table | None:
@@ -159,6 +168,59 @@ def gates_table(timeline: Timeline) -> Table | None:
                       Text("any" if gate.schema is None else value_text(gate.schema)),
                       _decision(gate))
     return table
+
+
+def event_waits_table(timeline: Timeline) -> Table | None:
+    """The run's event waits (``wf.wait_for_event``) and what it published
+    (``wf.set_event``): each wait's event, status, timeout and the event it took (its seq
+    and payload); each publish's key and value. ``None`` when it has neither."""
+    waits, published = timeline.event_waits, timeline.published
+    if not waits and not published:
+        return None
+    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left",
+                  title="event waits and publishes", title_style="bold")
+    for name in ("step", "status", "times out (UTC)", "seq"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("payload / value", overflow="fold")
+    for wait in waits:
+        table.add_row(Text(wait.label), status_text(wait.status),
+                      format_time(wait.expires_at) if wait.expires_at else "never",
+                      "-" if wait.seq is None else str(wait.seq), _taken(wait))
+    for value in published:
+        table.add_row(Text(value.label), status_text("published"), "", "",
+                      Text(value_text(value.value)))
+    return table
+
+
+def _taken(wait: EventWaitView) -> Text:
+    if wait.status == "received":
+        return Text(value_text(wait.payload))
+    return Text("-")
+
+
+def events_table(events: list[SentEvent], *, whole: bool = False) -> Table:
+    """The events sent to a run, in the order sent: seq, name, when, key, the wait that
+    took it (or ``not taken yet``) and its payload; ``whole``: the payload in full (the
+    output is not a terminal)."""
+    table = Table(box=None, pad_edge=False, header_style="bold", title_justify="left",
+                  title="events", title_style="bold")
+    for name in ("seq", "event", "sent (UTC)", "key", "taken by"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("payload", no_wrap=whole, overflow="fold")
+    for sent in events:
+        event = sent.event
+        payload = json.dumps(event.payload, default=str, ensure_ascii=False) if whole \
+            else value_text(event.payload)
+        table.add_row(str(event.seq), Text(event.name), format_time(event.sent_at),
+                      Text(event.key or "-"),
+                      Text(sent.taken_by) if sent.taken_by else status_text("not taken yet"),
+                      Text(payload))
+    return table
+
+
+def send_hint(run_id: str, wait: EventWaitView) -> Text:
+    """How to send the event the run waits for."""
+    return Text(f"{wait.describe()}: send it with `{send_command(run_id, wait)}`")
 
 
 def compensations_table(timeline: Timeline) -> Table | None:

@@ -29,7 +29,15 @@ import click
 from pikku_celery.app import PikkuCelery, get_pikku
 from pikku_celery.records import RUN_STATUSES, RUN_TERMINAL
 from pikku_celery.replay import APPROVAL_PREFIX
-from pikku_celery.timeline import APPROVAL, Timeline, approve_command, build, error_line, kind_of
+from pikku_celery.timeline import (
+    APPROVAL,
+    Timeline,
+    approve_command,
+    build,
+    error_line,
+    kind_of,
+    send_command,
+)
 from pikku_celery_commands import HELP
 
 RESOLVER = "pikku_celery.resolve"
@@ -113,19 +121,28 @@ def bound(find: Callable[[], PikkuCelery],
 
 
 def _echo_json(value: Any) -> None:
-    from pikku_celery.contrib._api import to_json
+    from pikku_celery.contrib._json import to_json
 
     click.echo(json.dumps(to_json(value), indent=2, sort_keys=True, default=str))
 
 
-def timeline_of(app: PikkuCelery, run_id: str) -> Timeline:
-    """The run's timeline from three reads (run, steps, history)."""
+def timeline_of(app: PikkuCelery, run_id: str, *, history: bool = True) -> Timeline:
+    """The run's timeline from four reads (run, steps, history, events); ``history``
+    false: without the attempts (one read fewer)."""
     run = app.get_run(run_id)
-    return build(run, app.get_steps(run_id), app.get_history(run_id), datetime.now(UTC))
+    return build(run, app.get_steps(run_id), app.get_history(run_id) if history else [],
+                 datetime.now(UTC), events=app.list_events(run_id))
+
+
+def events_json(timeline: Timeline) -> list[dict[str, Any]]:
+    """The run's sent events as JSON, each with the wait that took it (``taken_by``)."""
+    from pikku_celery.contrib._json import sent_events_json
+
+    return sent_events_json(timeline.events)
 
 
 def timeline_json(timeline: Timeline) -> dict[str, Any]:
-    from pikku_celery.contrib._api import to_json
+    from pikku_celery.contrib._json import to_json
 
     attempts = []
     for attempt in timeline.attempts:
@@ -136,6 +153,9 @@ def timeline_json(timeline: Timeline) -> dict[str, Any]:
     return {"run": to_json(timeline.run), "steps": to_json([s.state for s in timeline.steps]),
             "attempts": attempts, "progress": timeline.progress(),
             "gates": to_json(timeline.gates),
+            "event_waits": to_json(timeline.event_waits),
+            "published": to_json(timeline.published),
+            "events": events_json(timeline),
             "compensations": [{"for_step": c.for_step, "step": c.step.step_name,
                                "function": c.function, "status": c.status,
                                "result": to_json(c.result), "error": c.error}
@@ -193,15 +213,54 @@ def show(ctx: click.Context, run_id: str, as_json: bool, tracebacks: bool) -> No
     out = _terminal.console()
     out.print(_terminal.run_header(timeline, tracebacks=tracebacks))
     out.print()
-    for table in (_terminal.gates_table(timeline), _terminal.compensations_table(timeline)):
+    for table in (_terminal.gates_table(timeline), _terminal.event_waits_table(timeline),
+                  _terminal.compensations_table(timeline)):
         if table is not None:
             out.print(table)
             out.print()
+    if timeline.events:
+        out.print(_terminal.events_table(timeline.events,
+                                         whole=not _terminal.is_terminal(out.file)))
+        out.print()
     out.print(_terminal.attempts_table(timeline, tracebacks=tracebacks))
     out.print(_terminal.progress_line(timeline))
     waiting = timeline.waiting_gate
     if waiting is not None:
         out.print(_terminal.approve_hint(timeline.run.run_id, waiting), style="dim")
+    event = timeline.waiting_event
+    if event is not None:
+        out.print(_terminal.send_hint(timeline.run.run_id, event), style="dim")
+
+
+@pikku.command("events")
+@click.argument("run_id")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 1000),
+              help="At most this many events (the first sent).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+@operator_command
+def events(ctx: click.Context, run_id: str, limit: int, as_json: bool) -> None:
+    """List the events sent to a run, in the order sent, each with the wait that took it
+    (or "not taken yet")."""
+    app = resolve(ctx)
+    run = app.get_run(run_id)
+    timeline = build(run, app.get_steps(run_id), [], datetime.now(UTC),
+                     events=app.list_events(run_id, limit))
+    if as_json:
+        click.echo(json.dumps({"events": events_json(timeline)}, indent=2, sort_keys=True,
+                              default=str))
+        return
+    from pikku_celery import _terminal
+
+    out = _terminal.console()
+    if not timeline.events:
+        out.print("no events")
+    else:
+        out.print(_terminal.events_table(timeline.events,
+                                         whole=not _terminal.is_terminal(out.file)))
+    waiting = timeline.waiting_event
+    if waiting is not None:
+        out.print(_terminal.send_hint(run_id, waiting), style="dim")
 
 
 @pikku.command("watch")
@@ -303,7 +362,7 @@ def resume(ctx: click.Context, run_id: str) -> None:
     """Resume a run suspended by wf.suspend() (not one waiting at wf.approval(): approve
     decides that)."""
     app = resolve(ctx)
-    timeline = timeline_of(app, run_id)
+    timeline = timeline_of(app, run_id, history=False)
     gate = timeline.approval_only
     if gate is not None:
         # resume opens suspensions only: the run would wake, find its gate still waiting
@@ -311,6 +370,11 @@ def resume(ctx: click.Context, run_id: str) -> None:
         raise CommandFailed(
             f"run {run_id} waits for approval {gate.name!r}, which resume does not open: "
             f"decide it with `{approve_command(run_id, gate)}`")
+    wait = timeline.event_wait_only
+    if wait is not None:
+        raise CommandFailed(
+            f"run {run_id} waits for event {wait.name!r}, which resume does not send: "
+            f"send it with `{send_command(run_id, wait)}`")
     if not app.resume(run_id):
         raise CommandFailed(f"run {run_id} is {app.get_run(run_id).status}, not suspended: "
                             "nothing to resume")
@@ -341,6 +405,35 @@ def approve(ctx: click.Context, run_id: str, name: str, decision: str, by: str |
         _echo_json(step)
         return
     click.echo(f"approved {name!r} of run {run_id}: {json.dumps(value, sort_keys=True)}")
+
+
+@pikku.command("send")
+@click.argument("run_id")
+@click.argument("name")
+@click.argument("payload", required=False, metavar="[PAYLOAD_JSON]")
+@click.option("--key", default=None, metavar="KEY",
+              help="Idempotency key: a send with a key already sent to this run delivers "
+                   "nothing more (safe to retry).")
+@click.option("--json", "as_json", is_flag=True, help="Print the event as JSON.")
+@click.pass_context
+@operator_command
+def send(ctx: click.Context, run_id: str, name: str, payload: str | None, key: str | None,
+         as_json: bool) -> None:
+    """Send the event NAME to the run and wake it: its next wf.wait_for_event(NAME)
+    returns PAYLOAD_JSON (JSON: '{"amount": 12}', 42, '"text"'; none: null). Events
+    wait, in the order sent, until a wait takes them."""
+    value = None
+    if payload is not None:
+        try:
+            value = json.loads(payload)
+        except ValueError as exc:
+            raise CommandFailed(f"PAYLOAD_JSON is not JSON: {exc}") from None
+    event = resolve(ctx).send_event(run_id, name, value, key=key)
+    if as_json:
+        _echo_json(event)
+        return
+    keyed = f", key {event.key!r}" if event.key is not None else ""
+    click.echo(f"sent event {event.name!r} to run {run_id} (seq {event.seq}{keyed})")
 
 
 def gate_name(app: PikkuCelery, run_id: str, given: str) -> str:

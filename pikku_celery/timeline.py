@@ -24,6 +24,14 @@ A gate is shown by what it is, not by its stored step name: an approval
 (``__approval:manager``) as ``manager`` with its approvers, expiry, schema and decision
 (``GateView``), a suspension (``__suspend:reason``) as its reason. ``StepView.label`` is the
 name shown, and the one ``pikku approve`` takes.
+
+Events (``wf.wait_for_event``, ``wf.set_event``) are their own kinds: a wait
+(``__event:paid``) is shown as ``event paid`` with its timeout and, once settled, the event
+it took or that it timed out (``EventWaitView``); a publish (``__publish:stage``) as
+``published stage`` with its value. The events sent to the run (``pikku.list_events``, given
+to ``build`` by its caller: the timeline does no I/O of its own) are listed in the order
+sent, each with the wait that took it, found by the seq the wait's result records
+(``SentEvent``), or none yet.
 """
 
 from __future__ import annotations
@@ -40,20 +48,29 @@ from pikku_celery.records import (
     STEP_SUCCEEDED,
     StepAttempt,
     StepState,
+    WorkflowEvent,
     WorkflowRun,
 )
-from pikku_celery.replay import APPROVAL_PREFIX, SUSPEND_PREFIX
+from pikku_celery.replay import APPROVAL_PREFIX, EVENT_PREFIX, PUBLISH_PREFIX, SUSPEND_PREFIX
 
 LEASE_EXPIRED = "WorkflowStepLeaseExpiredError"
 CANCELLED = "WorkflowCancelledError"
 
 # What a step waits on when it has no body of its own.
 STEP, SLEEP, SUSPENSION, APPROVAL, CHILD = "step", "sleep", "suspension", "approval", "child"
+#: A ``wf.wait_for_event`` gate, and a ``wf.set_event`` publish.
+EVENT, PUBLISH = "event", "publish"
+#: The kinds whose label names the kind already (``event paid``, ``published stage``).
+SELF_NAMED = (EVENT, PUBLISH)
 #: What an approval gate is at: ``waiting`` for a decision, ``expiry-passed`` (no decision
 #: is taken any more; the next pass settles it as expired), ``decided``, ``expired``, or
 #: ``cancelled`` (fenced by the run's cancellation).
 GATE_WAITING, GATE_EXPIRY_PASSED = "waiting", "expiry-passed"
 GATE_DECIDED, GATE_EXPIRED, GATE_CANCELLED = "decided", "expired", "cancelled"
+#: What an event wait is at: ``waiting`` for an event, ``expiry-passed`` (its timeout has
+#: passed; the next pass settles it as timed out unless an event came first),
+#: ``received`` (it took an event), ``timed-out``, or ``cancelled``.
+EVENT_RECEIVED, EVENT_TIMED_OUT = "received", "timed-out"
 
 
 @dataclass(frozen=True)
@@ -115,12 +132,69 @@ class GateView:
 
 
 @dataclass(frozen=True)
+class EventWaitView:
+    """A ``wf.wait_for_event(name)`` gate: ``label`` is what is shown (``event paid``, a
+    loop's later reach ``event paid#2``); ``expires_at`` its timeout (``None``: none);
+    ``seq``, ``payload`` and ``sent_at`` the event it took, once ``received``."""
+
+    name: str
+    step_name: str
+    label: str
+    status: str
+    expires_at: datetime | None
+    seq: int | None = None
+    payload: Any = None
+    sent_at: datetime | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self.status == GATE_WAITING
+
+    def describe(self) -> str:
+        """``waiting for event 'paid'`` (``, times out at ...`` when it has a timeout)."""
+        line = f"waiting for event {self.name!r}"
+        if self.expires_at is not None:
+            line += f" (times out at {format_time(self.expires_at)})"
+        return line
+
+
+@dataclass(frozen=True)
+class Published:
+    """A value the run published with ``wf.set_event(key, value)``."""
+
+    key: str
+    step_name: str
+    value: Any
+    published_at: datetime
+
+    @property
+    def label(self) -> str:
+        """``published stage`` (a loop's later reach: ``published stage#2``)."""
+        return display_name(self.step_name, PUBLISH)
+
+
+@dataclass(frozen=True)
+class SentEvent:
+    """An event sent to the run (``pikku.send_event``) and the wait that took it: its
+    label and stored step name (``None``: not taken yet)."""
+
+    event: WorkflowEvent
+    taken_by: str | None = None
+    taken_by_step: str | None = None
+
+    @property
+    def taken(self) -> bool:
+        return self.taken_by is not None
+
+
+@dataclass(frozen=True)
 class StepView:
     state: StepState
     kind: str
     attempts: list[AttemptView] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
     gate: GateView | None = None
+    event_wait: EventWaitView | None = None
 
     @property
     def settled(self) -> bool:
@@ -173,6 +247,9 @@ class Timeline:
     steps: list[StepView]
     start: datetime
     end: datetime
+    #: The events sent to the run, in the order sent (what the caller of ``build`` read
+    #: with ``pikku.list_events``; empty when it read none).
+    events: list[SentEvent] = field(default_factory=list)
 
     @property
     def attempts(self) -> list[AttemptView]:
@@ -210,6 +287,34 @@ class Timeline:
         return gate if gate is not None and not self.waiting_suspension else None
 
     @property
+    def event_waits(self) -> list[EventWaitView]:
+        """The run's ``wf.wait_for_event`` gates, in the order it reached them."""
+        return [s.event_wait for s in self.steps if s.event_wait is not None]
+
+    @property
+    def waiting_event(self) -> EventWaitView | None:
+        """The event wait the run waits on now, if any."""
+        if self.run.is_terminal:
+            return None
+        return next((w for w in reversed(self.event_waits) if w.waiting), None)
+
+    @property
+    def event_wait_only(self) -> EventWaitView | None:
+        """The event wait the run waits on when no ``wf.suspend`` gate waits too:
+        ``resume`` would change nothing (the run would wake and wait again), so the CLI,
+        the dashboard and the JSON API refuse it and name the event to send."""
+        wait = self.waiting_event
+        return wait if wait is not None and not self.waiting_suspension else None
+
+    @property
+    def published(self) -> list[Published]:
+        """What the run published with ``wf.set_event``, in the order it did."""
+        return [Published(str(s.state.data.get("publish")), s.state.step_name,
+                          s.state.result, s.state.updated_at)
+                for s in self.steps if s.kind == PUBLISH and isinstance(s.state.data, dict)
+                and s.state.status == STEP_SUCCEEDED]
+
+    @property
     def compensations(self) -> list[Compensation]:
         """The run's compensations (``wf.do(..., on_error=...)``), in the order recorded."""
         by_name = {s.state.step_name: s for s in self.steps}
@@ -238,6 +343,9 @@ class Timeline:
         gate = self.waiting_gate
         if gate is not None:
             line += f", waiting for approval {gate.name!r}"
+        waiting = self.waiting_event
+        if waiting is not None:
+            line += ", " + waiting.describe()
         for comp in self.compensations:
             line += f", compensation of {comp.for_step!r} {comp.status}"
         return line
@@ -252,17 +360,33 @@ def kind_of(step: StepState) -> str:
         if step.step_name.startswith(APPROVAL_PREFIX) and isinstance(step.data, dict) \
                 and isinstance(step.data.get("approval"), str):
             return APPROVAL
+        if step.step_name.startswith(EVENT_PREFIX) and isinstance(step.data, dict) \
+                and isinstance(step.data.get("event"), str):
+            return EVENT
+        if step.step_name.startswith(PUBLISH_PREFIX) and isinstance(step.data, dict) \
+                and isinstance(step.data.get("publish"), str):
+            return PUBLISH
         return SLEEP
     return STEP
 
 
 def display_name(step_name: str, kind: str) -> str:
-    """``__approval:manager`` -> ``manager``, ``__suspend:review`` -> ``review``."""
+    """``__approval:manager`` -> ``manager``, ``__suspend:review`` -> ``review``,
+    ``__event:paid`` -> ``event paid``, ``__publish:stage`` -> ``published stage``."""
     if kind == APPROVAL:
         return step_name.removeprefix(APPROVAL_PREFIX)
     if kind == SUSPENSION:
         return step_name.removeprefix(SUSPEND_PREFIX)
+    if kind == EVENT:
+        return "event " + step_name.removeprefix(EVENT_PREFIX)
+    if kind == PUBLISH:
+        return "published " + step_name.removeprefix(PUBLISH_PREFIX)
     return step_name
+
+
+def send_command(run_id: str, wait: EventWaitView) -> str:
+    """The command sending the event ``wait`` waits for (``show``, a refused ``resume``)."""
+    return f"pikku send {run_id} {wait.name} [PAYLOAD_JSON] [--key KEY]"
 
 
 def approve_command(run_id: str, gate: GateView) -> str:
@@ -302,6 +426,44 @@ def gate_of(step: StepState, attempts: list[AttemptView], now: datetime) -> Gate
                     decided_by=decided_by)
 
 
+def event_wait_of(step: StepState, now: datetime) -> EventWaitView:
+    """The event wait ``step`` records (``kind_of(step) == EVENT``)."""
+    data: dict[str, Any] = step.data
+    expires_ms = data.get("expires_at_ms")
+    expires_at = (datetime.fromtimestamp(expires_ms / 1000, tz=UTC)
+                  if isinstance(expires_ms, int | float) else None)
+    result = step.result if isinstance(step.result, dict) else {}
+    seq, payload, sent_at = None, None, None
+    if step.status == STEP_SUCCEEDED:
+        if result.get("timed_out"):
+            status = EVENT_TIMED_OUT
+        else:
+            status, payload = EVENT_RECEIVED, result.get("payload")
+            seq = result.get("seq") if isinstance(result.get("seq"), int) else None
+            sent_ms = result.get("sent_at_ms")
+            sent_at = (datetime.fromtimestamp(sent_ms / 1000, tz=UTC)
+                       if isinstance(sent_ms, int | float) else None)
+    elif step.status == STEP_SCHEDULED:
+        due = step.due_at
+        status = GATE_EXPIRY_PASSED if due is not None and due <= now else GATE_WAITING
+    else:
+        status = GATE_CANCELLED
+    return EventWaitView(name=str(data["event"]), step_name=step.step_name,
+                         label=display_name(step.step_name, EVENT), status=status,
+                         expires_at=expires_at, seq=seq, payload=payload, sent_at=sent_at)
+
+
+def sent_events(events: list[WorkflowEvent], waits: list[EventWaitView]) -> list[SentEvent]:
+    """``events`` each with the wait that took it (the wait whose result has its seq)."""
+    by_seq = {w.seq: w for w in waits if w.seq is not None}
+    found = []
+    for event in events:
+        wait = by_seq.get(event.seq)
+        found.append(SentEvent(event, None if wait is None else wait.label,
+                               None if wait is None else wait.step_name))
+    return found
+
+
 def outcome_of(entry: StepAttempt, current_attempt: int) -> str:
     error_type = (entry.error or {}).get("type")
     if error_type == LEASE_EXPIRED:
@@ -312,8 +474,10 @@ def outcome_of(entry: StepAttempt, current_attempt: int) -> str:
 
 
 def build(run: WorkflowRun, steps: list[StepState], history: list[StepAttempt],
-          now: datetime) -> Timeline:
-    """The timeline of ``run`` from its steps and history; ``now`` ends what is open."""
+          now: datetime, events: list[WorkflowEvent] | None = None) -> Timeline:
+    """The timeline of ``run`` from its steps and history; ``now`` ends what is open;
+    ``events``: the run's sent events (``pikku.list_events``), shown with the waits that
+    took them (``None``: none were read)."""
     end = run.updated_at if run.status in RUN_TERMINAL else max(now, run.updated_at)
     by_step: dict[str, list[StepAttempt]] = {}
     for entry in history:
@@ -324,7 +488,9 @@ def build(run: WorkflowRun, steps: list[StepState], history: list[StepAttempt],
     latest = [t for v in views for a in v.attempts for t in (a.started_at, a.ended_at)
               if t is not None]
     end = max([end, *latest])
-    return Timeline(run=run, steps=views, start=min([run.created_at, *latest]), end=end)
+    waits = [v.event_wait for v in views if v.event_wait is not None]
+    return Timeline(run=run, steps=views, start=min([run.created_at, *latest]), end=end,
+                    events=sent_events(events or [], waits))
 
 
 def _step_view(step: StepState, entries: list[StepAttempt], end: datetime) -> StepView:
@@ -345,7 +511,8 @@ def _step_view(step: StepState, entries: list[StepAttempt], end: datetime) -> St
             result=entry.result))
     return StepView(state=step, kind=kind, attempts=attempts,
                     waits=_waits(step, kind, attempts, end),
-                    gate=gate_of(step, attempts, end) if kind == APPROVAL else None)
+                    gate=gate_of(step, attempts, end) if kind == APPROVAL else None,
+                    event_wait=event_wait_of(step, end) if kind == EVENT else None)
 
 
 def is_settled(step: StepState) -> bool:

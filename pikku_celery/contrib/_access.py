@@ -6,8 +6,9 @@ dashboard) all decide through here.
 A deployment's rules (``Rules``) are:
 
 - ``authorize(request, action, run_id)`` (``PIKKU_AUTHORIZE``): may this request do
-  ``action`` (``read``, ``start``, ``cancel``, ``resume``, ``approve``) to run ``run_id``
-  (``None``: listing, and a start without ``run_id``)? A callable that also takes a
+  ``action`` (``ACTIONS``: ``read``, ``start``, ``cancel``, ``resume``, ``approve``,
+  ``retry``, ``fork``, ``send_event``) to run ``run_id`` (``None``: listing, and a start
+  without ``run_id``)? A callable that also takes a
   ``gate`` keyword (or ``**kwargs``) is told, for ``approve``, which gate is decided:
   ``authorize(request, "approve", run_id, gate="manager")``.
 - ``run_filter(request)`` (``PIKKU_RUN_FILTER``, optional): the runs this caller may read, as
@@ -38,6 +39,13 @@ from typing import Any
 
 from pikku_celery.errors import InvalidInputError, PikkuConfigurationError
 from pikku_celery.store.base import check_run_match
+
+#: The actions ``authorize`` is asked about; ``send_event``: send an event to a run
+#: (``pikku.send_event``: the JSON API's ``api/runs/<run_id>/events/<name>`` and the
+#: dashboard's Send event form).
+READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK, SEND_EVENT = (
+    "read", "start", "cancel", "resume", "approve", "retry", "fork", "send_event")
+ACTIONS = (READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK, SEND_EVENT)
 
 #: ``authorize(request, action, run_id[, gate=...]) -> bool``.
 Authorize = Callable[..., bool]

@@ -12,7 +12,8 @@ through is decided here, once, in this order:
    no deeper than MongoDB stores (400);
 3. the handler calls the app's public methods; errors map to statuses here: unknown run or
    workflow 404, bad input (pikku's ``InvalidInputError`` only) 400, a run id taken by
-   another run or a refused approval 409, anything else 500 with no detail: any other
+   another run, a refused approval or an event sent to a run that has ended 409, anything
+   else 500 with no detail: any other
    ``ValueError``, a ``PikkuConfigurationError`` (the engine is built at its first use,
    which can be a request) and every unexpected error are logged, never served (a
    driver's message or a traceback can quote a connection string).
@@ -22,6 +23,11 @@ signed-in user; Flask: ``PIKKU_IDENTIFY``), never by whoever the body's ``by`` n
 ``by`` that is not the caller is refused (403), and so is any ``by`` when the adapter cannot
 tell who the caller is (no ``by``: no approver, which only a gate without approvers takes).
 
+An event (``POST api/runs/<run_id>/events/<name>``, body ``{"payload": ..., "key": ...}``,
+both optional) is its own action, ``send_event``; a run's events are read with ``read``
+(``GET api/runs/<run_id>/events``, and in the run's own JSON), each with the wait that took
+it (``taken_by``) or ``null``.
+
 Served records carry errors as ``type`` and ``message`` only; their ``traceback`` (and
 those nested in step data, such as a compensation's input) is served only with
 ``show_tracebacks``, to an authorized caller.
@@ -29,7 +35,6 @@ those nested in step data, such as a compensation's input) is served only with
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping
@@ -40,32 +45,71 @@ from urllib.parse import urlsplit
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._access import (
+    ACTIONS,
+    APPROVE,
+    CANCEL,
+    FORK,
+    READ,
+    RESUME,
+    RETRY,
+    SEND_EVENT,
+    START,
     ApiError,
     Caller,
     forbidden,
     not_authenticated,
 )
+from pikku_celery.contrib._json import present, sent_events_json, to_json
+from pikku_celery.contrib._readable import (
+    MAX_SEARCHED,
+    SEARCH_BATCH,
+    RunSearch,
+    readable_count,
+    readable_page,
+    readable_run,
+    readable_search,
+)
 from pikku_celery.errors import (
     InvalidInputError,
     PikkuConfigurationError,
     WorkflowApprovalError,
+    WorkflowEventError,
     WorkflowNotFoundError,
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
 )
-from pikku_celery.records import StepAttempt, StepState, WorkflowRun
-from pikku_celery.store.base import run_matches
-from pikku_celery.timeline import build
+from pikku_celery.records import StepAttempt, StepState
+from pikku_celery.timeline import Timeline, build
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH
 
 log = logging.getLogger("pikku_celery.contrib")
 
 Response = tuple[int, Any]
-__all__ = ["ApiError", "forbidden", "not_authenticated"]  # kept here for the adapters
-
-READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK = (
-    "read", "start", "cancel", "resume", "approve", "retry", "fork")
-ACTIONS = (READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK)
+# Kept here for the adapters and the dashboard (the actions are ``_access``'s, what a
+# caller may read ``_readable``'s, the JSON of read models ``_json``'s).
+__all__ = [
+    "ACTIONS",
+    "APPROVE",
+    "CANCEL",
+    "FORK",
+    "MAX_SEARCHED",
+    "READ",
+    "RESUME",
+    "RETRY",
+    "SEARCH_BATCH",
+    "SEND_EVENT",
+    "START",
+    "ApiError",
+    "RunSearch",
+    "forbidden",
+    "not_authenticated",
+    "present",
+    "readable_count",
+    "readable_page",
+    "readable_run",
+    "readable_search",
+    "to_json",
+]
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
@@ -73,7 +117,6 @@ MAX_LIMIT = 200
 DEFAULT_STEP_LIMIT = 100
 MAX_STEP_LIMIT = 500
 JSON_TYPE = "application/json"
-_ERROR_FIELDS = ("type", "message")
 
 
 @dataclass(frozen=True)
@@ -101,50 +144,6 @@ def internal_error() -> Response:
     """The one answer to a failure that is the server's: no detail (it is in the log)."""
     return 500, {"error": "InternalError",
                  "message": "the server could not answer; the error is in its log"}
-
-
-# --- serving records ---------------------------------------------------------------------
-
-
-def to_json(record: Any) -> Any:
-    """A read model as plain JSON (datetimes as ISO 8601 strings)."""
-    if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {k: to_json(v) for k, v in dataclasses.asdict(record).items()}
-    if isinstance(record, datetime):
-        return record.isoformat()
-    if isinstance(record, Mapping):
-        return {k: to_json(v) for k, v in record.items()}
-    if isinstance(record, list | tuple):
-        return [to_json(v) for v in record]
-    return record
-
-
-def present(record: Any, *, show_tracebacks: bool) -> Any:
-    """A run, step or attempt as served: its ``error`` as type and message only (plus the
-    traceback when shown), and no traceback in error-shaped values nested anywhere else."""
-    served = to_json(record)
-    if isinstance(served, dict) and isinstance(served.get("error"), dict):
-        error = served["error"]
-        kept = _ERROR_FIELDS + (("traceback",) if show_tracebacks else ())
-        served["error"] = {k: error[k] for k in kept if k in error}
-    return served if show_tracebacks else _without_tracebacks(served)
-
-
-def _without_tracebacks(value: Any) -> Any:
-    # Iterative: a step's data may nest up to MongoDB's 100 levels.
-    root: list[Any] = [value]
-    stack: list[tuple[Any, Any]] = [(root, 0)]
-    while stack:
-        parent, key = stack.pop()
-        item = parent[key]
-        if isinstance(item, dict):
-            if "traceback" in item and "type" in item and "message" in item:
-                item = {k: v for k, v in item.items() if k != "traceback"}
-                parent[key] = item
-            stack.extend((item, k) for k in item)
-        elif isinstance(item, list):
-            stack.extend((item, i) for i in range(len(item)))
-    return root[0]
 
 
 # --- request bodies ----------------------------------------------------------------------
@@ -233,9 +232,10 @@ def handle(call: Callable[[], Response]) -> Response:
         return exc.response()
     except (WorkflowRunNotFoundError, WorkflowNotFoundError) as exc:
         return 404, {"error": type(exc).__name__, "message": str(exc)}
-    except (WorkflowRunConflictError, WorkflowApprovalError) as exc:
-        # An approval refused: the run does not wait on it, or the decision or its
-        # approver does not fit the gate; nothing was recorded.
+    except (WorkflowRunConflictError, WorkflowApprovalError, WorkflowEventError) as exc:
+        # An approval refused (the run does not wait on it, or the decision or its
+        # approver does not fit the gate), or an event sent to a run that has ended;
+        # nothing was recorded.
         return 409, {"error": type(exc).__name__, "message": str(exc)}
     except InvalidInputError as exc:
         # Only pikku's own: the message describes the caller's input. Any other ValueError
@@ -283,7 +283,27 @@ class RunsApi:
         return 200, {"runs": [self._present(r) for r in runs], "next": more}
 
     def get_run(self, run_id: str) -> Response:
-        return 200, self._present(readable_run(self.pikku, self.caller, run_id))
+        """The run, with its events (``events``: as ``get_events`` serves them)."""
+        served = self._present(readable_run(self.pikku, self.caller, run_id))
+        served["events"] = self._events(self._timeline(run_id, self.pikku.list_events(run_id)))
+        return 200, served
+
+    def get_events(self, run_id: str, query: Mapping[str, str]) -> Response:
+        """The events sent to the run, in the order sent (``?limit=``: the first 1 to
+        1000, default 1000), each with the wait that took it (``taken_by``, its name as
+        shown; ``taken_by_step``, its step name; ``null``: not taken yet)."""
+        readable_run(self.pikku, self.caller, run_id)
+        limit = bounded_int(query.get("limit"), "limit", MAX_EVENTS, MAX_EVENTS)
+        events = self.pikku.list_events(run_id, limit)
+        return 200, {"events": self._events(self._timeline(run_id, events))}
+
+    def _timeline(self, run_id: str, events: list[Any] | None = None) -> Timeline:
+        """The run's timeline without its attempts (what gates and events need)."""
+        return build(self.pikku.get_run(run_id), self.pikku.get_steps(run_id), [],
+                     datetime.now(UTC), events=events)
+
+    def _events(self, timeline: Timeline) -> list[Any]:
+        return [self._present(e) for e in sent_events_json(timeline.events)]
 
     def get_steps(self, run_id: str, query: Mapping[str, str]) -> Response:
         """A page of the run's steps in creation order, without their data and result
@@ -346,13 +366,20 @@ class RunsApi:
         gate, and ``{"resumed": true}`` would be a lie (as in ``pikku resume`` and the
         dashboard)."""
         _fields(body, allowed=(), what="nothing")
-        run = readable_run(self.pikku, self.caller, run_id)
-        gate = build(run, self.pikku.get_steps(run_id), [], datetime.now(UTC)).approval_only
+        readable_run(self.pikku, self.caller, run_id)
+        timeline = self._timeline(run_id)
+        gate = timeline.approval_only
         if gate is not None:
             raise ApiError(409, "WorkflowWaitsForApproval",
                            f"run {run_id!r} waits for approval {gate.name!r}, which resume "
                            "does not open: decide it with POST "
                            f"api/runs/{run_id}/approvals/{gate.name}")
+        wait = timeline.event_wait_only
+        if wait is not None:
+            raise ApiError(409, "WorkflowWaitsForEvent",
+                           f"run {run_id!r} waits for event {wait.name!r}, which resume "
+                           f"does not send: send it with POST api/runs/{run_id}/events/"
+                           f"{wait.name}")
         return 200, {"resumed": self.pikku.resume(run_id)}
 
     def retry(self, run_id: str, body: Any) -> Response:
@@ -400,8 +427,21 @@ class RunsApi:
         step = self.pikku.approve(run_id, name, fields["decision"], by=by)
         return 200, {"approved": True, "step": self._present(step)}
 
+    def send_event(self, run_id: str, name: str, body: Any) -> Response:
+        """``pikku.send_event``: the body's ``payload`` (default ``null``) under the
+        optional idempotency ``key``; 409 for a run that has ended."""
+        what = "an optional 'payload' and an optional 'key'"
+        fields = _fields(body, allowed=("payload", "key"), what=what)
+        key = fields.get("key")
+        if key is not None and not isinstance(key, str):
+            raise InvalidInputError(f"'key' must be a string, got {key!r}")
+        readable_run(self.pikku, self.caller, run_id)
+        event = self.pikku.send_event(run_id, name, fields.get("payload"), key=key)
+        return 200, {"sent": True, "event": self._present(event)}
+
 
 VALUE_FIELDS = ("data", "result")
+MAX_EVENTS = 1000  # what one read of a run's events serves at most
 
 
 def _exists(pikku: PikkuCelery, run_id: str) -> bool:
@@ -438,109 +478,6 @@ def _page(records: list[Any], query: Mapping[str, str], *, key: Callable[[Any], 
     page = records[start:start + limit]
     more = key(page[-1]) if page and start + limit < len(records) else None
     return page, more
-
-
-# --- what a caller may read (shared with the dashboard's pages) -------------------------
-
-
-def readable_run(pikku: PikkuCelery, caller: Caller, run_id: str) -> WorkflowRun:
-    """The run, if the caller's run filter keeps it; else unknown to them (404)."""
-    run = pikku.get_run(run_id)
-    match = caller.match()
-    if match is not None and not run_matches(run.input, match):
-        raise WorkflowRunNotFoundError(run_id)
-    return run
-
-
-def readable_page(pikku: PikkuCelery, caller: Caller, *, workflow: str | None,
-                  status: str | None, limit: int, before: str | None
-                  ) -> tuple[list[WorkflowRun], str | None]:
-    """A page of the runs the caller may read, newest first, and the ``before`` of the
-    next page. The page is a store query with the caller's run filter (``match``); the
-    cursor must be a run they may read; every run is then checked with ``read`` on its
-    own, and a refused one is left out (the page can come back short, never with
-    another's run)."""
-    cursor = None
-    if before:
-        if not caller.can(READ, before):
-            raise WorkflowRunNotFoundError(before)
-        cursor = readable_run(pikku, caller, before)
-    runs = pikku.list_runs(workflow=workflow, status=status, limit=limit,
-                           created_before=cursor, match=caller.match())
-    more = runs[-1].run_id if len(runs) == limit else None
-    return [r for r in runs if caller.can(READ, r.run_id)], more
-
-
-#: A run-id search reads at most this many runs (newest first, within the other filters)
-#: for one page: the store has no prefix filter, so the page is filtered as it is read.
-SEARCH_BATCH = 200
-MAX_SEARCHED = 2_000
-
-
-@dataclass(frozen=True)
-class RunSearch:
-    """The runs page's narrower filters: created in ``[after_ms, before_ms)`` and a run id
-    starting with ``prefix`` (each ``None``: any)."""
-
-    after_ms: int | None = None
-    before_ms: int | None = None
-    prefix: str | None = None
-
-    @property
-    def narrows(self) -> bool:
-        return (self.after_ms, self.before_ms, self.prefix) != (None, None, None)
-
-
-def readable_search(pikku: PikkuCelery, caller: Caller, search: RunSearch, *,
-                    workflow: str | None, status: str | None, limit: int,
-                    before: str | None) -> tuple[list[WorkflowRun], str | None, bool]:
-    """``readable_page`` narrowed by ``search``: the page, the ``before`` of the next
-    page, and whether the search gave up before the range ended (it read
-    ``MAX_SEARCHED`` runs without filling the page; the next page reads on).
-
-    The time range is part of the store query (its upper bound is the listing's
-    ``created_before_ms``; the listing is newest first, so the runs after ``after_ms``
-    are the start of it and reading stops at the first older one). The store has no
-    run-id prefix filter: the runs read are filtered here, ``SEARCH_BATCH`` at a time."""
-    bound_ms: int | None = search.before_ms
-    bound_id: str | None = None
-    if before:
-        if not caller.can(READ, before):
-            raise WorkflowRunNotFoundError(before)
-        cursor = readable_run(pikku, caller, before)
-        cursor_ms = round(cursor.created_at.timestamp() * 1000)
-        if bound_ms is None or cursor_ms < bound_ms:
-            bound_ms, bound_id = cursor_ms, cursor.run_id
-    kept: list[WorkflowRun] = []
-    read = 0
-    batch = limit if search.prefix is None else SEARCH_BATCH
-    while True:
-        runs = pikku.engine.store.list_runs(
-            workflow=workflow, status=status, limit=batch, created_before_ms=bound_ms,
-            before_run_id=bound_id, **({} if caller.match() is None
-                                       else {"match": caller.match()}))
-        read += len(runs)
-        for run in runs:
-            if search.after_ms is not None and \
-                    run.created_at.timestamp() * 1000 < search.after_ms:
-                return kept, None, False  # the range ended
-            if search.prefix is None or run.run_id.startswith(search.prefix):
-                if caller.can(READ, run.run_id):
-                    kept.append(run)
-                if len(kept) == limit:
-                    return kept, run.run_id, False
-        if len(runs) < batch:
-            return kept, None, False  # no more runs
-        bound_ms = round(runs[-1].created_at.timestamp() * 1000)
-        bound_id = runs[-1].run_id
-        if read >= MAX_SEARCHED:
-            return kept, bound_id, True
-
-
-def readable_count(pikku: PikkuCelery, caller: Caller, status: str, *,
-                   workflow: str | None, limit: int) -> int:
-    """How many runs of ``status`` the caller's run filter keeps, up to ``limit``."""
-    return pikku.count_runs(status, workflow=workflow, limit=limit, match=caller.match())
 
 
 def _fields(body: Any, *, allowed: tuple[str, ...], what: str) -> Mapping[str, Any]:
@@ -585,6 +522,8 @@ ROUTES = (
           lambda api, p, q, b: api.get_step(p["run_id"], p["step_name"])),
     Route("history", "GET", "api/runs/<run_id>/history", READ,
           lambda api, p, q, b: api.get_history(p["run_id"], q)),
+    Route("events", "GET", "api/runs/<run_id>/events", READ,
+          lambda api, p, q, b: api.get_events(p["run_id"], q)),
     Route("cancel", "POST", "api/runs/<run_id>/cancel", CANCEL,
           lambda api, p, q, b: api.cancel(p["run_id"], b)),
     Route("resume", "POST", "api/runs/<run_id>/resume", RESUME,
@@ -595,6 +534,8 @@ ROUTES = (
           lambda api, p, q, b: api.fork(p["run_id"], b)),
     Route("approve", "POST", "api/runs/<run_id>/approvals/<name>", APPROVE,
           lambda api, p, q, b: api.approve(p["run_id"], p["name"], b)),
+    Route("send_event", "POST", "api/runs/<run_id>/events/<name>", SEND_EVENT,
+          lambda api, p, q, b: api.send_event(p["run_id"], p["name"], b)),
     Route("start", "POST", "api/workflows/<workflow>/runs", START,
           lambda api, p, q, b: api.start(p["workflow"], b)),
 )

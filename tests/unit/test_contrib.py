@@ -210,16 +210,19 @@ ENDPOINTS = [
     ("GET", "/runs/r-live/steps", "read"),
     ("GET", "/runs/r-live/steps/add", "read"),
     ("GET", "/runs/r-live/history", "read"),
+    ("GET", "/runs/r-live/events", "read"),
     ("POST", "/runs/r-live/cancel", "cancel"),
     ("POST", "/runs/r-live/resume", "resume"),
     ("POST", "/runs/r-live/retry", "retry"),
     ("POST", "/runs/r-live/fork", "fork"),
     ("POST", "/runs/r-live/approvals/manager", "approve"),
+    ("POST", "/runs/r-live/events/paid", "send_event"),
     ("POST", "/workflows/sum/runs", "start"),
 ]
 POSTS = [e for e in ENDPOINTS if e[0] == "POST"]
 BODIES = {"cancel": {"reason": "x"}, "resume": {}, "start": {"input": {"a": 1, "b": 1}},
-          "approve": {"decision": True}, "retry": {}, "fork": {"from_step": "add"}}
+          "approve": {"decision": True}, "retry": {}, "fork": {"from_step": "add"},
+          "send_event": {"payload": {"amount": 12}, "key": "k"}}
 
 
 def test_every_route_is_in_the_access_tests() -> None:
@@ -228,9 +231,11 @@ def test_every_route_is_in_the_access_tests() -> None:
 
 
 def unchanged(pikku: PikkuCelery) -> bool:
-    """Nothing a refused request could have done: no new run, the live run untouched."""
+    """Nothing a refused request could have done: no new run, the live run untouched and
+    sent no event."""
     runs = pikku.list_runs()
-    return [r.run_id for r in runs] == ["r-live"] and runs[0].status == "running"
+    return ([r.run_id for r in runs] == ["r-live"] and runs[0].status == "running"
+            and pikku.list_events("r-live") == [])
 
 
 @pytest.mark.parametrize(("method", "path", "action"), ENDPOINTS)

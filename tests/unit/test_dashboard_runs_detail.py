@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pikku_celery import PikkuCelery
-from pikku_celery.contrib import _api
+from pikku_celery.contrib import _readable
 from pikku_celery.dashboard import graph_view
 from pikku_celery.store.base import NewRun
 from tests.unit.test_cli import run_cli
@@ -243,8 +243,8 @@ def test_the_runs_page_searches_by_run_id_prefix(dated: Site) -> None:
 
 def test_a_long_search_stops_and_offers_to_read_on(dated: Site,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_api, "SEARCH_BATCH", 1)
-    monkeypatch.setattr(_api, "MAX_SEARCHED", 2)
+    monkeypatch.setattr(_readable, "SEARCH_BATCH", 1)
+    monkeypatch.setattr(_readable, "MAX_SEARCHED", 2)
     page = dated.get(BASE + "?run_id=jan-")
     assert rows(page) == [] and 'id="search-gave-up"' in page.text
     older = re.search(r'<a href="([^"]+)" id="older">', page.text)

@@ -1,0 +1,114 @@
+"""What a caller may read, for the JSON API (``_api``) and the dashboard's pages
+(``pikku_celery.dashboard._pages``) alike: one run (unknown to a caller whose run filter
+does not keep it), a page of runs, a page narrowed by time and run id prefix, a count.
+Every listed run is also checked on its own with ``read`` (``_access``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pikku_celery.app import PikkuCelery
+from pikku_celery.contrib._access import READ, Caller
+from pikku_celery.errors import WorkflowRunNotFoundError
+from pikku_celery.records import WorkflowRun
+from pikku_celery.store.base import run_matches
+
+
+def readable_run(pikku: PikkuCelery, caller: Caller, run_id: str) -> WorkflowRun:
+    """The run, if the caller's run filter keeps it; else unknown to them (404)."""
+    run = pikku.get_run(run_id)
+    match = caller.match()
+    if match is not None and not run_matches(run.input, match):
+        raise WorkflowRunNotFoundError(run_id)
+    return run
+
+
+def readable_page(pikku: PikkuCelery, caller: Caller, *, workflow: str | None,
+                  status: str | None, limit: int, before: str | None
+                  ) -> tuple[list[WorkflowRun], str | None]:
+    """A page of the runs the caller may read, newest first, and the ``before`` of the
+    next page. The page is a store query with the caller's run filter (``match``); the
+    cursor must be a run they may read; every run is then checked with ``read`` on its
+    own, and a refused one is left out (the page can come back short, never with
+    another's run)."""
+    cursor = None
+    if before:
+        if not caller.can(READ, before):
+            raise WorkflowRunNotFoundError(before)
+        cursor = readable_run(pikku, caller, before)
+    runs = pikku.list_runs(workflow=workflow, status=status, limit=limit,
+                           created_before=cursor, match=caller.match())
+    more = runs[-1].run_id if len(runs) == limit else None
+    return [r for r in runs if caller.can(READ, r.run_id)], more
+
+
+#: A run-id search reads at most this many runs (newest first, within the other filters)
+#: for one page: the store has no prefix filter, so the page is filtered as it is read.
+SEARCH_BATCH = 200
+MAX_SEARCHED = 2_000
+
+
+@dataclass(frozen=True)
+class RunSearch:
+    """The runs page's narrower filters: created in ``[after_ms, before_ms)`` and a run id
+    starting with ``prefix`` (each ``None``: any)."""
+
+    after_ms: int | None = None
+    before_ms: int | None = None
+    prefix: str | None = None
+
+    @property
+    def narrows(self) -> bool:
+        return (self.after_ms, self.before_ms, self.prefix) != (None, None, None)
+
+
+def readable_search(pikku: PikkuCelery, caller: Caller, search: RunSearch, *,
+                    workflow: str | None, status: str | None, limit: int,
+                    before: str | None) -> tuple[list[WorkflowRun], str | None, bool]:
+    """``readable_page`` narrowed by ``search``: the page, the ``before`` of the next
+    page, and whether the search gave up before the range ended (it read
+    ``MAX_SEARCHED`` runs without filling the page; the next page reads on).
+
+    The time range is part of the store query (its upper bound is the listing's
+    ``created_before_ms``; the listing is newest first, so the runs after ``after_ms``
+    are the start of it and reading stops at the first older one). The store has no
+    run-id prefix filter: the runs read are filtered here, ``SEARCH_BATCH`` at a time."""
+    bound_ms: int | None = search.before_ms
+    bound_id: str | None = None
+    if before:
+        if not caller.can(READ, before):
+            raise WorkflowRunNotFoundError(before)
+        cursor = readable_run(pikku, caller, before)
+        cursor_ms = round(cursor.created_at.timestamp() * 1000)
+        if bound_ms is None or cursor_ms < bound_ms:
+            bound_ms, bound_id = cursor_ms, cursor.run_id
+    kept: list[WorkflowRun] = []
+    read = 0
+    batch = limit if search.prefix is None else SEARCH_BATCH
+    while True:
+        runs = pikku.engine.store.list_runs(
+            workflow=workflow, status=status, limit=batch, created_before_ms=bound_ms,
+            before_run_id=bound_id, **({} if caller.match() is None
+                                       else {"match": caller.match()}))
+        read += len(runs)
+        for run in runs:
+            if search.after_ms is not None and \
+                    run.created_at.timestamp() * 1000 < search.after_ms:
+                return kept, None, False  # the range ended
+            if search.prefix is None or run.run_id.startswith(search.prefix):
+                if caller.can(READ, run.run_id):
+                    kept.append(run)
+                if len(kept) == limit:
+                    return kept, run.run_id, False
+        if len(runs) < batch:
+            return kept, None, False  # no more runs
+        bound_ms = round(runs[-1].created_at.timestamp() * 1000)
+        bound_id = runs[-1].run_id
+        if read >= MAX_SEARCHED:
+            return kept, bound_id, True
+
+
+def readable_count(pikku: PikkuCelery, caller: Caller, status: str, *,
+                   workflow: str | None, limit: int) -> int:
+    """How many runs of ``status`` the caller's run filter keeps, up to ``limit``."""
+    return pikku.count_runs(status, workflow=workflow, limit=limit, match=caller.match())
