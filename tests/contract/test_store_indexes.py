@@ -12,6 +12,7 @@ index shapes instead; this one asks MongoDB's planner.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from pymongo.database import Database
 
 from pikku_celery import InMemoryWorkflowStore, MongoWorkflowStore, PikkuCelery
 from pikku_celery._checks import run_checks
+from pikku_celery.store._schedules import NewSchedule
 from pikku_celery.store.base import NewRun, NewStep, due_sweep_key
 from pikku_celery.store.mongo import INDEXES
 from tests.conftest import REDIS_URL
@@ -193,6 +195,22 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.find_event_wakes(late, 10)
     store.clear_event_wake(sent.event_id)
     store.get_history(one)
+    # Schedules: saved (new, the same, a changed timing), read, listed (all, by name),
+    # moved past a tick (and the loser of that race), paused and resumed.
+    every = NewSchedule(name="every-1m", workflow="wf-0", cron=None, every_ms=60_000,
+                        tz="UTC", data={"n": 1}, catch_up="latest")
+    store.save_schedule(every, late + 60_000, late)
+    store.save_schedule(every, late + 60_000, late)
+    store.save_schedule(dataclasses.replace(every, every_ms=None, cron="*/5 * * * *"),
+                        late + 300_000, late)
+    store.get_schedule("every-1m")
+    store.list_schedules()
+    store.list_schedules(["every-1m", "other"])
+    store.advance_schedule("every-1m", late + 300_000, late + 600_000, late,
+                           fired_ms=late + 300_000)
+    store.advance_schedule("every-1m", late + 300_000, late + 600_000, late)
+    store.pause_schedule("every-1m", late)
+    store.resume_schedule("every-1m", late + 600_000, late)
     store.record_version("wf-0", "v1", "src", late)
     store.get_version("wf-0", "v1")
     for after in (None, (T0 + 50 + LEASE, "z")):

@@ -1,0 +1,105 @@
+"""Schedules on real ``celery -A`` workers and the real MongoDB replica set (issue 26,
+item 2): a 2 s schedule fired by two workers, one of them killed, then the other killed and
+a third started: every tick of the whole time starts exactly one run (none twice, none
+skipped), each run knows its tick (``wf.scheduled_for``), and no beat process runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+
+from pikku_celery import keys
+from tests.integration import scheduleapp
+from tests.integration.test_celery_workers import ROOT, Cluster, Worker, make_cluster
+
+__all__ = ["make_cluster"]  # the fixture, imported for pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+EVERY_MS = 2000
+
+
+def _start(c: Cluster, name: str) -> Worker:
+    """``Cluster.start`` for the schedule app's module."""
+    name = f"{name}-{uuid.uuid4().hex[:6]}"
+    log_path = c.logdir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "tests.integration.scheduleapp", "worker",
+             "-P", "threads", "-c", "2", "-Q", c.queue, "-n", f"{name}@%h",
+             "--without-gossip", "--without-mingle", "--without-heartbeat",
+             "--loglevel", "INFO"],
+            cwd=ROOT, env=c.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    worker = Worker(name, "threads", proc, log_path)
+    c.workers.append(worker)
+    return worker
+
+
+def _ticks(c: Cluster) -> list[int]:
+    runs = c.pikku.list_runs(workflow="ticked", limit=1000)
+    found = []
+    for run in runs:
+        tick = keys.scheduled_tick(run.run_id)
+        assert tick is not None and tick[0] == scheduleapp.SCHEDULE, run.run_id
+        found.append(tick[1])
+    return sorted(found)
+
+
+def _started_lines(worker: Worker) -> list[str]:
+    return re.findall(r"tick \S+ started run (\S+)", worker.log())
+
+
+def _wait_ticks(c: Cluster, n: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while len(ticks := _ticks(c)) < n:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{len(ticks)} ticks fired, waited for {n}\n{c.diagnostics()}")
+        time.sleep(0.1)
+    return ticks
+
+
+def test_a_2s_schedule_on_two_workers_one_killed_each_tick_runs_once(
+        make_cluster: Callable[..., Cluster]) -> None:
+    c = make_cluster("redis")
+    c.app = scheduleapp.build(c.env)  # the test side declares the schedule too
+    c.pikku = c.app.pikku
+    first, second = _start(c, "sched-a"), _start(c, "sched-b")
+    c.wait_ready(first, second)
+    _wait_ticks(c, 3, 20)
+    both_ran = _ticks(c)
+    first.kill()
+    killed_at = len(both_ran)
+    _wait_ticks(c, killed_at + 3, 20)  # the other fires on
+    second.kill()  # no worker: ticks fall due meanwhile; a new worker starts them
+    time.sleep(2.5)
+    third = _start(c, "sched-c")
+    c.wait_ready(third)
+    after_restart = _wait_ticks(c, len(_ticks(c)) + 3, 25)
+    end = after_restart[-1]
+
+    # Every tick of the whole time started one run: none twice, none skipped, across the
+    # kill, the time with no worker and the restart.
+    ticks = [t for t in _ticks(c) if t <= end]
+    assert ticks == list(range(ticks[0], end + 1, EVERY_MS)), (ticks, c.diagnostics())
+    assert len(ticks) >= 9
+    # Each run created once: the workers' "started run" lines name each run once.
+    lines = [r for w in c.workers for r in _started_lines(w)]
+    assert len(lines) == len(set(lines)), lines
+    assert _started_lines(third), "the restarted worker fired no tick"
+    # Each run knows its tick and ran to its end.
+    for tick in ticks:
+        run_id = keys.scheduled_run_id(scheduleapp.SCHEDULE, tick)
+        run = c.wait(run_id, 30)
+        when = datetime.fromtimestamp(tick / 1000, tz=UTC)
+        assert run.status == "completed", (run, c.diagnostics())
+        assert run.schedule == scheduleapp.SCHEDULE and run.scheduled_for == when
+        assert run.output["scheduled_for"] == when.isoformat()
+    stored = c.pikku.get_schedule(scheduleapp.SCHEDULE)
+    assert stored.last_at is not None and stored.next_at > stored.last_at
