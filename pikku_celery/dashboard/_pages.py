@@ -30,6 +30,11 @@ as the ``approve`` action told the gate, and CSRF-checked like the buttons; a re
 decision re-renders the page with the refusal and the decision as typed (409). A run
 waiting at an approval is not offered Resume, which does not open an approval.
 
+The events sent to the run are listed with the wait that took each (or "not taken yet"),
+and a live run gets a Send event form (``_events``: action ``send_event``), whose refusal
+re-renders the page with the reason and what was typed (400 bad input, 409 an ended run).
+A run waiting at an event wait only is not offered Resume either.
+
 A failed or cancelled run gets a Retry button (``pikku.retry``, action ``retry``), and a
 run with recorded steps a Fork form (``pikku.fork``, action ``fork`` on the run forked
 from): a step of the run to fork from and an optional new run id (``check_run_id``). A
@@ -49,32 +54,40 @@ from urllib.parse import quote, urlencode
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.contrib._access import Caller
-from pikku_celery.contrib._api import (
+from pikku_celery.contrib._access import (
     APPROVE,
     CANCEL,
     FORK,
-    MAX_SEARCHED,
     READ,
     RESUME,
     RETRY,
-    ApiError,
-    ApiOptions,
+    SEND_EVENT,
+    Caller,
+)
+from pikku_celery.contrib._api import ApiError, ApiOptions, parse_body
+from pikku_celery.contrib._json import present, sent_events_json
+from pikku_celery.contrib._readable import (
+    MAX_SEARCHED,
     RunSearch,
-    parse_body,
-    present,
     readable_count,
     readable_page,
     readable_run,
     readable_search,
 )
-from pikku_celery.contrib._api import content_length as content_length_of
+from pikku_celery.dashboard._events import EventRefusal, TypedEvent, event_form
+from pikku_celery.dashboard._http import (
+    MAX_FORM_BYTES,
+    PageError,
+    check_form,
+    security_headers,
+)
 from pikku_celery.dashboard.chart import chart
 from pikku_celery.dashboard.graph_view import draw, graph_of
 from pikku_celery.errors import (
     InvalidInputError,
     PikkuConfigurationError,
     WorkflowApprovalError,
+    WorkflowEventError,
     WorkflowNotFoundError,
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
@@ -96,7 +109,6 @@ DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 COUNT_LIMIT = 10_000
 MAX_SHOWN_CHARS = 64 * 1024  # of one value: the API serves the whole of it
-MAX_FORM_BYTES = 16 * 1024
 MAX_REASON_CHARS = 500
 REFRESH_S = 5
 STEPS_PER_PAGE = 100
@@ -113,6 +125,9 @@ NOTICES = {
     "not-resumed": "nothing to resume: the run is not suspended",
     "not-resumed-approval": "nothing to resume: the run waits for an approval, which "
                             "resume does not open; decide it below",
+    "not-resumed-event": "nothing to resume: the run waits for an event, which resume "
+                         "does not send; send it below",
+    "event-sent": "event sent",
     "decided": "decision recorded",
     "retried": "run retried: it runs again from where it stopped",
     "not-retried": "nothing to retry: only a failed or cancelled run can be retried",
@@ -171,14 +186,6 @@ class View:
         return self.caller.can(action, run_id, gate)
 
 
-class PageError(Exception):
-    def __init__(self, status: int, title: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.title = title
-        self.message = message
-
-
 def pretty(value: Any) -> str:
     shown = json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
     if len(shown) > MAX_SHOWN_CHARS:
@@ -231,8 +238,8 @@ class Dashboard:
                 done = self.pikku.cancel(run_id, reason or "cancelled from the dashboard")
             elif action == RETRY:
                 done = self.pikku.retry(run_id)  # False for a run neither failed nor cancelled
-            elif _only_approval_waits(self._timeline(run_id)):
-                return _back(view, run_id, "not-resumed-approval")  # it would wake for nothing
+            elif (waits := _only_gate_waits(self._timeline(run_id))) is not None:
+                return _back(view, run_id, waits)  # it would wake for nothing
             else:
                 done = self.pikku.resume(run_id)
             return _back(view, run_id, DONE[action][0 if done else 1])
@@ -277,6 +284,24 @@ class Dashboard:
                 return self._run(view, run_id, Refusal(gate, message, typed), status)
             return _back(view, run_id, "decided")
         return self._page(view.base, decide)
+
+    def send_event(self, view: View, run_id: str, form: Mapping[str, str]) -> Page:
+        """The Send event form's POST (authorized for ``send_event`` and CSRF-checked by
+        the adapter): ``pikku.send_event``; a refusal (a payload that is not JSON, a bad
+        name or key, a run that has ended) re-renders the run page with the reason."""
+        def send() -> Page:
+            check_name("run id", run_id)
+            readable_run(self.pikku, view.caller, run_id)
+            typed = TypedEvent.of(form)
+            try:
+                self.pikku.send_event(run_id, typed.name, typed.value(),
+                                      key=typed.key or None)
+            except (InvalidInputError, WorkflowEventError) as exc:
+                status = 409 if isinstance(exc, WorkflowEventError) else 400
+                return self._run(view, run_id, status=status,
+                                 event_refusal=EventRefusal(str(exc), typed))
+            return _back(view, run_id, "event-sent")
+        return self._page(view.base, send)
 
     def refusal(self, caller: Caller, action: str, run_id: str | None, home: str,
                 login_url: Callable[[], str] | None = None, gate: str | None = None
@@ -351,15 +376,15 @@ class Dashboard:
             return None
 
     def _timeline(self, run_id: str) -> Timeline:
-        return build(self.pikku.get_run(run_id), self.pikku.get_steps(run_id),
-                     self.pikku.get_history(run_id), datetime.now(UTC))
+        return build(self.pikku.get_run(run_id), self.pikku.get_steps(run_id), [],
+                     datetime.now(UTC))
 
     def _run(self, view: View, run_id: str, refusal: Refusal | None = None,
-             status: int = 200) -> Page:
+             status: int = 200, event_refusal: EventRefusal | None = None) -> Page:
         check_name("run id", run_id)
         run = readable_run(self.pikku, view.caller, run_id)
         whole = build(run, self.pikku.get_steps(run_id), self.pikku.get_history(run_id),
-                      datetime.now(UTC))
+                      datetime.now(UTC), events=self.pikku.list_events(run_id))
         timeline, later = _steps_page(whole, view.query.get("steps_after") or None)
         shown = self.options.show_tracebacks
         labels = {s.state.step_name: s.label for s in timeline.steps}
@@ -379,11 +404,16 @@ class Dashboard:
             served=present(run, show_tracebacks=shown),
             chart=chart(timeline), attempts=attempts,
             gates=[_gate_form(view, run_id, g, refusal) for g in whole.gates],
-            refusal=refusal,
+            refusal=refusal, event_waits=whole.event_waits, published=whole.published,
+            events=[(e, present(served, show_tracebacks=shown)["payload"]) for e, served
+                    in zip(whole.events, sent_events_json(whole.events), strict=True)],
+            event_form=event_form(whole, forms=view.csrf is not None,
+                                  allowed=view.can(SEND_EVENT, run_id),
+                                  refusal=event_refusal),
             children=[s.state for s in timeline.steps if s.state.child_run_id],
             can_cancel=live and view.csrf is not None and view.can(CANCEL, run_id),
             can_resume=(run.status == RUN_SUSPENDED and view.csrf is not None
-                        and not _only_approval_waits(whole) and view.can(RESUME, run_id)),
+                        and _only_gate_waits(whole) is None and view.can(RESUME, run_id)),
             can_retry=(run.status in RETRYABLE and view.csrf is not None
                        and view.can(RETRY, run_id)),
             fork_steps=([(s.state.step_name, s.label) for s in whole.steps]
@@ -428,10 +458,15 @@ def _back(view: View, run_id: str, notice: str) -> Page:
                 + urlencode({"notice": notice}))
 
 
-def _only_approval_waits(timeline: Timeline) -> bool:
-    """The run waits for an approval and for no ``wf.suspend``: resume would change
-    nothing (it opens suspensions; the run would wake and suspend again at its gate)."""
-    return timeline.approval_only is not None
+def _only_gate_waits(timeline: Timeline) -> str | None:
+    """The notice refusing resume when the run waits for an approval or an event and for
+    no ``wf.suspend``: resume would change nothing (it opens suspensions; the run would
+    wake and suspend again at its gate); ``None`` when resume may open something."""
+    if timeline.approval_only is not None:
+        return "not-resumed-approval"
+    if timeline.event_wait_only is not None:
+        return "not-resumed-event"
+    return None
 
 
 def _gate_form(view: View, run_id: str, gate: GateView, refusal: Refusal | None
@@ -511,34 +546,4 @@ def _limit(raw: str | None) -> int:
     return limit
 
 
-def security_headers(nonce: str) -> dict[str, str]:
-    """Sent with every page: only the page's own nonce'd script runs (an injected
-    ``<script>`` would not, were escaping ever missed), no framing (a cancel button under
-    another site's clicks), no sniffing, no caching of run data."""
-    return {
-        "Content-Security-Policy": (
-            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
-            f"script-src 'nonce-{nonce}'; connect-src 'self'; form-action 'self'; "
-            "frame-ancestors 'none'; base-uri 'none'"),
-        "X-Frame-Options": "DENY",
-        "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "same-origin",
-        "Cache-Control": "no-store",
-    }
-
-
-def check_form(content_type: str | None, content_length: str | None) -> None:
-    """A button's POST is a small urlencoded form: anything else is refused before it is
-    read. ``content_length`` is the ``Content-Length`` header as sent (``None``: none, or
-    a chunked body); one that is not a number is the caller's mistake (400), never a
-    server error."""
-    if (content_type or "").split(";")[0].strip().lower() != \
-            "application/x-www-form-urlencoded":
-        raise PageError(415, "Unsupported form", "the dashboard's forms are urlencoded")
-    try:
-        length = content_length_of(content_length)
-    except ApiError as exc:
-        raise PageError(400, "Bad request", exc.message) from None
-    if length is None or length > MAX_FORM_BYTES:
-        raise PageError(413, "Form too large",
-                        f"a dashboard form is at most {MAX_FORM_BYTES} bytes")
+__all__ = ["MAX_FORM_BYTES", "PageError", "check_form", "security_headers"]  # the adapters'

@@ -4,8 +4,9 @@ One row per step, left to right from the run's start to its end (or now). Each a
 a bar from its claim to its settle, classed by outcome (``succeeded``, ``failed``,
 ``superseded``, ``lease-expired``, ``cancelled``, ``running``); a superseded attempt ends
 where the next attempt's claim fenced it out and carries a mark. Waits (``wf.sleep``, a
-suspension, an approval gate, a child run, the time before the first claim and between
-attempts) are drawn as gaps: an outline or a dashed line, never a bar. Nothing here is
+suspension, an approval gate, an event wait, a child run, the time before the first claim
+and between attempts) are drawn as gaps: an outline or a dashed line, never a bar; a
+``wf.set_event`` publish is a mark at the moment it was published. Nothing here is
 escaped: the template does that (every label is user data).
 """
 
@@ -15,8 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pikku_celery.timeline import (
+    SELF_NAMED,
     AttemptView,
+    StepView,
     Timeline,
+    Wait,
     error_line,
     format_duration,
     format_time,
@@ -49,25 +53,30 @@ class Bar:
 class Gap:
     x: float
     w: float
-    kind: str  # sleep, suspension, approval, child, queued, retry
+    kind: str  # sleep, suspension, approval, event, publish, child, queued, retry
     title: str
 
     @property
     def outlined(self) -> bool:
         """A wait that is the step itself (drawn as an outline); else a dashed line."""
-        return self.kind in ("sleep", "suspension", "approval", "child")
+        return self.kind in ("sleep", "suspension", "approval", "event", "publish", "child")
 
 
 @dataclass(frozen=True)
 class Row:
     step: str  # the stored name (``__approval:manager``)
-    label: str  # the name shown (``manager``)
+    label: str  # the name shown (``manager``, ``event paid``)
     kind: str
     status: str
     y: float
     bars: list[Bar]
     gaps: list[Gap]
     child_run_id: str | None
+
+    @property
+    def tag(self) -> str | None:
+        """The kind shown after the label, when the label does not name it already."""
+        return None if self.kind == "step" or self.kind in SELF_NAMED else self.kind
 
 
 @dataclass(frozen=True)
@@ -105,11 +114,11 @@ def chart(timeline: Timeline) -> Chart:
                     a.attempt, a.outcome, _bar_title(step.state.step_name, a))
                 for a in step.attempts
                 if a.started_at is not None and step.kind == "step"]
-        gaps = [Gap(x_of(w.start), width(w.start, w.end), w.kind,
-                    f"{w.kind}: {format_duration(w.end - w.start)}"
-                    + (" so far" if w.open else ""))
+        gaps = [Gap(x_of(w.start), width(w.start, w.end), w.kind, _gap_title(step, w))
                 for w in step.waits]
-        status = step.gate.status if step.gate is not None else step.state.status
+        status = (step.gate.status if step.gate is not None
+                  else step.event_wait.status if step.event_wait is not None
+                  else step.state.status)
         rows.append(Row(step.state.step_name, step.label, step.kind, status,
                         TOP + i * ROW_H, bars, gaps, step.state.child_run_id))
     span = timeline.end - timeline.start
@@ -117,6 +126,17 @@ def chart(timeline: Timeline) -> Chart:
                   "+" + format_duration(span * k / (TICKS - 1)))
              for k in range(TICKS)]
     return Chart(WIDTH, TOP + max(len(rows), 1) * ROW_H + 8, LABEL_W, plot_w, rows, ticks)
+
+
+def _gap_title(step: StepView, wait: Wait) -> str:
+    took = format_duration(wait.end - wait.start) + (" so far" if wait.open else "")
+    if step.event_wait is not None:
+        event = step.event_wait
+        return (f"{event.describe()}: {took}" if wait.open
+                else f"event {event.name!r} {event.status} after {took}")
+    if wait.kind == "publish":
+        return f"{step.label} at {format_time(wait.start)}"
+    return f"{wait.kind}: {took}"
 
 
 def _bar_title(step: str, attempt: AttemptView) -> str:

@@ -3,7 +3,8 @@
 a run), behind the same ``PIKKU_AUTHORIZE`` (staff users by default) with the action each
 needs (``read`` for a page, ``cancel``/``resume``/``retry``/``fork`` for a button or the fork
 form, ``approve`` told the gate for a decision form, ``pikku/runs/<run_id>/approvals/
-<name>``). The forms carry
+<name>``, ``send_event`` for the Send event form, ``pikku/runs/<run_id>/events``). The
+forms carry
 Django's CSRF token and their views are ``csrf_protect``-ed (with or without
 ``CsrfViewMiddleware``, which passes them by: they check the form's type and size, then
 CSRF, before anything reads the form); every page sets the CSRF cookie
@@ -25,18 +26,11 @@ from django.urls import path, reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect, ensure_csrf_cookie
 from django.views.decorators.http import require_http_methods
 
-from pikku_celery.contrib._api import APPROVE
+from pikku_celery.contrib._api import APPROVE, SEND_EVENT
 from pikku_celery.contrib.django import project_pikku
 from pikku_celery.contrib.django.views import caller, options
-from pikku_celery.dashboard._pages import (
-    ACTIONS,
-    Dashboard,
-    Page,
-    PageError,
-    View,
-    check_form,
-    security_headers,
-)
+from pikku_celery.dashboard._http import PageError, check_form, security_headers
+from pikku_celery.dashboard._pages import ACTIONS, Dashboard, Page, View
 
 CSRF_FIELD = "csrfmiddlewaretoken"  # what csrf_protect reads from a form
 
@@ -88,13 +82,16 @@ def run_view(request: HttpRequest, run_id: str) -> HttpResponse:
 
 
 def _action_view(action: str) -> Callable[..., HttpResponse]:
-    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, or a
-    decision (``approve``, with the gate's ``name`` from the path)."""
+    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, a
+    decision (``approve``, with the gate's ``name`` from the path) or an event
+    (``send_event``)."""
     def checked(request: HttpRequest, run_id: str, name: str | None = None) -> HttpResponse:
         def act(board: Dashboard, view: View) -> Page:
             if action == APPROVE:
                 assert name is not None
                 return board.decide(view, run_id, name, request.POST)
+            if action == SEND_EVENT:
+                return board.send_event(view, run_id, request.POST)
             return board.act(view, run_id, action, request.POST)
         return _serve(request, action, run_id, act, name)
 
@@ -126,4 +123,5 @@ urlpatterns = [
       for action in ACTIONS),
     path("runs/<str:run_id>/approvals/<str:name>", _action_view(APPROVE),
          name="dashboard-approve"),
+    path("runs/<str:run_id>/events", _action_view(SEND_EVENT), name="dashboard-send-event"),
 ]

@@ -3,7 +3,8 @@ JSON API, under ``PIKKU_URL_PREFIX`` (``/pikku/`` by default: the runs page; ``/
 <run_id>``: a run). Every request goes through the caller the adapter makes
 (``contrib._access.Caller``) with the action it needs (``read`` for a page,
 ``cancel``/``resume``/``retry``/``fork`` for a button or the fork form, ``approve`` told the
-gate for a decision form, ``/pikku/runs/<run_id>/approvals/<name>``). This module imports
+gate for a decision form, ``/pikku/runs/<run_id>/approvals/<name>``, ``send_event`` for the
+Send event form, ``/pikku/runs/<run_id>/events``). This module imports
 no Flask extension code: the adapter hands it ``served`` (``contrib._flask_web``).
 
 The buttons POST small urlencoded forms, which a cross-site page can also send, so each
@@ -21,15 +22,8 @@ from collections.abc import Callable
 from flask import Blueprint, Response, current_app, redirect, request, session, url_for
 
 from pikku_celery.contrib import _api
-from pikku_celery.dashboard._pages import (
-    ACTIONS,
-    Dashboard,
-    Page,
-    PageError,
-    View,
-    check_form,
-    security_headers,
-)
+from pikku_celery.dashboard._http import PageError, check_form, security_headers
+from pikku_celery.dashboard._pages import ACTIONS, Dashboard, Page, View
 
 CSRF_FIELD = "pikku_csrf"
 CSRF_SESSION_KEY = "pikku_csrf"
@@ -47,6 +41,8 @@ def add_routes(bp: Blueprint, served: CurrentServed) -> None:
                         _action_view(served, action), methods=["POST"])
     bp.add_url_rule("/runs/<run_id>/approvals/<name>", "dashboard_approve",
                     _action_view(served, _api.APPROVE), methods=["POST"])
+    bp.add_url_rule("/runs/<run_id>/events", "dashboard_send_event",
+                    _action_view(served, _api.SEND_EVENT), methods=["POST"])
 
 
 def _runs_view(served: CurrentServed) -> Callable[[], Response]:
@@ -63,8 +59,9 @@ def _run_view(served: CurrentServed) -> Callable[[str], Response]:
 
 
 def _action_view(served: CurrentServed, action: str) -> Callable[..., Response]:
-    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, or a
-    decision (``approve``, with the gate's ``name`` from the path)."""
+    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, a
+    decision (``approve``, with the gate's ``name`` from the path) or an event
+    (``send_event``)."""
     def view(run_id: str, name: str | None = None) -> Response:
         def act(board: Dashboard, page_view: View) -> Page:
             why = _api.cross_origin_refusal(request.headers.get, request.host,
@@ -83,6 +80,8 @@ def _action_view(served: CurrentServed, action: str) -> Callable[..., Response]:
             if action == _api.APPROVE:
                 assert name is not None
                 return board.decide(page_view, run_id, name, request.form)
+            if action == _api.SEND_EVENT:
+                return board.send_event(page_view, run_id, request.form)
             return board.act(page_view, run_id, action, request.form)
         return _serve(served, action, run_id, act, name)
     return view
