@@ -168,7 +168,8 @@ class InlineKit:
         with self._lock:
             instances = list(self._instances)
         for pikku in instances:
-            pikku.engine  # noqa: B018 - builds the kit's engine (and saves its schedules)
+            if pikku.registry.schedules:  # its kit engine, built (saving its schedules)
+                pikku.engine  # noqa: B018
         with self._lock:
             schedulers = list(self._schedulers.values())
         found = [t for s in schedulers if (t := s.fire_due(every_tick=True)) is not None]
