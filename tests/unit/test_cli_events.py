@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from celery import Celery
 
-from pikku_celery import PikkuCelery
-from tests.unit.test_cli import one_line_error, run_cli
+from pikku_celery import InMemoryLeaseService, MongoWorkflowStore, PikkuCelery
+from tests.unit.test_cli import mongo_store, one_line_error, run_cli
 from tests.unit.test_contrib import make_pikku
 from tests.unit.test_contrib_events import with_events
+from tests.unit.test_engine import Recorder
+
+__all__ = ["mongo_store"]  # the fixture, on the real MongoDB
 
 
 @pytest.fixture
@@ -124,3 +128,21 @@ def test_piped_events_print_whole_payloads(pikku: PikkuCelery) -> None:
     listed = run_cli(pikku, "events", run_id)  # click's runner: stdout is not a terminal
     [row] = lines_starting(listed.output, "1 ")
     assert row.rstrip().endswith(json.dumps(payload)) and "…" not in row
+
+
+def test_send_events_and_show_on_a_real_mongodb(mongo_store: MongoWorkflowStore) -> None:
+    pikku = with_events(PikkuCelery(Celery("cli-events", set_as_current=False),
+                                    store=mongo_store, leases=InMemoryLeaseService(),
+                                    worker_reaper=False))
+    pikku.engine.dispatcher = Recorder()
+    run_id = pikku.start("checkout", None, inline=True, run_id="mongo-co")
+    assert run_cli(pikku, "send", run_id, "paid", '{"amount": 5}', "--key", "p").exit_code == 0
+    pikku.engine.advance(run_id)
+    assert pikku.get_run(run_id).status == "completed"
+    data = json.loads(run_cli(pikku, "events", run_id, "--json").output)["events"]
+    assert [(e["name"], e["seq"], e["key"], e["taken_by"]) for e in data] == [
+        ("paid", 1, "p", "event paid")]
+    shown = run_cli(pikku, "show", run_id)
+    assert shown.exit_code == 0 and "event paid" in shown.output, shown.output
+    refused = one_line_error(run_cli(pikku, "send", run_id, "paid", "1"))
+    assert "WorkflowEventError" in refused and "has ended" in refused
