@@ -9,6 +9,10 @@ anonymous caller gets 401, a refused user 403. Every POST goes through Django's 
 check (``csrf_protect``, with or without ``CsrfViewMiddleware``): send the ``csrftoken``
 cookie's value in ``X-CSRFToken``; every GET sets that cookie.
 
+Each route's action is ``_api.ROUTES``'s: ``read`` for the GET routes (a run's events,
+``api/runs/<run_id>/events``, among them), ``send_event`` for sending an event
+(``api/runs/<run_id>/events/<name>``), and so on.
+
 An approval is recorded as given by the signed-in user: a body whose ``by`` names anyone
 else is refused (403), and so is any ``by`` from an anonymous caller ``PIKKU_AUTHORIZE``
 let in (the server cannot tell who they are; without ``by``, only a gate without approvers
