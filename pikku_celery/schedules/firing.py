@@ -195,9 +195,9 @@ class Scheduler:
         """Log the ticks from ``from_ms`` up to (not including) ``to_ms`` as skipped."""
         if to_ms <= from_ms:
             return
-        count = len(timing_of(state).ticks(from_ms, to_ms - 1, 10_000))
+        count = len(timing_of(state).ticks(from_ms, to_ms - 1, 1000))
         log.warning("pikku: schedule %s missed %s tick(s) from %s while no worker ran; "
-                    "skipped (%s)", state.name, count if count < 10_000 else "10000+",
+                    "skipped (%s)", state.name, count if count < 1000 else "1000+",
                     _iso(from_ms), why)
 
     def _start(self, state: WorkflowSchedule, tick: int, now: int) -> str:

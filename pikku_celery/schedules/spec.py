@@ -55,11 +55,14 @@ class Timing:
     def ticks(self, start_ms: int, end_ms: int, limit: int) -> list[int]:
         """The ticks from ``start_ms`` to ``end_ms`` (both included), oldest first, at
         most ``limit``."""
+        if self.every_ms is not None:
+            first = self.after(start_ms - 1)
+            last = min(self.at_or_before(end_ms), first + (limit - 1) * self.every_ms)
+            return list(range(first, last + 1, self.every_ms)) if limit > 0 else []
         found: list[int] = []
-        tick = start_ms if self.at_or_before(start_ms) == start_ms else self.after(start_ms)
-        while tick <= end_ms and len(found) < limit:
+        it = self._cron(start_ms - 1, reverse=False)  # one parse for every tick
+        while len(found) < limit and (tick := _ms(next(it))) <= end_ms:
             found.append(tick)
-            tick = self.after(tick)
         return found
 
     def back(self, end_ms: int, n: int) -> int:

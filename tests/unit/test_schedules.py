@@ -127,6 +127,10 @@ def test_ticks_come_from_the_definition_alone() -> None:
     assert every.at_or_before(every.after(t)) == every.after(t)
     assert every.ticks(0, 3 * TEN_MIN, 10) == [0, TEN_MIN, 2 * TEN_MIN, 3 * TEN_MIN]
     assert every.back(3 * TEN_MIN + 5, 2) == 2 * TEN_MIN
+    assert every.ticks(1, 3 * TEN_MIN, 2) == [TEN_MIN, 2 * TEN_MIN]
+    five = Timing("*/5 * * * *", None)
+    assert five.ticks(0, 900_000, 10) == [0, 300_000, 600_000, 900_000]
+    assert five.ticks(1, 900_000, 2) == [300_000, 600_000]
     # 09:00 in Helsinki is 07:00 UTC in winter and 06:00 UTC in summer.
     helsinki = Timing("0 9 * * *", None, "Europe/Helsinki")
     winter = round(datetime(2026, 1, 10, tzinfo=UTC).timestamp() * 1000)
