@@ -78,7 +78,7 @@ from pikku_celery.errors import (
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
 )
-from pikku_celery.records import StepAttempt, StepState
+from pikku_celery.records import StepAttempt, StepState, WorkflowEvent, WorkflowRun
 from pikku_celery.timeline import Timeline, build
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH
 
@@ -284,23 +284,25 @@ class RunsApi:
 
     def get_run(self, run_id: str) -> Response:
         """The run, with its events (``events``: as ``get_events`` serves them)."""
-        served = self._present(readable_run(self.pikku, self.caller, run_id))
-        served["events"] = self._events(self._timeline(run_id, self.pikku.list_events(run_id)))
+        run = readable_run(self.pikku, self.caller, run_id)
+        served = self._present(run)
+        served["events"] = self._events(self._timeline(run, self.pikku.list_events(run_id)))
         return 200, served
 
     def get_events(self, run_id: str, query: Mapping[str, str]) -> Response:
         """The events sent to the run, in the order sent (``?limit=``: the first 1 to
         1000, default 1000), each with the wait that took it (``taken_by``, its name as
         shown; ``taken_by_step``, its step name; ``null``: not taken yet)."""
-        readable_run(self.pikku, self.caller, run_id)
+        run = readable_run(self.pikku, self.caller, run_id)
         limit = bounded_int(query.get("limit"), "limit", MAX_EVENTS, MAX_EVENTS)
         events = self.pikku.list_events(run_id, limit)
-        return 200, {"events": self._events(self._timeline(run_id, events))}
+        return 200, {"events": self._events(self._timeline(run, events))}
 
-    def _timeline(self, run_id: str, events: list[Any] | None = None) -> Timeline:
+    def _timeline(self, run: WorkflowRun, events: list[WorkflowEvent] | None = None
+                  ) -> Timeline:
         """The run's timeline without its attempts (what gates and events need)."""
-        return build(self.pikku.get_run(run_id), self.pikku.get_steps(run_id), [],
-                     datetime.now(UTC), events=events)
+        return build(run, self.pikku.get_steps(run.run_id), [], datetime.now(UTC),
+                     events=events)
 
     def _events(self, timeline: Timeline) -> list[Any]:
         return [self._present(e) for e in sent_events_json(timeline.events)]
@@ -366,8 +368,7 @@ class RunsApi:
         gate, and ``{"resumed": true}`` would be a lie (as in ``pikku resume`` and the
         dashboard)."""
         _fields(body, allowed=(), what="nothing")
-        readable_run(self.pikku, self.caller, run_id)
-        timeline = self._timeline(run_id)
+        timeline = self._timeline(readable_run(self.pikku, self.caller, run_id))
         gate = timeline.approval_only
         if gate is not None:
             raise ApiError(409, "WorkflowWaitsForApproval",
