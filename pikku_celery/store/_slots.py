@@ -18,6 +18,7 @@ from pikku_celery.validate import check_name
 
 Doc = dict[str, Any]
 SLOTS = "workflow_slots"
+RUN_SLOT = "slot"  # the field of a run document that names its slot group
 _SLOT_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0007")
 MAX_LIMIT = 10_000
 

@@ -3,19 +3,28 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from pikku_celery.keys import RunField as R
 from pikku_celery.records import WorkflowRun
 from pikku_celery.store import _docs
+from pikku_celery.store._slots import RUN_SLOT, check_slot
 from pikku_celery.store._slots import SlotField as F
-from pikku_celery.store._slots import check_slot
 from pikku_celery.store.memory.base import MemoryStoreBase
 
 RUN_QUEUED = "queued"
 
 
 class MemorySlots(MemoryStoreBase):
+    @property
+    def _slots(self) -> dict[str, dict[str, Any]]:
+        """The slot groups, made at first use."""
+        found: dict[str, dict[str, Any]] | None = self.__dict__.get("_slot_groups")
+        if found is None:
+            found = self.__dict__["_slot_groups"] = {}
+        return found
+
     def take_slot(self, slot: str, run_id: str, limit: int, *, workflow: str = "",
                   key: str | None = None) -> bool:
         check_slot(slot, run_id, limit)
@@ -53,12 +62,13 @@ class MemorySlots(MemoryStoreBase):
     def next_queued(self, slot: str) -> WorkflowRun | None:
         with self._lock:
             queued = [d for d in self._runs.values()
-                      if d.get(R.SLOT) == slot and d[R.STATUS] == RUN_QUEUED]
+                      if d.get(RUN_SLOT) == slot and d[R.STATUS] == RUN_QUEUED]
             if not queued:
                 return None
-            return _docs.run_from_doc(min(queued, key=lambda d: (d[R.CREATED], d[R.RUN])))
+            oldest = min(queued, key=lambda d: (d[R.CREATED], d[R.RUN]))
+            return _docs.run_from_doc(copy.deepcopy(oldest))
 
     def queued_slots(self, limit: int = 1000) -> list[str]:
         with self._lock:
-            return sorted({d[R.SLOT] for d in self._runs.values()
-                           if d[R.STATUS] == RUN_QUEUED and d.get(R.SLOT)})[:limit]
+            return sorted({d[RUN_SLOT] for d in self._runs.values()
+                           if d[R.STATUS] == RUN_QUEUED and d.get(RUN_SLOT)})[:limit]

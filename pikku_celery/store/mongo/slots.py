@@ -11,8 +11,8 @@ from pymongo.errors import DuplicateKeyError
 from pikku_celery.keys import RunField as R
 from pikku_celery.records import WorkflowRun
 from pikku_celery.store import _docs
+from pikku_celery.store._slots import RUN_SLOT, check_slot
 from pikku_celery.store._slots import SlotField as F
-from pikku_celery.store._slots import check_slot
 
 RUN_QUEUED = "queued"
 
@@ -62,13 +62,13 @@ class MongoSlots:
 
     def next_queued(self, slot: str) -> WorkflowRun | None:
         # (slot, status, created_ms, run_id): the group's queued runs, oldest first.
-        found = list(self._runs.find({R.SLOT: slot, R.STATUS: RUN_QUEUED},
+        found = list(self._runs.find({RUN_SLOT: slot, R.STATUS: RUN_QUEUED},
                                      session=self._session).sort(
             [(R.CREATED, 1), (R.RUN, 1)]).limit(1))
         return _docs.run_from_doc(found[0]) if found else None
 
     def queued_slots(self, limit: int = 1000) -> list[str]:
         """The groups that have queued runs (the reaper admits into them)."""
-        found = self._runs.find({R.STATUS: RUN_QUEUED}, projection={R.SLOT: 1},
+        found = self._runs.find({R.STATUS: RUN_QUEUED}, projection={RUN_SLOT: 1},
                                 session=self._session).limit(limit)
-        return sorted({d[R.SLOT] for d in found if d.get(R.SLOT)})
+        return sorted({d[RUN_SLOT] for d in found if d.get(RUN_SLOT)})
