@@ -9,8 +9,8 @@ predecessor picked is skipped, and so is everything only it would have started. 
 output maps each sink node that ran to its result. A node whose worker died is dispatched
 again once its lease lapses, exactly as any step (replay and the reaper do it). Error
 routes, per-item fan-out and loops (back-edges, each visit its own step ``node#N``) are
-described in the README's graph section. This module declares and checks a graph; the pass
-that plays it, round by round, is ``pikku_celery._graph_rounds``.
+described in docs/guide/workflows.md ("Graph workflows"). This module declares and checks a
+graph; the pass that plays it, round by round, is ``pikku_celery._graph_rounds``.
 """
 
 from __future__ import annotations

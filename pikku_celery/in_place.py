@@ -1,7 +1,8 @@
-"""Running in place (README, "Running in place"): what one ``advance`` call may still run
-in place, and the settle of the last step it ran, which waits to travel with the next
-step's claim. The pass (``passes._PassHost.run_in_place``) decides when; this keeps the
-budget, the context the steps run in, and the settle still to write."""
+"""Running in place (docs/internals/how-it-works.md, "Running in place"): what one
+``advance`` call may still run in place, and the settle of the last step it ran, which
+waits to travel with the next step's claim. The pass (``passes._PassHost.run_in_place``)
+decides when; this keeps the budget, the context the steps run in, and the settle still to
+write."""
 
 from __future__ import annotations
 

@@ -67,9 +67,9 @@ pytest_add_cli_args = ["-p", "no:cacheprovider", "-k", "{deselect}",
                        "-W", "ignore::pytest.PytestUnhandledThreadExceptionWarning"]
 process_isolation = "forkserver"
 use_git_change_detection = false
-# Tests read the README's examples (tests/support/readme.py): without it in mutmut's copy the
-# clean run fails, and a clean run that fails tests no mutant at all.
-also_copy = ["README.md"]
+# Tests read the examples of the README and the docs pages (tests/support/readme.py): without
+# them in mutmut's copy the clean run fails, and a clean run that fails tests no mutant at all.
+also_copy = ["README.md", "docs"]
 # A mutant that makes its tests three times slower counts as caught (a timeout): a lease or
 # heartbeat mutant that stops renewals otherwise waits out every event bound of its tests.
 timeout_multiplier = 3.0

@@ -62,7 +62,7 @@ NO_AUTHORIZE = (
     "pikku: PIKKU_AUTHORIZE is not set, and the pikku API will not be mounted without it "
     "(it starts, reads and cancels runs). Set app.config['PIKKU_AUTHORIZE'] to a callable "
     "(request, action, run_id) -> bool, or its dotted path ('myapp.auth:can_use_pikku'); "
-    "action is one of 'read', 'start', 'cancel', 'resume', 'approve'. To look at runs "
+    f"action is one of {', '.join(repr(a) for a in _access.ACTIONS)}. To look at runs "
     "from this machine without a login, run `flask pikku dashboard` (a random token in the "
     "URL it prints). Or set PIKKU_URL_PREFIX = None to mount no API.")
 

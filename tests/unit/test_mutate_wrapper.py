@@ -29,5 +29,5 @@ def test_a_complete_run_with_survivors_is_not_a_failure_of_the_command() -> None
 
 
 def test_mutmuts_copy_has_the_files_the_tests_read() -> None:
-    # tests/support/readme.py reads README.md: mutmut's copy must carry it.
-    assert 'also_copy = ["README.md"]' in mutate.CONFIG
+    # tests/support/readme.py reads README.md and docs/: mutmut's copy must carry both.
+    assert 'also_copy = ["README.md", "docs"]' in mutate.CONFIG
