@@ -211,6 +211,9 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.advance_schedule("every-1m", late + 300_000, late + 600_000, late)
     store.pause_schedule("every-1m", late)
     store.resume_schedule("every-1m", late + 600_000, late)
+    transaction = store.step_transaction("a")  # a transactional step's try: opened, dropped
+    transaction.abort()
+    transaction.close()
     store.record_version("wf-0", "v1", "src", late)
     store.get_version("wf-0", "v1")
     for after in (None, (T0 + 50 + LEASE, "z")):
