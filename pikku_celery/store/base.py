@@ -1,7 +1,9 @@
 """The workflow store contract.
 
-A store keeps runs, steps, one history entry per step attempt, and workflow versions. The
-step document is the authority on a step, and it holds the step's history: every write that
+A store keeps runs, steps, one history entry per step attempt, and workflow versions (and
+the events sent to runs, ``EventStore``, and schedules, ``store._schedules.ScheduleStore``,
+parts of the contract of their own that ``WorkflowStore`` extends). The step document is
+the authority on a step, and it holds the step's history: every write that
 changes a step writes the entry of the attempt it starts or ends in the same atomic write,
 so no crash can leave an attempt without its entry. Readers still take the current attempt
 from the step itself, and report an earlier attempt that has no entry (a document written
