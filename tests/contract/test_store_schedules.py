@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import types
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,8 @@ from pikku_celery import keys
 from pikku_celery.errors import InvalidInputError
 from pikku_celery.store._schedules import NewSchedule
 from pikku_celery.store.base import NewRun, WorkflowStore
+from pikku_celery.store.mongo import MongoWorkflowStore
+from tests.conftest import pooled_database
 from tests.contract.test_store import T0, atomic_store, store
 from tests.support.threads import race
 
@@ -148,3 +153,42 @@ def test_of_many_workers_moving_one_tick_one_wins(atomic_store: WorkflowStore) -
 
     race(move, 8)
     assert sorted(won) == [False] * 7 + [True]
+
+
+@pytest.fixture
+def mongo_store(mongo_server: Any) -> Iterator[MongoWorkflowStore]:
+    with pooled_database(mongo_server) as db:
+        yield MongoWorkflowStore(db)
+
+
+def test_a_timing_change_that_loses_its_race_reads_the_winner_s_and_stops_there(
+        mongo_store: MongoWorkflowStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = mongo_store
+    store.save_schedule(EVERY, T0 + 60_000, T0)
+    collection = store._schedules
+    original = collection.update_one
+    new_timing = dataclasses.replace(EVERY, every_ms=120_000)
+    raced: list[int] = []
+
+    def another_writer_first(query: Any, update: Any, **kw: Any) -> Any:
+        if not raced:  # the same new timing, saved by another worker between read and write
+            raced.append(1)
+            original({"_id": EVERY.name}, {"$set": {"every_ms": 120_000, "next_ms": T0 + 1}},
+                     **kw)
+        return original(query, update, **kw)
+
+    monkeypatch.setattr(collection, "update_one", another_writer_first)
+    saved, wrote = store.save_schedule(new_timing, T0 + 240_000, T0 + 5)
+    # The guarded write matched nothing (the timing read had changed); the next read found
+    # the definition already saved: nothing more written, the winner's next tick kept.
+    assert not wrote and saved.every == 120.0 and saved.next_at == at(T0 + 1)
+
+
+def test_a_save_that_keeps_losing_races_gives_up(mongo_store: MongoWorkflowStore,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    store = mongo_store
+    store.save_schedule(EVERY, T0 + 60_000, T0)
+    monkeypatch.setattr(store._schedules, "update_one",
+                        lambda *a, **kw: types.SimpleNamespace(matched_count=0))
+    with pytest.raises(RuntimeError, match="could not save it after 5 rounds"):
+        store.save_schedule(dataclasses.replace(EVERY, every_ms=120_000), T0, T0 + 5)

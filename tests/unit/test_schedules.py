@@ -6,6 +6,7 @@ resume and trigger; and the worker's ticker thread outlives a store outage."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -21,7 +22,12 @@ from pikku_celery.errors import InvalidInputError
 from pikku_celery.schedules import firing
 from pikku_celery.schedules.firing import MISSED_AFTER_MS, Scheduler
 from pikku_celery.schedules.spec import Timing
-from pikku_celery.schedules.ticker import MAX_BACKOFF_S, ScheduleTicker, WorkerTicker
+from pikku_celery.schedules.ticker import (
+    MAX_BACKOFF_S,
+    ROUND_DEADLINE_S,
+    ScheduleTicker,
+    WorkerTicker,
+)
 from pikku_celery.store.base import NewRun
 from pikku_celery.testing import InlineKit, inline
 
@@ -509,3 +515,34 @@ def test_every_worker_of_the_app_runs_a_ticker_unless_the_reaper_is_off(
     quiet = WorkerTicker(off)
     quiet.ready(sender=OffSender())
     assert quiet.ticker is None
+
+
+def test_every_round_of_the_ticker_runs_under_a_deadline(
+        pikku: PikkuCelery, kit: InlineKit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stalled primary must not hold the ticker: every store call of a round is under a
+    deadline (``store._concerns.deadline``: pymongo's timeout)."""
+    pikku.schedule("ten", "report", every="10m")
+    entered: list[float] = []
+    inside: list[bool] = []
+
+    @contextlib.contextmanager
+    def deadline(seconds: float) -> Iterator[None]:
+        entered.append(seconds)
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    engine = pikku.engine
+    original = engine.store.list_schedules
+    calls: list[bool] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(bool(inside))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "list_schedules", spy)
+    monkeypatch.setattr("pikku_celery.schedules.ticker.deadline", deadline)
+    ScheduleTicker(lambda: engine).round()
+    assert entered == [ROUND_DEADLINE_S] and calls == [True]
