@@ -103,3 +103,31 @@ def test_a_2s_schedule_on_two_workers_one_killed_each_tick_runs_once(
         assert run.output["scheduled_for"] == when.isoformat()
     stored = c.pikku.get_schedule(scheduleapp.SCHEDULE)
     assert stored.last_at is not None and stored.next_at > stored.last_at
+
+
+def test_ticks_missed_while_no_worker_ran_start_only_the_latest_after_a_restart(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """``catch_up="latest"`` (the default): every worker stopped for longer than a missed
+    tick's 10 s of grace, a restarted worker starts the most recent missed tick only, says
+    so, and goes on on time."""
+    c = make_cluster("redis", **{scheduleapp.ENV_CATCH_UP: "latest"})
+    c.app = scheduleapp.build(c.env)
+    c.pikku = c.app.pikku
+    first = _start(c, "sched-a")
+    c.wait_ready(first)
+    before = _wait_ticks(c, 2, 20)
+    first.kill()
+    stopped_at = time.time()
+    time.sleep(16)  # 8 ticks fall due; the oldest are more than 10 s overdue by the restart
+    second = _start(c, "sched-b")
+    c.wait_ready(second)
+    after = _wait_ticks(c, len(before) + 3, 25)
+    last_before = max(t for t in after if t <= stopped_at * 1000)
+    resumed = [t for t in after if t > last_before]
+    missed = (resumed[0] - last_before) // EVERY_MS - 1
+    assert missed >= 3, (after, c.diagnostics())  # skipped, not started
+    # After the one catch-up tick, every tick on time again, each once.
+    assert resumed == list(range(resumed[0], resumed[-1] + 1, EVERY_MS)), resumed
+    assert "skipped (catch_up='latest')" in second.log(), second.log()[-3000:]
+    lines = _started_lines(first) + _started_lines(second)
+    assert len(lines) == len(set(lines)) == len(after)
