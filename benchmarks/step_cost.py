@@ -1,7 +1,7 @@
 """Round trips per step, whole system: MongoDB commands (pymongo command monitoring), the
 documents and bytes their replies return, Redis commands (a counting client) and broker
 messages, for the workers' side (claim, body, settle, and with ``continue_in_place`` the
-pass that follows) and the orchestrator's side (``pikku.orchestrate`` passes).
+pass that follows) and the orchestrator's side (``<namespace>.orchestrate`` passes).
 
 Counts, not seconds: they are the same on any machine. One process plays every part: a
 queue stands in for the broker and delivers each message the engine publishes, in order,
@@ -149,7 +149,7 @@ def measure(shape: str, steps: int, redis_url: str, mongo_url: str, *,
 
 
 def _advance(pikku: PikkuCelery, run_id: str, step_name: str | None) -> None:
-    # What pikku.orchestrate does: a run held elsewhere keeps the mark this call left.
+    # What the orchestrate task does: a run held elsewhere keeps the mark this call left.
     with contextlib.suppress(LeaseTakenError):
         pikku.engine.advance(run_id, step_name=step_name)
 

@@ -34,6 +34,12 @@ setting                                   default
 ``pikku_in_place_for``                    10 s
 ``pikku_worker_reaper``                   ``True``
 ``pikku_queue``                           none (read by ``pikku_celery.routing``)
+``pikku_task_namespace``                  ``pikku.<main>`` (the Celery app's main name),
+                                          ``pikku`` when the app has none or it is
+                                          ``__main__``: pikku's own tasks are named
+                                          ``<namespace>.orchestrate``, ``.timer`` and
+                                          ``.reap`` (read when the app is finalized, by
+                                          ``pikku_celery.tasks``)
 ``pikku_redact_error``                    none: a callable ``(text) -> str``, or its
                                           dotted path, run on every recorded error's
                                           message and traceback after the built-in
@@ -43,6 +49,7 @@ setting                                   default
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +76,12 @@ _DURATIONS = ("reaper_interval", "max_countdown", "undispatched_after", "stalled
               "in_place_for")
 _COUNTS = ("in_place_steps",)
 _FLAGS = ("continue_in_place", "worker_reaper")
+# Dot-separated words of letters, digits, '_' and '-': a task name Celery's glob routes
+# ("pikku.*") and its command line read as written, with no glob characters of its own.
+_NAMESPACE = re.compile(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")
+_NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9_\-.]")
+MAX_NAMESPACE_LEN = 150
+LEGACY_TASK_NAMESPACE = "pikku"  # the names of pikku's tasks before namespaces
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -103,6 +116,34 @@ def setting_names(app: Celery, name: str) -> str:
 def conf_value(app: Celery, name: str) -> Any:
     """``pikku_<name>`` from ``app.conf`` (any layer, any namespace), else ``None``."""
     return app.conf.get(PREFIX + name)
+
+
+def default_task_namespace(app: Celery) -> str:
+    """``pikku.<main>``: unique to the app as its main name is (each character a namespace
+    cannot hold becomes ``_``); ``pikku`` for an app with no main name or ``__main__``."""
+    main = getattr(app, "main", None)
+    if not isinstance(main, str) or main in ("", "__main__"):
+        return LEGACY_TASK_NAMESPACE
+    words = [w for w in _NOT_IN_NAMESPACE.sub("_", main).split(".") if w]
+    return ".".join([LEGACY_TASK_NAMESPACE, *words]) if words else LEGACY_TASK_NAMESPACE
+
+
+def task_namespace(app: Celery) -> str:
+    """The ``pikku_task_namespace`` setting (``default_task_namespace`` when unset or
+    empty). Raises ``PikkuConfigurationError`` naming the setting for a value that cannot
+    start a task name."""
+    value = conf_value(app, "task_namespace")
+    if value is None or value == "":
+        return default_task_namespace(app)
+    if (not isinstance(value, str) or len(value) > MAX_NAMESPACE_LEN
+            or not _NAMESPACE.fullmatch(value)):
+        shown = repr(value) if isinstance(value, str) else f"a {type(value).__name__}"
+        raise PikkuConfigurationError(
+            f"invalid {setting_names(app, 'task_namespace')}: {shown[:MAX_NAMESPACE_LEN + 20]} "
+            f"(1 to {MAX_NAMESPACE_LEN} characters: words of letters, digits, '_' and '-' "
+            "joined by single dots, such as 'pikku.shop'; pikku's tasks are named "
+            "<namespace>.orchestrate, <namespace>.timer and <namespace>.reap)")
+    return value
 
 
 class Settings:
@@ -166,6 +207,7 @@ class Settings:
         return load_redactor(value, what)
 
     def resolve(self) -> Resolved:
+        task_namespace(self._app)  # a bad one fails where every bad setting does
         step_lease_ms = self.duration_ms("step_lease", DEFAULT_STEP_LEASE_S, positive=True)
         interval, what = self.raw("reaper_interval")
         return Resolved(

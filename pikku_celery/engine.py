@@ -37,6 +37,44 @@ from pikku_celery.views import ALL
 
 __all__ = ["Dispatcher", "Emit", "Engine", "RecordedStepError", "Settings", "StepOutcome"]
 
+# What ``Engine.advance`` returns when the run has not ended: its passes sent a step (or
+# ran one in place) and the run waits for it, or they only found it waiting (on a timer, a
+# gate, an event, steps already in flight). Celery logs it as the orchestrator's result.
+DISPATCHED = "dispatched"
+WAITING = "waiting"  # also ``passes.Passes.advance``'s result for a run not ended
+
+
+class _Noting:
+    """The dispatcher of one ``advance`` call, noting whether its passes sent a step or
+    ran one in place; everything else is the wrapped dispatcher's."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+        self.dispatched = False
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+        self._dispatcher.dispatch_step(function, run_id, step_name)
+        self.dispatched = True
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
+        self._dispatcher.wake_run(run_id, countdown_s, step_name)
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
+        self._dispatcher.arm_timer(run_id, step_name, due_ms)
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._dispatcher, name)  # ``runs_here`` and ``batch``, if it has them
+        if name != "runs_here":
+            return found
+
+        def runs_here(function: str, run_id: str, step_name: str) -> bool:
+            here = bool(found(function, run_id, step_name))
+            self.dispatched = self.dispatched or here
+            return here
+
+        return runs_here
+
 
 class Engine:
     def __init__(self, store: WorkflowStore, leases: LeaseService, registry: Registry,
@@ -156,10 +194,14 @@ class Engine:
         its settle wrote it. Raises ``LeaseTakenError`` when another orchestrator holds the
         run (it will pass again: this call left it a mark), ``LeaseLostError`` when the
         lease was lost during a pass (whatever the pass wrote stands). Returns the run's
-        status, or ``paused`` when the run waits on something."""
-        return self.passes.advance(run_id, dispatcher or self.dispatcher,
-                                   mark=ALL if step_name is None else step_name,
-                                   settled=settled)
+        status once it has ended (``completed``, ``failed``, ``cancelled``), else
+        ``dispatched`` when the passes sent a step or ran one in place, ``waiting`` when
+        they sent none (the run waits on a timer, a gate, an event or steps in flight)."""
+        noting = _Noting(dispatcher or self.dispatcher)
+        status = self.passes.advance(run_id, noting,
+                                     mark=ALL if step_name is None else step_name,
+                                     settled=settled)
+        return DISPATCHED if status == WAITING and noting.dispatched else status
 
     # --- steps (execution.py) -------------------------------------------------------------
 

@@ -258,7 +258,7 @@ class Passes:
         try:
             return self._run_workflow(view, host, dispatcher)
         except _Void:
-            return "paused"  # nothing since the refused settle was written: replay anew
+            return "waiting"  # nothing since the refused settle was written: replay anew
 
     def _run_workflow(self, view: RunView, host: _PassHost, dispatcher: Dispatcher) -> str:
         run = view.run
@@ -295,13 +295,13 @@ class Passes:
         cancel found there fences what this pass recorded."""
         now = host.now_ms()
         if now - view.touched_ms < self.settings.stalled_after_ms // 2:
-            return "paused"
+            return "waiting"
         status = self.store.touch_run(view.run.run_id, now)
         view.touched_ms = now
         if status == RUN_CANCELLED:
             self.runs.cancel(view.run.run_id, None)
             view.run = dataclasses.replace(view.run, status=RUN_CANCELLED)
-        return "paused"
+        return "waiting"
 
     def _finish(self, view: RunView, status: str, dispatcher: Dispatcher, *,
                 output: Any = None, error: dict[str, Any] | None = None,

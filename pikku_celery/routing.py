@@ -1,9 +1,17 @@
 """Where pikku's tasks go, and the prefetch of a worker that runs them.
 
 Binding pikku to an app changes nothing app-wide that the app's own tasks feel: no setting
-is written to ``app.conf`` and, by default, pikku's tasks (steps, ``pikku.orchestrate``,
-``pikku.timer``, ``pikku.reap``) are routed like any task (``task_routes``, a ``queue=``
-task option, else the default queue) and run with the worker's prefetch.
+is written to ``app.conf`` and, by default, pikku's tasks (steps, and the app's own
+``<namespace>.orchestrate``, ``<namespace>.timer`` and ``<namespace>.reap``) are routed like
+any task (``task_routes``, a ``queue=`` task option, else the default queue) and run with
+the worker's prefetch.
+
+The namespace is the ``pikku_task_namespace`` setting, by default ``pikku.<main>`` (the
+Celery app's main name; ``pikku`` for an app without one or ``__main__``), so two apps on
+one broker never share a task name: ``pikku_celery.tasks.internal_task_names(app)`` gives
+an app's names. A glob route ``"pikku.*"`` matches them all; an exact route on a name of
+before namespaces (``"pikku.timer"``) matches only with ``pikku_task_namespace = "pikku"``,
+which restores those names.
 
 Why pikku does not simply set ``worker_prefetch_multiplier = 1``: a step holds its pool slot
 for its whole body, so steps want a small prefetch, but Celery's prefetch is one number per

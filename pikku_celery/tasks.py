@@ -25,6 +25,7 @@ from celery.exceptions import Ignore, Retry
 
 from pikku_celery import keys, sweep_hooks
 from pikku_celery.backend import record_attempt
+from pikku_celery.config import task_namespace
 from pikku_celery.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -42,9 +43,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("pikku_celery")
 Route = Callable[[str, tuple[Any, ...], Any], dict[str, Any]]
 
+# The kinds of pikku's own tasks. Each app names them ``<namespace>.<kind>`` (the setting
+# ``pikku_task_namespace``, default ``pikku.<main>``: ``internal_task_names``), so a worker
+# of another app never runs one: a message it takes from a shared queue is refused there
+# as an unregistered task, never run against the wrong app's engine.
+ORCHESTRATE_KIND = "orchestrate"
+TIMER_KIND = "timer"
+REAP_KIND = "reap"
+INTERNAL_KINDS = (ORCHESTRATE_KIND, TIMER_KIND, REAP_KIND)
+# The names every app used before namespaces (``pikku_task_namespace = "pikku"`` keeps
+# them); not the names of an app's tasks otherwise.
 ORCHESTRATE = "pikku.orchestrate"
 TIMER = "pikku.timer"
 REAP = "pikku.reap"
+_NAMES_ATTR = "_pikku_task_names"  # on the Celery app, once its tasks are registered
 RUN_LEASE_RETRY_S = 1.0
 # The shortest deadline of a reaper sweep (and of its service probe): long enough to ride out
 # an election (pymongo waits 5 s for a server by default), so a routine failover is not a
@@ -61,6 +73,27 @@ STEP_TASK_DEFAULTS: dict[str, Any] = {
 
 
 _NO_STEP = object()
+
+
+def internal_task_names(app: Celery) -> dict[str, str]:
+    """The names of ``app``'s own pikku tasks, for routing (``task_routes``, ``-X``,
+    monitoring): ``{"orchestrate": ..., "timer": ..., "reap": ...}``, each
+    ``<namespace>.<kind>`` where the namespace is the ``pikku_task_namespace`` setting
+    (default ``pikku.<main>``, ``pikku`` for an app without a main name or ``__main__``).
+    Once the app is finalized, the names its tasks were registered under; before, the
+    names the configuration gives now."""
+    registered: dict[str, str] | None = getattr(app, _NAMES_ATTR, None)
+    if registered is not None:
+        return dict(registered)
+    namespace = task_namespace(app)
+    return {kind: f"{namespace}.{kind}" for kind in INTERNAL_KINDS}
+
+
+def internal_task(app: Celery, kind: str) -> Task:
+    """``app``'s own pikku task of ``kind`` (``"orchestrate"``, ``"timer"``, ``"reap"``),
+    finalizing the app first (its tasks, and so their names, are made then)."""
+    tasks = app.tasks
+    return tasks[internal_task_names(app)[kind]]
 
 
 def check_message(run_id: object, step_name: object = _NO_STEP) -> None:
@@ -114,10 +147,10 @@ class CeleryDispatcher:
 
     def wake_run(self, run_id: str, countdown_s: float = 0.0,
                  step_name: str | None = None) -> None:
-        task = self._app.tasks[ORCHESTRATE]
+        task = internal_task(self._app, ORCHESTRATE_KIND)
         args = (run_id,) if step_name is None else (run_id, step_name)
         task.apply_async(args, countdown=countdown_s or None,
-                         **self._route(ORCHESTRATE, args, task))
+                         **self._route(task.name, args, task))
 
     def runs_here(self, function: str, run_id: str, step_name: str) -> bool:
         """Whether the task running now in this worker may run step ``function`` in place
@@ -173,9 +206,9 @@ class CeleryDispatcher:
         # A broker ETA longer than the Redis transport's visibility timeout would be
         # redelivered while it waits: chain short timers instead (each re-arms the next).
         wait_s = max(0.0, (due_ms - self._engine().now_ms()) / 1000)
-        task = self._app.tasks[TIMER]
+        task = internal_task(self._app, TIMER_KIND)
         task.apply_async((run_id, step_name), countdown=min(wait_s, self.max_countdown_s) or None,
-                         **self._route(TIMER, (run_id, step_name), task))
+                         **self._route(task.name, (run_id, step_name), task))
 
 
 def _time_limited(task: Task) -> bool:
@@ -336,7 +369,26 @@ def retry_of(run_id: str, step_name: str, outcome: StepOutcome) -> Retry:
 
 
 def register_internal_tasks(app: Celery, engine_ref: Callable[[], Engine]) -> None:
-    @app.task(name=ORCHESTRATE, bind=True, shared=False, acks_late=True,
+    """Register ``app``'s own pikku tasks under its names (``internal_task_names``). Their
+    names come from the app's configuration, which a Flask factory or Django sets after
+    ``PikkuCelery(app)``: so they are made when the app is finalized (its first
+    ``app.tasks``, a worker's start), as Celery makes the tasks of its ``@app.task``
+    decorators, unless it is finalized already."""
+    from celery.local import PromiseProxy
+
+    def register() -> None:
+        names = internal_task_names(app)
+        _register(app, engine_ref, names)
+        setattr(app, _NAMES_ATTR, names)
+
+    if app.finalized:
+        register()
+    else:  # evaluated by ``app.finalize()``, in order with the app's pending tasks
+        app._pending.append(PromiseProxy(register))
+
+
+def _register(app: Celery, engine_ref: Callable[[], Engine], names: dict[str, str]) -> None:
+    @app.task(name=names[ORCHESTRATE_KIND], bind=True, shared=False, acks_late=True,
               reject_on_worker_lost=True,
               serializer="json", throws=(LeaseTakenError, LeaseLostError))
     def orchestrate(task: Task, run_id: str, step_name: str | None = None) -> str:
@@ -361,12 +413,12 @@ def register_internal_tasks(app: Celery, engine_ref: Callable[[], Engine]) -> No
             log.warning("pikku: orchestrator message for unknown run %r dropped", run_id)
             raise Ignore() from None
 
-    @app.task(name=TIMER, shared=False, acks_late=True, serializer="json")
+    @app.task(name=names[TIMER_KIND], shared=False, acks_late=True, serializer="json")
     def timer(run_id: str, step_name: str) -> str:
         check_message(run_id, step_name)
         return engine_ref().fire_timer(run_id, step_name)
 
-    @app.task(name=REAP, shared=False, serializer="json")
+    @app.task(name=names[REAP_KIND], shared=False, serializer="json")
     def reap() -> dict[str, int]:
         return engine_ref().reap()
 

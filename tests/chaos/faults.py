@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pikku_celery import keys
+from pikku_celery.tasks import internal_task
 from tests.chaos.cluster import Cluster, Worker
 from tests.chaos.ledger import read_ledger
 
@@ -248,7 +249,7 @@ class FaultInjector:
 
     def _duplicate_orchestrate(self, run_ids: list[str]) -> FaultEvent | None:
         run_id = self.rng.choice(run_ids)
-        self.app.tasks["pikku.orchestrate"].apply_async((run_id,))
+        internal_task(self.app, "orchestrate").apply_async((run_id,))
         return FaultEvent("duplicate_orchestrate", time.monotonic(), detail=run_id)
 
     def _restart_redis(self, run_ids: list[str]) -> FaultEvent | None:

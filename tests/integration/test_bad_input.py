@@ -27,6 +27,7 @@ from pikku_celery import (
 from pikku_celery.claims import Claimer
 from pikku_celery.clock import ServerClock
 from pikku_celery.heartbeat import Heartbeat
+from pikku_celery.tasks import internal_task
 from tests.conftest import REDIS_URL
 from tests.support.mongod import MongoTarget
 from tests.unit.test_engine import Recorder
@@ -109,7 +110,7 @@ def test_a_replayed_old_message_for_a_settled_step_changes_nothing(env: dict[str
 
 
 def test_orchestrator_messages_for_unknown_or_malformed_runs(env: dict[str, Any]) -> None:
-    orchestrate = env["pikku"].app.tasks["pikku.orchestrate"]
+    orchestrate = internal_task(env["pikku"].app, "orchestrate")
     before = snapshot(env["db"])
     with pytest.raises(Ignore):
         orchestrate.run("no-such-run")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import pytest
 
+from pikku_celery.tasks import internal_task
 from tests.integration import workerapp as wa
 from tests.integration.test_celery_workers import (
     LEASE_EXPIRED,
@@ -60,7 +61,7 @@ def test_a_sequential_run_sends_no_message_per_step(make_cluster: Callable[..., 
     assert all(h.task_id is None for h in history), history
     assert all(worker.owns(int((h.worker or "").rpartition(":")[2])) for h in history)
     # One message for the whole run: the start's; not one step task.
-    assert received(worker, "pikku.orchestrate") == 1, worker.log()
+    assert received(worker, internal_task(c.pikku.app, "orchestrate").name) == 1, worker.log()
     assert received(worker, wa.ADD) == 0, worker.log()
 
 

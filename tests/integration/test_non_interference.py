@@ -37,6 +37,7 @@ import redis
 from celery import Celery, chain, chord, group
 from celery.exceptions import TaskRevokedError
 
+from pikku_celery.tasks import internal_task_names
 from tests.conftest import REDIS_URL
 from tests.integration import plainapp as pa
 from tests.support.mongod import MongoTarget
@@ -214,7 +215,7 @@ def test_inspect_sees_the_same_worker(plain: tuple[Cluster, Worker]) -> None:
     assert stats["prefetch_count"] == CONCURRENCY * CELERY_DEFAULT_PREFETCH
     registered = set(c.reply(worker, "registered"))
     assert {"ni.add", "ni.xsum", "ni.sleeping", "ni.retrying"} <= registered
-    pikku_tasks = {"pikku.orchestrate", "pikku.timer", "pikku.reap", "ni.double"}
+    pikku_tasks = {*internal_task_names(c.app).values(), "ni.double"}
     assert (pikku_tasks <= registered) is c.bound
 
 

@@ -31,6 +31,7 @@ import pytest
 import redis
 
 from benchmarks.step_cost import Result, measure
+from pikku_celery.tasks import internal_task
 from tests.conftest import REDIS_URL
 from tests.integration import workerapp as wa
 from tests.integration.test_celery_workers import Cluster, make_cluster, wait_for
@@ -99,9 +100,11 @@ def test_on_two_worker_processes_a_step_run_in_place_costs_1_and_1(
     run_id = c.pikku.start("chain", {"n": steps})
     assert c.wait(run_id, 30).output == steps
 
+    orchestrate = internal_task(c.pikku.app, "orchestrate").name
+
     def counted() -> dict[str, int]:
         found = {k.decode(): int(v) for k, v in redis_client.hgetall(tally).items()}
-        return found if found.get("task:pikku.orchestrate") else {}
+        return found if found.get(f"task:{orchestrate}") else {}
     cost = wait_for(counted, 10, "the workers' tally", c.diagnostics)
     messages = sum(v for k, v in cost.items() if k.startswith("task:"))
     # A worker process creates the indexes once, at its first insert: not the run's cost.

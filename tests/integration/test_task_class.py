@@ -14,7 +14,7 @@ from flask import Flask, current_app
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
 from pikku_celery.store.memory import InMemoryWorkflowStore
-from pikku_celery.tasks import ORCHESTRATE, StepTask
+from pikku_celery.tasks import StepTask, internal_task
 from tests.conftest import REDIS_URL
 
 
@@ -40,7 +40,7 @@ def test_step_tasks_take_the_apps_task_class(key_prefix: str) -> None:
     pikku.step(name="shop.plain")(lambda data: data)
     task = app.tasks["shop.plain"]
     assert isinstance(task, StepTask) and isinstance(task, app.Task)
-    assert type(task).__call__ is type(app.tasks[ORCHESTRATE]).__call__
+    assert type(task).__call__ is type(internal_task(app, "orchestrate")).__call__
 
 
 def test_a_step_reads_the_flask_app_context_on_a_worker(key_prefix: str) -> None:

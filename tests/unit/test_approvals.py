@@ -55,7 +55,7 @@ def gate(pikku: PikkuCelery, run_id: str) -> Any:
 def test_a_valid_decision_is_the_step_result_and_continues_the_run(pikku: PikkuCelery) -> None:
     run_id = pikku.start("onboarding", None, inline=True)
     assert pikku.get_run(run_id).status == "suspended"
-    assert pikku.engine.advance(run_id) == "paused"  # a pass on a suspended run waits
+    assert pikku.engine.advance(run_id) == "waiting"  # a pass on a suspended run waits
     pikku.engine.dispatcher = Recorder()
     with pytest.raises(InvalidInputError, match=r"approver \(by\) '\$ann' is not allowed"):
         pikku.approve(run_id, "manager", {"approved": True}, by="$ann")

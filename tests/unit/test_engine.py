@@ -24,6 +24,7 @@ from pikku_celery import (
     keys,
 )
 from pikku_celery.leases.base import Lease
+from pikku_celery.tasks import internal_task
 from tests.support.threads import ThreadsJoined
 
 
@@ -158,7 +159,7 @@ def test_a_failed_step_with_attempts_left_pauses_the_run(pikku: PikkuCelery) -> 
     pikku.engine.advance(run_id)
     definition = pikku.registry.steps[flaky.name]
     pikku.engine.execute_step(definition, run_id, "flaky")
-    assert pikku.engine.advance(run_id) == "paused"  # a sibling's completion woke it
+    assert pikku.engine.advance(run_id) == "waiting"  # a sibling's completion woke it
     assert pikku.get_run(run_id).status == "running"
     step = steps_of(pikku, run_id)["flaky"]
     assert step.status == "failed" and step.due_at is not None
@@ -182,7 +183,7 @@ def test_12_a_run_leased_elsewhere_is_marked_for_its_holder_without_running_the_
     with pytest.raises(LeaseTakenError):
         pikku.engine.advance(run_id, step_name="s")
     # The message is done with: no retry spent, nothing re-sent ...
-    assert pikku.app.tasks["pikku.orchestrate"].run(run_id) == "marked"
+    assert internal_task(pikku.app, "orchestrate").run(run_id) == "marked"
     assert ran == [] and pikku.get_run(run_id).status == "running"
     # ... but one watch per grant: should the holder die, the run is looked at again once
     # its lease has lapsed.
@@ -362,7 +363,7 @@ def test_read_api_and_bad_input(pikku: PikkuCelery) -> None:
     with pytest.raises(ValueError, match="soon"):
         pikku.step(retry_delay="soon")(lambda data: data)
     with pytest.raises(InvalidInputError, match="malformed"):
-        pikku.app.tasks["pikku.orchestrate"].run(5)
+        internal_task(pikku.app, "orchestrate").run(5)
 
     @pikku.workflow()
     def sleepy(wf: Any, data: Any) -> None:
@@ -457,7 +458,7 @@ def test_suspend_records_the_run_and_resume_continues_it(pikku: PikkuCelery) -> 
     run_id = pikku.start(approval, None, inline=True)
     run = pikku.get_run(run_id)
     assert run.status == "suspended"
-    assert pikku.engine.advance(run_id) == "paused"  # replay after suspension is safe
+    assert pikku.engine.advance(run_id) == "waiting"  # replay after suspension is safe
     assert pikku.get_run(run_id).status == "suspended"
     assert "after" not in steps_of(pikku, run_id)
     pikku.engine.dispatcher = Recorder()
@@ -531,7 +532,7 @@ def test_an_infrastructure_error_in_a_pass_leaves_the_run_retryable() -> None:
         pikku.engine.advance(run_id)
     assert pikku.get_run(run_id).status == "running"
     store.down = False
-    assert pikku.engine.advance(run_id) == "paused"
+    assert pikku.engine.advance(run_id) == "dispatched"  # "one" sent now
 
 
 def test_a_child_whose_parent_missed_the_news_is_reported_again(pikku: PikkuCelery) -> None:
@@ -657,7 +658,7 @@ def test_55_concurrent_passes_on_one_run_never_overlap(pikku: PikkuCelery) -> No
                 contenders.start(orchestrate)
         release.set()
     assert overlaps == []
-    assert sorted(outcomes) == ["paused"] + ["taken"] * 7
+    assert sorted(outcomes) == ["taken"] * 7 + ["waiting"]  # on the sleep's timer
 
 
 def test_58_a_poisoned_shard_does_not_rerun_its_healthy_siblings(pikku: PikkuCelery) -> None:

@@ -16,6 +16,7 @@ from pikku_celery import (
     PikkuCelery,
     WorkflowStepSupersededError,
 )
+from pikku_celery.tasks import internal_task
 from tests.unit.test_engine import Recorder
 
 T0 = 1_700_000_000_000
@@ -224,7 +225,7 @@ def test_13_a_graph_run_leased_elsewhere_is_marked_not_planned(pikku: PikkuCeler
     recorder.steps.clear()
     held = pikku.engine.leases.acquire(keys.run_lease_key(run_id), "elsewhere", 60_000)
     assert held is not None
-    assert pikku.app.tasks["pikku.orchestrate"].run(run_id) == "marked"
+    assert internal_task(pikku.app, "orchestrate").run(run_id) == "marked"
     assert recorder.steps == []  # nothing planned: the holder plans, with the mark
     assert [countdown > 60 for _, countdown in recorder.wakes] == [True]  # the grant's watch
     assert pikku.engine.leases.release_or_take_marks(held, 60_000) == ("$all",)

@@ -221,7 +221,7 @@ def test_3_a_resume_landing_while_a_pass_suspends_the_run_is_not_lost() -> None:
         return "through"
 
     run_id = pikku.start("h3.gate", None)
-    assert pikku.engine.advance(run_id) == "paused"
+    assert pikku.engine.advance(run_id) == "waiting"
     assert pikku.get_run(run_id).status == "suspended"
 
     original = store.transition_run

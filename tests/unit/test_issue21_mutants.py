@@ -91,7 +91,7 @@ def test_a_paused_pass_that_finds_its_run_cancelled_fences_its_steps() -> None:
         "wake_run": lambda self, *a, **kw: None,
         "arm_timer": lambda self, *a, **kw: None})()
     run_id = pikku.start("m21.flow", 1)
-    assert pikku.engine.advance(run_id) == "paused" and dispatched == ["a"]
+    assert pikku.engine.advance(run_id) == "dispatched" and dispatched == ["a"]
     # The cancel's writer stops after its first write: no mark, no wake, no fence.
     store = pikku.engine.store
     assert store.transition_run(run_id, ["running"], RUN_CANCELLED, clock.ms,

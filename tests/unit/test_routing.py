@@ -15,6 +15,7 @@ from celery.worker import WorkController
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
 from pikku_celery.routing import conf_sets
+from pikku_celery.tasks import internal_task, internal_task_names
 
 DEFAULT_PREFETCH = 4
 CONCURRENCY = 2
@@ -97,20 +98,42 @@ def test_pikkus_messages_go_to_its_queue() -> None:
     app = make_app("wf")
     options = app.pikku.routing.options("r.step", ("run", "s"), app.tasks["r.step"])
     assert options["queue"].name == "wf"
-    orchestrate = app.tasks["pikku.orchestrate"]
-    assert app.pikku.routing.options("pikku.orchestrate", ("run",),
+    orchestrate = internal_task(app, "orchestrate")
+    assert orchestrate.name == "pikku.routing.orchestrate"  # the app's main name: routing
+    assert app.pikku.routing.options(orchestrate.name, ("run",),
                                      orchestrate)["queue"].name == "wf"
     # A step task whose module is not imported here is sent by name: routed all the same.
     assert app.pikku.routing.options("elsewhere.step", ("run", "s"))["queue"].name == "wf"
 
 
 def test_the_users_task_routes_win_task_by_task() -> None:
-    app = make_app("wf", task_routes={"r.step": {"queue": "steps"}, "pikku.timer": "timers"})
+    app = make_app("wf", task_routes={"r.step": {"queue": "steps"},
+                                      "pikku.routing.timer": "timers"})
     routing = app.pikku.routing
+    timer, orchestrate = internal_task(app, "timer"), internal_task(app, "orchestrate")
     assert routing.options("r.step", ("run", "s"), app.tasks["r.step"]) == {}
-    assert routing.options("pikku.timer", ("run", "s"), app.tasks["pikku.timer"]) == {}
-    assert "queue" in routing.options("pikku.orchestrate", ("run",),
-                                      app.tasks["pikku.orchestrate"])
+    assert routing.options(timer.name, ("run", "s"), timer) == {}
+    assert "queue" in routing.options(orchestrate.name, ("run",), orchestrate)
+
+
+@pytest.mark.parametrize(("routes", "conf", "routed"), [
+    # A glob route on pikku's prefix still takes every one of pikku's tasks.
+    ({"pikku.*": {"queue": "wf-pikku"}}, {}, {"orchestrate", "timer", "reap"}),
+    # An exact route on an old name does not match the app's names...
+    ({"pikku.timer": {"queue": "timers"}}, {}, set()),
+    # ...unless the namespace is set back to "pikku": the old names exactly.
+    ({"pikku.timer": {"queue": "timers"}}, {"pikku_task_namespace": "pikku"}, {"timer"}),
+    # The app's own names, as internal_task_names gives them.
+    ({"pikku.routing.reap": {"queue": "reaps"}}, {}, {"reap"}),
+])
+def test_the_users_routes_for_pikkus_own_tasks(routes: dict[str, Any], conf: dict[str, Any],
+                                              routed: set[str]) -> None:
+    app = make_app(task_routes=routes, **conf)
+    names = internal_task_names(app)
+    found = {kind for kind, name in names.items()
+             if app.amqp.router.route({}, name, (), {}, app.tasks[name]).get("queue").name
+             != app.conf.task_default_queue}
+    assert found == routed, names
 
 
 @pytest.mark.filterwarnings("ignore::celery.exceptions.CDeprecationWarning")  # 'queue' attr

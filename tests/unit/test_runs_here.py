@@ -15,7 +15,7 @@ from celery.worker import state as worker_state
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
 from pikku_celery.store.memory import InMemoryWorkflowStore
-from pikku_celery.tasks import ORCHESTRATE, CeleryDispatcher
+from pikku_celery.tasks import CeleryDispatcher, internal_task
 
 
 def _pikku(task_cls: Any = None, **conf: Any) -> tuple[Celery, PikkuCelery]:
@@ -60,7 +60,7 @@ def test_outside_a_worker_task_nothing_runs_in_place() -> None:
 def test_a_step_for_the_same_queue_runs_in_place(running: Any) -> None:
     app, pikku = _pikku()
     pikku.step(name="rh.step")(lambda data: data)
-    running(app.tasks[ORCHESTRATE], ("run",))
+    running(internal_task(app, "orchestrate"), ("run",))
     assert _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
     # From a step's own task too.
     running(app.tasks["rh.step"], ("run", "s0"))
@@ -71,7 +71,7 @@ def test_a_step_routed_to_another_queue_is_sent(running: Any) -> None:
     app, pikku = _pikku(task_routes={"rh.gpu": {"queue": "gpu"}})
     pikku.step(name="rh.gpu")(lambda data: data)
     pikku.step(name="rh.step")(lambda data: data)
-    running(app.tasks[ORCHESTRATE], ("run",))
+    running(internal_task(app, "orchestrate"), ("run",))
     dispatcher = _dispatcher(app, pikku)
     assert not dispatcher.runs_here("rh.gpu", "run", "s")
     assert dispatcher.runs_here("rh.step", "run", "s")
@@ -83,20 +83,20 @@ def test_time_limits_and_rate_limits_send_the_step(running: Any) -> None:
     pikku.step(name="rh.soft", soft_time_limit=30)(lambda data: data)
     pikku.step(name="rh.rated", rate_limit="10/m")(lambda data: data)
     pikku.step(name="rh.step")(lambda data: data)
-    running(app.tasks[ORCHESTRATE], ("run",))
+    running(internal_task(app, "orchestrate"), ("run",))
     dispatcher = _dispatcher(app, pikku)
     for name in ("rh.limited", "rh.soft", "rh.rated"):
         assert not dispatcher.runs_here(name, "run", "s"), name
     assert dispatcher.runs_here("rh.step", "run", "s")
     # A limit on the task running now (its message's own), or app-wide: nothing in place.
-    running(app.tasks[ORCHESTRATE], ("run",), timelimit=(60, None))
+    running(internal_task(app, "orchestrate"), ("run",), timelimit=(60, None))
     assert not dispatcher.runs_here("rh.step", "run", "s")
 
 
 def test_an_app_wide_time_limit_sends_every_step(running: Any) -> None:
     app, pikku = _pikku(task_soft_time_limit=60)
     pikku.step(name="rh.step")(lambda data: data)
-    running(app.tasks[ORCHESTRATE], ("run",))
+    running(internal_task(app, "orchestrate"), ("run",))
     assert not _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
 
 
@@ -113,7 +113,7 @@ def test_steps_take_the_apps_task_class_and_run_in_place_under_it(running: Any) 
     app, pikku = _pikku(task_cls=Traced)
     pikku.step(name="rh.step")(lambda data: data)
     assert type(app.tasks["rh.step"]).__call__ is Traced.__call__
-    running(app.tasks[ORCHESTRATE], ("run",))
+    running(internal_task(app, "orchestrate"), ("run",))
     assert _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
 
 
@@ -133,6 +133,6 @@ def test_a_stopping_worker_sends_the_step(running: Any,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     app, pikku = _pikku()
     pikku.step(name="rh.step")(lambda data: data)
-    running(app.tasks[ORCHESTRATE], ("run",))
+    running(internal_task(app, "orchestrate"), ("run",))
     monkeypatch.setattr(worker_state, "should_stop", 0)  # warm shutdown, exit code 0
     assert not _dispatcher(app, pikku).runs_here("rh.step", "run", "s")

@@ -133,7 +133,7 @@ def test_a_view_behind_another_processes_passes_catches_up() -> None:
     cluster.advance(1, run_id, "s1")  # and s2
     cluster.run_step(0, run_id, "s2")
     cluster.store.reads.clear()
-    assert cluster.advance(0, run_id, "s2") == "paused"  # process 0 records s3
+    assert cluster.advance(0, run_id, "s2") == "dispatched"  # process 0 records s3
     [read] = cluster.store.reads
     assert read["run"] and read["recorded_after"] is not None
     assert read["returned"] == ["s0", "s1", "s2"]  # not s0... of a full read: all changed
@@ -257,7 +257,7 @@ def test_a_step_the_view_lacks_is_found_by_its_insert_and_replayed() -> None:
     store.set_result(run_id, "s1", 1, 2, now)
     recorder = cluster.recorders[0]
     recorder.steps.clear()
-    assert cluster.advance(0, run_id, "s0") == "paused"
+    assert cluster.advance(0, run_id, "s0") == "dispatched"  # s2
     assert [s[2] for s in recorder.steps] == ["s2"]  # s1 was not sent again
     cluster.run_step(0, run_id, "s2")
     assert cluster.advance(0, run_id, "s2") == "completed"
