@@ -33,7 +33,13 @@ from pikku_celery.leases import (
     RedisLeaseService,
     hold_lease,
 )
-from pikku_celery.records import StepAttempt, StepState, WorkflowEvent, WorkflowRun
+from pikku_celery.records import (
+    StepAttempt,
+    StepState,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowSchedule,
+)
 from pikku_celery.replay import WorkflowContext
 from pikku_celery.shared import shared_step, shared_workflow
 from pikku_celery.store.base import WorkflowStore
@@ -67,6 +73,7 @@ __all__ = [
     "WorkflowRunConflictError",
     "WorkflowRunFailedError",
     "WorkflowRunNotFoundError",
+    "WorkflowSchedule",
     "WorkflowStepFunctionMismatchError",
     "WorkflowStepLeaseExpiredError",
     "WorkflowStepNotFoundError",

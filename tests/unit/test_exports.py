@@ -16,7 +16,8 @@ INTEGRATION = {"shared_step", "shared_workflow"}  # contract section 5
 EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "WorkflowReplayError",
           "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku",
           "hold_lease", "PikkuConfigurationError", "WorkflowApprovalError", "with_state",
-          "WorkflowEvent", "WorkflowEventError"}  # issue 26: events
+          "WorkflowEvent", "WorkflowEventError",  # issue 26: events
+          "WorkflowSchedule"}  # issue 26: schedules
 
 
 def test_the_exported_names_are_exactly_the_public_api() -> None:

@@ -21,7 +21,6 @@ from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from pikku_celery import keys
 from pikku_celery.errors import PikkuConfigurationError
 from pikku_celery.records import StepState
 
@@ -77,6 +76,7 @@ class MongoTransactions:
     replica set or a sharded cluster (never on a standalone server)."""
 
     db: Any
+    _steps: Any
 
     def step_transaction(self, step_name: str) -> StepTransaction:
         """Start a transaction for a try of ``step_name``'s body. Majority reads and writes:
@@ -88,7 +88,7 @@ class MongoTransactions:
                                       write_concern=WriteConcern("majority"),
                                       read_preference=ReadPreference.PRIMARY)
             # A first command, so a standalone server refuses here, before the body runs.
-            self.db[keys.STEPS].find_one({"_id": None}, session=session)
+            self._steps.find_one({"_id": None}, session=session)
         except OperationFailure as exc:
             session.end_session()
             if exc.code == _NO_TRANSACTIONS or "Transaction numbers" in str(exc):
