@@ -32,6 +32,7 @@ from pikku_celery.graph import build_graph
 from pikku_celery.inline import DrivingDispatcher, run_inline
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.operations import RunOperations
+from pikku_celery.records import RUN_QUEUED
 from pikku_celery.replay import WorkflowContext
 from pikku_celery.routing import Routing
 from pikku_celery.schedules.ticker import WorkerTicker
@@ -88,12 +89,10 @@ class PikkuCelery(RunOperations):
             holds the run, leave it a mark instead (it passes again before it lets go).
             Default ``True``: fewer messages and round trips; ``False`` sends a
             ``pikku.orchestrate`` message per settled step.
-        in_place_steps: with ``continue_in_place``, a pass running in a worker runs the
-            next step of a sequential run itself when that step would be sent to the queue
-            its own task came from (no message, no separate claim, no replay: see "Running
-            in place" in the README), at most this many steps in a row (100; 0: never),
-        in_place_for: and for at most this long (10 s), before it sends the next step as
-            a message.
+        in_place_steps: with ``continue_in_place``, a pass in a worker runs the next step
+            itself when it would go to the queue its own task came from (docs/internals/
+            how-it-works.md), at most this many in a row (100; 0: never),
+        in_place_for: and for at most this long (10 s).
         worker_reaper: run the reaper in every worker of the app (default ``True``).
         queue: a queue of pikku's own (default: the ``pikku_queue`` setting, else none:
             pikku's tasks are routed like any task). With one, pikku's messages go there
@@ -231,9 +230,8 @@ class PikkuCelery(RunOperations):
         that is also a workflow step. ``retries`` (default 3) gives ``retries + 1``
         attempts; ``retry_delay`` is fixed when given, else 1 s doubling per attempt. An
         exception of a ``no_retry_for`` class fails the step at once (a declined card).
-        ``transactional=True`` (with ``bind=True``): the body's MongoDB writes made with
-        ``ctx.session`` commit in one transaction with the step's settle, so only the
-        attempt whose outcome is recorded leaves them (``pikku_celery.transactional``).
+        ``transactional=True`` (with ``bind=True``): the body's writes with ``ctx.session``
+        commit with the step's settle (``pikku_celery.transactional``).
         Extra keyword arguments are Celery task options (``queue``, ``acks_late``...)."""
         def decorate(fn: F) -> Any:
             task_name = name or self.app.gen_task_name(fn.__name__, fn.__module__)
@@ -253,11 +251,14 @@ class PikkuCelery(RunOperations):
         return make_step_task(self.app, lambda: self.engine, definition.name,
                               {**task_options, "pikku_step": definition})
 
-    def workflow(self, name: str | None = None) -> Callable[[F], F]:
+    def workflow(self, name: str | None = None, *, concurrency: int | None = None,
+                 concurrency_key: Callable[[Any], Any] | None = None) -> Callable[[F], F]:
         """Register ``fn(wf, data) -> result`` as a workflow named ``name`` (default: the
-        function's name)."""
+        function's name); ``concurrency=N``: at most N runs at once per
+        ``concurrency_key(input)``, the others ``queued`` (``pikku_celery.concurrency``)."""
         def decorate(fn: F) -> F:
-            definition = make_workflow(fn, name or fn.__name__)
+            definition = make_workflow(fn, name or fn.__name__, concurrency=concurrency,
+                                       concurrency_key=concurrency_key)
             self.add_workflow(definition)
             fn.pikku_workflow = definition  # type: ignore[attr-defined]
             return fn
@@ -306,7 +307,7 @@ class PikkuCelery(RunOperations):
             engine.dispatcher.wake_run(run.run_id)  # the test kit: runs it here, to its end
         elif inline:
             run_inline(engine, run.run_id)
-        elif not run.is_terminal:
+        elif not run.is_terminal and run.status != RUN_QUEUED:  # queued: admission wakes it
             engine.dispatcher.wake_run(run.run_id)
         return run.run_id
 

@@ -21,33 +21,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from pikku_celery.definitions import WorkflowDefinition
+from pikku_celery.errors import InvalidInputError
 from pikku_celery.protocols import Dispatcher
-from pikku_celery.records import RUN_RUNNING, WorkflowRun
+from pikku_celery.records import RUN_QUEUED, RUN_RUNNING
+from pikku_celery.store._slots import slot_id
+from pikku_celery.store.base import WorkflowStore
+from pikku_celery.validate import check_name
 
 log = logging.getLogger("pikku_celery")
-RUN_QUEUED = "queued"
 MAX_ADMITS = 1000  # runs one call admits at most (a sweep admits the rest)
-
-
-class SlotStore(Protocol):
-    def take_slot(self, slot: str, run_id: str, limit: int, *, workflow: str = "",
-                  key: str | None = None) -> bool: ...
-    def give_slot(self, slot: str, run_id: str) -> bool: ...
-    def list_slots(self, limit: int = 1000) -> list[dict[str, Any]]: ...
-    def next_queued(self, slot: str) -> WorkflowRun | None: ...
-    def queued_slots(self, limit: int = 1000) -> list[str]: ...
-    def get_run(self, run_id: str) -> WorkflowRun | None: ...
-    def transition_run(self, run_id: str, from_statuses: Any, to_status: str,
-                       now_ms: int) -> bool: ...
 
 
 class Admission:
     """Admits queued runs into free slots and gives slots back; ``limit_of(workflow)`` is
     the workflow's limit in this process (``None``: unknown here, or not limited)."""
 
-    def __init__(self, store: SlotStore, limit_of: Callable[[str], int | None],
+    def __init__(self, store: WorkflowStore, limit_of: Callable[[str], int | None],
                  now_ms: Callable[[], int]) -> None:
         self.store = store
         self.limit_of = limit_of
@@ -106,3 +98,26 @@ class Admission:
         for slot in self.store.queued_slots(limit):
             mended += len(self.admit(slot, dispatcher))
         return mended
+
+
+def slot_of(definition: WorkflowDefinition, data: Any) -> str | None:
+    """The slot group a new run of ``definition`` with input ``data`` queues in; ``None``
+    for a workflow without a limit. ``InvalidInputError`` when its ``concurrency_key``
+    gives anything but a string or ``None`` (one group for all), or raises."""
+    if definition.concurrency is None:
+        return None
+    key = None
+    if definition.concurrency_key is not None:
+        try:
+            key = definition.concurrency_key(data)
+        except Exception as exc:
+            raise InvalidInputError(
+                f"the concurrency_key of workflow {definition.name!r} raised "
+                f"{type(exc).__name__}: {exc}") from exc
+        if key is not None and not isinstance(key, str):
+            raise InvalidInputError(
+                f"the concurrency_key of workflow {definition.name!r} returned {key!r} "
+                f"({type(key).__name__}): it must return a string (or None)")
+        if key is not None:
+            check_name(f"concurrency key of workflow {definition.name!r}", key)
+    return slot_id(definition.name, key)

@@ -82,19 +82,38 @@ class WorkflowDefinition:
     fn: Callable[..., Any]
     version: str
     source: str
+    # At most ``concurrency`` runs at once per ``concurrency_key(input)`` (``None``: one key
+    # for every run); ``None``: no limit (``pikku_celery.concurrency``).
+    concurrency: int | None = None
+    concurrency_key: Callable[[Any], Any] | None = None
 
 
-def make_workflow(fn: Callable[..., Any], name: str, *, source: str | None = None
-                  ) -> WorkflowDefinition:
+MAX_CONCURRENCY = 10_000
+
+
+def make_workflow(fn: Callable[..., Any], name: str, *, source: str | None = None,
+                  concurrency: int | None = None,
+                  concurrency_key: Callable[[Any], Any] | None = None) -> WorkflowDefinition:
     """``source`` (default: the function's source) is what the version hash is taken of."""
     check_name("workflow name", name)
+    if concurrency is not None and (isinstance(concurrency, bool)
+                                    or not isinstance(concurrency, int)
+                                    or not 1 <= concurrency <= MAX_CONCURRENCY):
+        raise InvalidInputError(f"workflow {name!r}: concurrency must be an int from 1 to "
+                                f"{MAX_CONCURRENCY}, got {concurrency!r}")
+    if concurrency_key is not None and (concurrency is None or not callable(concurrency_key)):
+        raise InvalidInputError(
+            f"workflow {name!r}: concurrency_key must be a callable of the run's input, "
+            f"and needs concurrency=N, got {concurrency_key!r} with concurrency="
+            f"{concurrency!r}")
     if source is None:
         try:
             source = inspect.getsource(fn)
         except (OSError, TypeError):
             source = f"{fn.__module__}.{fn.__qualname__}"
     version = hashlib.sha256(source.encode()).hexdigest()[:16]
-    return WorkflowDefinition(name=name, fn=fn, version=version, source=source)
+    return WorkflowDefinition(name=name, fn=fn, version=version, source=source,
+                              concurrency=concurrency, concurrency_key=concurrency_key)
 
 
 class Registry:

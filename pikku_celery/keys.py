@@ -163,6 +163,7 @@ HISTORY = "workflow_step_history"  # written by earlier versions only, read for 
 VERSIONS = "workflow_versions"
 EVENTS = "workflow_events"
 SCHEDULES = "workflow_schedules"
+SLOTS = "workflow_slots"  # concurrency slot groups (``store._slots``)
 RESULTS = "celery_task_results"
 DEFAULT_DATABASE = "pikku"
 
@@ -189,6 +190,7 @@ class RunField:
     EVENTS_SENT = "events_sent"  # how many events were sent to the run: the last ``seq``
     SCHEDULE = "schedule"  # the schedule whose tick started the run (absent otherwise)
     SCHEDULED = "scheduled_ms"  # that tick
+    SLOT = "slot"  # its concurrency slot group (absent for a workflow without a limit)
 
 
 class StepField:

@@ -59,6 +59,7 @@ from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
     RUN_FAILED,
+    RUN_QUEUED,
     RUN_RUNNING,
     RUN_SUSPENDED,
     STEP_PENDING,
@@ -194,6 +195,8 @@ class Passes:
         if view.run.is_terminal:
             self._ended(view, dispatcher)
             return view.run.status, None, None
+        if view.run.status == RUN_QUEUED:  # waits for a slot: its admission wakes it
+            return RUN_QUEUED, None, None
         host = _PassHost(self, dispatcher, view, token, fresh, in_place)
         if ALL not in marks and view.skips(fresh):  # it would pause at the same gather
             return self._paused(view, host), view, None

@@ -2,10 +2,11 @@
 
 Steps whose lease lapsed (their worker died), ``pending`` steps nobody picked up (their
 message died in a killed worker's prefetch), due sleeps and retries, stalled runs (a lost
-wake-up), child runs whose parent was never told, and events whose sender stopped before it
-woke their run. Safe from any number of processes at once: re-dispatching a step only asks
-for a claim, and the claim is the guarded write that decides; waking a run only asks for a
-pass, and the run lease admits one at a time.
+wake-up), child runs whose parent was never told, events whose sender stopped before it
+woke their run, and concurrency slots a crash left held or free (``concurrency``). Safe
+from any number of processes at once: re-dispatching a step only asks for a claim, and the
+claim is the guarded write that decides; waking a run only asks for a pass, and the run
+lease admits one at a time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from pikku_celery.concurrency import Admission
 from pikku_celery.definitions import Registry
 from pikku_celery.events import wake_lost_sends
 from pikku_celery.leases.base import LeaseService
@@ -55,6 +57,8 @@ class Reaper:
         store, s = self.store, self.settings
         now = self.leases.now_ms()
         counts = {"events": wake_lost_sends(store, dispatcher, now, s.sweep_limit),
+                  "slots": Admission(store, self._limit_of, self.leases.now_ms).sweep(
+                      dispatcher, s.sweep_limit),
                   "lapsed": 0, "due": 0, "stalled": 0}
         lapsed = store.find_lapsed_steps(now, s.sweep_limit,
                                                 after=self._cursor.get("lapsed"))
@@ -95,6 +99,10 @@ class Reaper:
                 dispatcher.wake_run(run_id)  # its wake-up message was lost
                 counts["stalled"] += 1
         return counts
+
+    def _limit_of(self, workflow: str) -> int | None:
+        found = self.registry.workflows.get(workflow)
+        return None if found is None else found.concurrency
 
     def _finish_opening(self, gate: StepState, now: int, dispatcher: Dispatcher) -> None:
         """A gate opened (a decision, an expiry, a resume) whose wake check is due: its

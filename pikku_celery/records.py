@@ -7,14 +7,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+RUN_QUEUED = "queued"  # waiting for a slot of its workflow's concurrency limit
 RUN_RUNNING = "running"
 RUN_SUSPENDED = "suspended"
 RUN_COMPLETED = "completed"
 RUN_FAILED = "failed"
 RUN_CANCELLED = "cancelled"
-RUN_STATUSES = (RUN_RUNNING, RUN_SUSPENDED, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED)
+RUN_STATUSES = (RUN_QUEUED, RUN_RUNNING, RUN_SUSPENDED, RUN_COMPLETED, RUN_FAILED,
+                RUN_CANCELLED)
 RUN_TERMINAL = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
-RUN_LIVE = (RUN_RUNNING, RUN_SUSPENDED)  # the statuses an event may be sent to
+RUN_LIVE = (RUN_QUEUED, RUN_RUNNING, RUN_SUSPENDED)  # not ended: events may be sent to it
 
 STEP_PENDING = "pending"
 STEP_SCHEDULED = "scheduled"
@@ -49,6 +51,9 @@ class WorkflowRun:
     # for a run started any other way.
     schedule: str | None = None
     scheduled_for: datetime | None = None
+    # The slot group of a workflow with a concurrency limit (``pikku_celery.concurrency``):
+    # the run waits ``queued`` until it holds one of the group's slots.
+    slot: str | None = None
 
     @property
     def is_terminal(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pikku_celery import keys
 from pikku_celery.clock import Clock
+from pikku_celery.concurrency import Admission, slot_of
 from pikku_celery.definitions import Registry
 from pikku_celery.errors import InvalidInputError, WorkflowCancelledError, WorkflowRunConflictError
 from pikku_celery.leases.base import LeaseService
@@ -22,6 +23,7 @@ from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
     RUN_FAILED,
+    RUN_QUEUED,
     RUN_RUNNING,
     RUN_SUSPENDED,
     STEP_FAILED,
@@ -71,6 +73,7 @@ class Runs:
         of a child run; ``scheduled``: the schedule and tick (epoch ms) that start it,
         whose run id is derived from them (``keys.scheduled_run_id``), not chosen."""
         definition = self.registry.workflow(workflow)
+        slot = slot_of(definition, data)
         if scheduled is not None:
             run_id = keys.scheduled_run_id(*scheduled)
         elif parent is None and run_id is not None:
@@ -84,12 +87,14 @@ class Runs:
             parent_run_id=parent[0] if parent else None,
             parent_step_name=parent[1] if parent else None,
             schedule=scheduled[0] if scheduled else None,
-            scheduled_ms=scheduled[1] if scheduled else None), now)
+            scheduled_ms=scheduled[1] if scheduled else None, slot=slot), now)
         if created:
             self.store.record_version(definition.name, definition.version, definition.source,
                                       now)
             self.emit("run_started", run.workflow, run_id=run.run_id, workflow=run.workflow,
                       parent_run_id=run.parent_run_id)
+            if slot is not None:  # queued: admitted now if its group has a free slot
+                self.admission.admit(slot, self.dispatcher)
         elif run.workflow != definition.name:
             raise WorkflowRunConflictError(
                 run_id, f"it is a run of {run.workflow!r}, not {definition.name!r}")
@@ -110,6 +115,7 @@ class Runs:
                                           output=output, error=error, cancel_reason=reason)
         if wrote:
             self._emit_finished(run, status, output=output, error=error)
+            self.admission.release(run.run_id, run.slot, dispatcher or self.dispatcher)
             # Steps the body left behind (a sleep the run did not wait for, a step of a
             # failed branch) would otherwise stay due forever and wake a finished run.
             if leftovers:
@@ -157,8 +163,8 @@ class Runs:
             raise InvalidInputError(f"cancel reason must be a string, got {reason!r}")
         exc = WorkflowCancelledError(run_id, reason)
         error = {"type": type(exc).__name__, "message": str(exc)}
-        wrote = self.store.transition_run(run_id, LIVE, RUN_CANCELLED, self.now_ms(),
-                                          error=error, cancel_reason=reason)
+        wrote = self.store.transition_run(run_id, (RUN_QUEUED, *LIVE), RUN_CANCELLED,
+                                          self.now_ms(), error=error, cancel_reason=reason)
         try:
             self.leases.mark(keys.run_lease_key(run_id), ALL)
         except Exception:
@@ -174,6 +180,7 @@ class Runs:
                 self.cancel(child_run_id, reason or f"parent run {run_id} was cancelled")
         if wrote:
             self._emit_finished(run, RUN_CANCELLED, error=error)
+            self.admission.release(run_id, run.slot, self.dispatcher)
             self.notify_parent(run_id, self.dispatcher)
         return wrote
 
@@ -193,8 +200,12 @@ class Runs:
             if (state.child_run_id is not None and state.status == STEP_FAILED
                     and state.due_at is None):
                 self.retry(state.child_run_id)
+        if not self._retry_slot(run):
+            return False
         reopened = self.store.retry_run(run_id, self.now_ms())
         if reopened is None:
+            if run.slot is not None:
+                self.store.give_slot(run.slot, run_id)
             return False  # it changed meanwhile (retried, or resumed, by someone else)
         for state in reopened:
             if state.function is not None and state.child_run_id is None:
@@ -204,6 +215,27 @@ class Runs:
         log.info("pikku: run %s of %s retried: %d step(s) reopened", run_id, run.workflow,
                  len(reopened))
         return True
+
+    def _retry_slot(self, run: WorkflowRun) -> bool:
+        """A retried run of a limited workflow runs again only with a slot of its group
+        (taken now, ahead of the queue: it was admitted once); ``False`` when full."""
+        limit = self.admission.limit_of(run.workflow)
+        if run.slot is None or limit is None:
+            return True
+        if self.store.take_slot(run.slot, run.run_id, limit, workflow=run.workflow):
+            return True
+        log.info("pikku: run %s of %s not retried: its concurrency group is full (%d "
+                 "running); retry it again later", run.run_id, run.workflow, limit)
+        return False
+
+    @property
+    def admission(self) -> Admission:
+        """Slots of limited workflows on this store (``pikku_celery.concurrency``)."""
+        return Admission(self.store, self._limit_of, self.now_ms)
+
+    def _limit_of(self, workflow: str) -> int | None:
+        found = self.registry.workflows.get(workflow)
+        return None if found is None else found.concurrency
 
     def fork(self, run_id: str, from_step: str, new_run_id: str | None = None) -> str:
         """A new run of ``run_id``'s workflow and input that replays the steps it recorded

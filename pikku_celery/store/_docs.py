@@ -42,7 +42,7 @@ def new_run_doc(run: NewRun, now_ms: int) -> Doc:
         R.ID: run.run_id,
         R.RUN: run.run_id,
         R.WORKFLOW: run.workflow,
-        R.STATUS: "running",
+        R.STATUS: "running" if run.slot is None else "queued",
         R.INPUT: run.input,
         R.OUTPUT: None,
         R.ERROR: None,
@@ -58,6 +58,7 @@ def new_run_doc(run: NewRun, now_ms: int) -> Doc:
         # Only on a run a schedule's tick started: other runs' documents stay as they were.
         **({R.SCHEDULE: run.schedule, R.SCHEDULED: run.scheduled_ms}
            if run.schedule is not None else {}),
+        **({R.SLOT: run.slot} if run.slot is not None else {}),
     }
 
 
@@ -111,6 +112,7 @@ def run_from_doc(doc: Doc) -> WorkflowRun:
         state_writers=tuple(doc.get(R.STATE_WRITERS) or ()),
         schedule=doc.get(R.SCHEDULE),
         scheduled_for=to_datetime(doc.get(R.SCHEDULED)),
+        slot=doc.get(R.SLOT),
     )
 
 

@@ -11,14 +11,13 @@ queued run (``concurrency``)."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from pikku_celery.errors import InvalidInputError
+from pikku_celery.records import WorkflowRun
 from pikku_celery.validate import check_name
 
 Doc = dict[str, Any]
-SLOTS = "workflow_slots"
-RUN_SLOT = "slot"  # the field of a run document that names its slot group
 _SLOT_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0007")
 MAX_LIMIT = 10_000
 
@@ -30,6 +29,7 @@ class SlotField:
     WORKFLOW = "workflow"
     KEY = "key"
     HOLDERS = "holders"
+    HELD = "held"  # how many holders: the index the sweep reads groups with holders by
 
 
 def slot_id(workflow: str, key: str | None) -> str:
@@ -46,3 +46,33 @@ def check_slot(slot: str, run_id: str, limit: int | None = None) -> None:
                               or not 1 <= limit <= MAX_LIMIT):
         raise InvalidInputError(f"concurrency must be an int from 1 to {MAX_LIMIT}, got "
                                 f"{limit!r}")
+
+
+@runtime_checkable
+class SlotStore(Protocol):
+    """The slots part of the store contract."""
+
+    def take_slot(self, slot: str, run_id: str, limit: int, *, workflow: str = "",
+                  key: str | None = None) -> bool:
+        """Add ``run_id`` to the group's holders while it has fewer than ``limit``; whether
+        the run holds a slot now (``True`` when it held one already)."""
+        ...
+
+    def give_slot(self, slot: str, run_id: str) -> bool:
+        """Remove ``run_id`` from the group's holders; ``False`` when it held none."""
+        ...
+
+    def slot_holders(self, slot: str) -> list[str]:
+        ...
+
+    def list_slots(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """The groups with holders: ``{"slot", "workflow", "key", "holders"}`` each."""
+        ...
+
+    def next_queued(self, slot: str) -> WorkflowRun | None:
+        """The group's oldest ``queued`` run (creation time, then run id)."""
+        ...
+
+    def queued_slots(self, limit: int = 1000) -> list[str]:
+        """The groups that have ``queued`` runs."""
+        ...

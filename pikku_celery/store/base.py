@@ -31,6 +31,7 @@ from pikku_celery.records import (
     WorkflowRun,
 )
 from pikku_celery.store._schedules import ScheduleStore
+from pikku_celery.store._slots import SlotStore
 from pikku_celery.validate import check_name
 
 
@@ -45,6 +46,8 @@ class NewRun:
     # The schedule whose tick starts the run, and that tick (epoch ms): ``pikku.schedule``.
     schedule: str | None = None
     scheduled_ms: int | None = None
+    # A limited workflow's slot group: the run is created ``queued`` in it (``concurrency``).
+    slot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ class EventStore(Protocol):
 
 
 @runtime_checkable
-class WorkflowStore(EventStore, ScheduleStore, Protocol):
+class WorkflowStore(EventStore, ScheduleStore, SlotStore, Protocol):
     # --- runs -------------------------------------------------------------------------
 
     def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:

@@ -194,6 +194,15 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.list_events(one)
     store.find_event_wakes(late, 10)
     store.clear_event_wake(sent.event_id)
+    # Concurrency slots: a limited run created queued, its group's take, give and reads.
+    store.create_run(NewRun("run-queued", "wf-1", None, slot="grp"), late)
+    store.next_queued("grp")
+    store.queued_slots()
+    store.take_slot("grp", "run-queued", 2, workflow="wf-1")
+    store.take_slot("grp", "run-queued", 2)  # held: the upsert's duplicate path
+    store.slot_holders("grp")
+    store.list_slots()
+    store.give_slot("grp", "run-queued")
     store.get_history(one)
     # Schedules: saved (new, the same, a changed timing), read, listed (all, by name),
     # moved past a tick (and the loser of that race), paused and resumed.

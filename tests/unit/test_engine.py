@@ -465,7 +465,7 @@ def test_suspend_records_the_run_and_resume_continues_it(pikku: PikkuCelery) -> 
     assert pikku.resume(run_id)
     assert not pikku.resume(run_id)  # only a suspended run resumes
     assert run_inline(pikku.engine, run_id).output == [1, 2]
-    assert pikku.reap() == {"events": 0, "lapsed": 0, "due": 0, "stalled": 0}
+    assert pikku.reap() == {"events": 0, "slots": 0, "lapsed": 0, "due": 0, "stalled": 0}
 
 
 # --- review findings --------------------------------------------------------------------
@@ -574,7 +574,7 @@ def test_steps_left_behind_by_a_finished_run_are_fenced(pikku: PikkuCelery) -> N
     assert pikku.engine.advance(run_id) == "completed"
     orphan = steps_of(pikku, run_id)["orphan"]
     assert orphan.status == "failed" and orphan.error["type"] == "WorkflowRunEnded"
-    assert pikku.reap() == {"events": 0, "lapsed": 0, "due": 0, "stalled": 0}
+    assert pikku.reap() == {"events": 0, "slots": 0, "lapsed": 0, "due": 0, "stalled": 0}
 
 
 def test_resume_racing_a_suspending_pass_leaves_the_run_resumable(pikku: PikkuCelery) -> None:

@@ -153,7 +153,7 @@ def test_43_a_run_with_a_live_step_is_not_woken(pikku: PikkuCelery, clock: FakeC
     clock.ms += 31_000
     recorder = pikku.engine.dispatcher
     recorder.wakes.clear()
-    assert pikku.reap() == {"events": 0, "lapsed": 0, "due": 0, "stalled": 0}
+    assert pikku.reap() == {"events": 0, "slots": 0, "lapsed": 0, "due": 0, "stalled": 0}
     assert recorder.wakes == []
 
 

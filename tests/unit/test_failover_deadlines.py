@@ -103,7 +103,7 @@ def test_every_call_of_a_pass_ends_within_the_run_lease(pikku: PikkuCelery) -> N
 
 def test_a_reaper_sweep_and_its_probe_end_within_the_interval(pikku: PikkuCelery) -> None:
     reaper = WorkerReaper(lambda: pikku.engine, 2.0)
-    assert reaper.sweep_once() == {"events": 0, "lapsed": 0, "due": 0, "stalled": 0}
+    assert reaper.sweep_once() == {"events": 0, "slots": 0, "lapsed": 0, "due": 0, "stalled": 0}
     assert reaper._probe() == {"the recording store": None}
     store = store_of(pikku)
     # A 2 s interval still gets 10 s: a sweep rides out an election (a few seconds).

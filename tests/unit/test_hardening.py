@@ -367,7 +367,7 @@ class _Engine:
     def reap(self) -> dict[str, int]:
         if self.broken:
             raise ConnectionError("mongodb unreachable")
-        return {"events": 0, "lapsed": 0, "due": 0, "stalled": 0}
+        return {"events": 0, "slots": 0, "lapsed": 0, "due": 0, "stalled": 0}
 
 
 def test_7_a_reaper_whose_sweep_failed_hands_the_role_over() -> None:
@@ -376,7 +376,7 @@ def test_7_a_reaper_whose_sweep_failed_hands_the_role_over() -> None:
     healthy = WorkerReaper(lambda: _Engine(leases, broken=False), 10.0)
     with pytest.raises(ConnectionError):
         broken.sweep_once()
-    assert healthy.sweep_once() == {"events": 0, "lapsed": 0, "due": 0, "stalled": 0}
+    assert healthy.sweep_once() == {"events": 0, "slots": 0, "lapsed": 0, "due": 0, "stalled": 0}
     assert broken.sweep_once() is None  # stood aside for an interval
 
 

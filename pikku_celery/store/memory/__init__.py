@@ -22,11 +22,12 @@ from pikku_celery.store.memory.listing import MemoryListing
 from pikku_celery.store.memory.retention import MemoryRetention
 from pikku_celery.store.memory.runs import MemoryRuns
 from pikku_celery.store.memory.schedules import MemorySchedules
+from pikku_celery.store.memory.slots import MemorySlots
 from pikku_celery.store.memory.steps import MemorySteps
 
 __all__ = ["InMemoryWorkflowStore"]
 
 
 class InMemoryWorkflowStore(MemoryRuns, MemorySteps, MemoryGates, MemoryEvents,
-                            MemorySchedules, MemoryRetention, MemoryListing):
+                            MemorySchedules, MemorySlots, MemoryRetention, MemoryListing):
     """A complete ``WorkflowStore`` for tests and single-process use."""

@@ -23,6 +23,7 @@ class MemoryStoreBase:
         self._steps: dict[str, Doc] = {}  # each with its history (``attempts``)
         self._versions: dict[str, Doc] = {}
         self._events: dict[str, Doc] = {}
+        self._slots: dict[str, Doc] = {}  # concurrency slot groups (``store._slots``)
         self._schedules: dict[str, Doc] = {}
 
     def _run_steps(self, run_id: str) -> list[Doc]:

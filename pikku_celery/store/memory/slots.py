@@ -7,36 +7,27 @@ import copy
 from typing import Any
 
 from pikku_celery.keys import RunField as R
-from pikku_celery.records import WorkflowRun
+from pikku_celery.records import RUN_QUEUED, WorkflowRun
 from pikku_celery.store import _docs
-from pikku_celery.store._slots import RUN_SLOT, check_slot
 from pikku_celery.store._slots import SlotField as F
+from pikku_celery.store._slots import check_slot
 from pikku_celery.store.memory.base import MemoryStoreBase
-
-RUN_QUEUED = "queued"
 
 
 class MemorySlots(MemoryStoreBase):
-    @property
-    def _slots(self) -> dict[str, dict[str, Any]]:
-        """The slot groups, made at first use."""
-        found: dict[str, dict[str, Any]] | None = self.__dict__.get("_slot_groups")
-        if found is None:
-            found = self.__dict__["_slot_groups"] = {}
-        return found
-
     def take_slot(self, slot: str, run_id: str, limit: int, *, workflow: str = "",
                   key: str | None = None) -> bool:
         check_slot(slot, run_id, limit)
         with self._lock:
             doc = self._slots.setdefault(slot, {F.ID: slot, F.WORKFLOW: workflow, F.KEY: key,
-                                                F.HOLDERS: []})
+                                                F.HOLDERS: [], F.HELD: 0})
             holders: list[str] = doc[F.HOLDERS]
             if run_id in holders:
                 return True
-            if len(holders) >= limit:
+            if doc[F.HELD] >= limit:
                 return False
             holders.append(run_id)
+            doc[F.HELD] += 1
             return True
 
     def give_slot(self, slot: str, run_id: str) -> bool:
@@ -46,23 +37,27 @@ class MemorySlots(MemoryStoreBase):
             if doc is None or run_id not in doc[F.HOLDERS]:
                 return False
             doc[F.HOLDERS].remove(run_id)
+            doc[F.HELD] -= 1
             return True
 
     def slot_holders(self, slot: str) -> list[str]:
+        check_slot(slot, "-")
         with self._lock:
             doc = self._slots.get(slot)
             return list(doc[F.HOLDERS]) if doc else []
 
     def list_slots(self, limit: int = 1000) -> list[dict[str, Any]]:
         with self._lock:
+            held = sorted((d for d in self._slots.values() if d[F.HELD] > 0),
+                          key=lambda d: (d[F.HELD], d[F.ID]))[:limit]
             return [{"slot": d[F.ID], "workflow": d[F.WORKFLOW], "key": d[F.KEY],
-                     "holders": list(d[F.HOLDERS])}
-                    for d in list(self._slots.values())[:limit] if d[F.HOLDERS]]
+                     "holders": list(d[F.HOLDERS])} for d in held]
 
     def next_queued(self, slot: str) -> WorkflowRun | None:
+        check_slot(slot, "-")
         with self._lock:
             queued = [d for d in self._runs.values()
-                      if d.get(RUN_SLOT) == slot and d[R.STATUS] == RUN_QUEUED]
+                      if d.get(R.SLOT) == slot and d[R.STATUS] == RUN_QUEUED]
             if not queued:
                 return None
             oldest = min(queued, key=lambda d: (d[R.CREATED], d[R.RUN]))
@@ -70,5 +65,5 @@ class MemorySlots(MemoryStoreBase):
 
     def queued_slots(self, limit: int = 1000) -> list[str]:
         with self._lock:
-            return sorted({d[RUN_SLOT] for d in self._runs.values()
-                           if d[R.STATUS] == RUN_QUEUED and d.get(RUN_SLOT)})[:limit]
+            return sorted({d[R.SLOT] for d in self._runs.values()
+                           if d[R.STATUS] == RUN_QUEUED and d.get(R.SLOT)})[:limit]

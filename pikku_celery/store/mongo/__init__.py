@@ -123,6 +123,7 @@ from pikku_celery.store.mongo.retention import MongoRetention
 from pikku_celery.store.mongo.runs import MongoRuns
 from pikku_celery.store.mongo.schedules import MongoSchedules
 from pikku_celery.store.mongo.session import public as _public
+from pikku_celery.store.mongo.slots import MongoSlots
 from pikku_celery.store.mongo.steps import MongoSteps
 from pikku_celery.store.mongo.transactions import MongoTransactions
 
@@ -134,7 +135,7 @@ DEFAULT_SERVER_SELECTION_TIMEOUT_S = 5.0
 
 
 class MongoWorkflowStore(MongoRuns, MongoSteps, MongoGates, MongoEvents, MongoSchedules,
-                         MongoRetention, MongoListing, MongoTransactions):
+                         MongoSlots, MongoRetention, MongoListing, MongoTransactions):
     """A ``WorkflowStore`` on a pymongo ``Database``; safe from any number of processes."""
 
     @classmethod

@@ -20,6 +20,7 @@ from pikku_celery.keys import EventField as E
 from pikku_celery.keys import HistoryField as H
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
+from pikku_celery.store._slots import SlotField as F
 from pikku_celery.store.mongo.errors import describe_database
 from pikku_celery.store.mongo.session import CausalClock
 
@@ -31,7 +32,9 @@ _NEWEST_FIRST = [(R.CREATED, DESCENDING), (R.RUN, DESCENDING)]
 INDEXES: dict[str, list[list[tuple[str, int]]]] = {
     keys.RUNS: [[(R.STATUS, ASCENDING), (R.UPDATED, ASCENDING)],
                 [(R.STATUS, ASCENDING), *_NEWEST_FIRST],
-                [(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *_NEWEST_FIRST]],
+                [(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *_NEWEST_FIRST],
+                [(R.SLOT, ASCENDING), (R.STATUS, ASCENDING), (R.CREATED, ASCENDING),
+                 (R.RUN, ASCENDING)]],
     keys.STEPS: [[(S.RUN, ASCENDING), (S.CREATED, ASCENDING), (S.NAME, ASCENDING)],
                  [(S.RUN, ASCENDING), (S.STATUS, ASCENDING), (S.SEQ, ASCENDING)],
                  *([(S.STATUS, ASCENDING), (field, ASCENDING), (S.ID, ASCENDING)]
@@ -40,6 +43,7 @@ INDEXES: dict[str, list[list[tuple[str, int]]]] = {
     keys.EVENTS: [[(E.RUN, ASCENDING), (E.NAME, ASCENDING), (E.SEQ, ASCENDING)],
                   [(E.RUN, ASCENDING), (E.SEQ, ASCENDING)],
                   [(E.WAKE, ASCENDING), (E.ID, ASCENDING)]],
+    keys.SLOTS: [[(F.HELD, ASCENDING), (F.ID, ASCENDING)]],
 }
 
 
@@ -53,6 +57,7 @@ class MongoStoreBase:
         self._history = db[keys.HISTORY]
         self._versions = db[keys.VERSIONS]
         self._events = db[keys.EVENTS]
+        self._slots = db[keys.SLOTS]
         self._schedules = db[keys.SCHEDULES]  # by ``_id`` (the name) only: no index of its own
         self._causal = CausalClock()
         self._sessions = True  # until the deployment says it has none (``session.public``)

@@ -5,25 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymongo import ReturnDocument
 from pymongo.errors import DuplicateKeyError
 
 from pikku_celery.keys import RunField as R
-from pikku_celery.records import WorkflowRun
+from pikku_celery.records import RUN_QUEUED, WorkflowRun
 from pikku_celery.store import _docs
-from pikku_celery.store._slots import RUN_SLOT, check_slot
 from pikku_celery.store._slots import SlotField as F
+from pikku_celery.store._slots import check_slot
+from pikku_celery.store.mongo.base import MongoStoreBase
 
-RUN_QUEUED = "queued"
 
-
-class MongoSlots:
-    """``MongoWorkflowStore``'s slots; ``_slots`` and ``_runs`` are its collections."""
-
-    _slots: Any
-    _runs: Any
-    _session: Any
-
+class MongoSlots(MongoStoreBase):
     def take_slot(self, slot: str, run_id: str, limit: int, *, workflow: str = "",
                   key: str | None = None) -> bool:
         check_slot(slot, run_id, limit)
@@ -31,13 +23,11 @@ class MongoSlots:
         # matched, the upsert adds it; unmatched, it tries to insert the group again and
         # MongoDB refuses the duplicate _id (full, or the run holds one already).
         try:
-            self._slots.find_one_and_update(
-                {F.ID: slot, F.HOLDERS: {"$ne": run_id},
-                 f"{F.HOLDERS}.{limit - 1}": {"$exists": False}},
-                {"$push": {F.HOLDERS: run_id},
+            self._slots.update_one(
+                {F.ID: slot, F.HOLDERS: {"$ne": run_id}, F.HELD: {"$lt": limit}},
+                {"$push": {F.HOLDERS: run_id}, "$inc": {F.HELD: 1},
                  "$setOnInsert": {F.WORKFLOW: workflow, F.KEY: key}},
-                upsert=True, return_document=ReturnDocument.AFTER, projection={F.ID: 1},
-                session=self._session)
+                upsert=True, session=self._session)
             return True
         except DuplicateKeyError:
             return run_id in self.slot_holders(slot)
@@ -45,30 +35,33 @@ class MongoSlots:
     def give_slot(self, slot: str, run_id: str) -> bool:
         check_slot(slot, run_id)
         found = self._slots.update_one({F.ID: slot, F.HOLDERS: run_id},
-                                       {"$pull": {F.HOLDERS: run_id}}, session=self._session)
-        return bool(found.modified_count == 1)
+                                       {"$pull": {F.HOLDERS: run_id}, "$inc": {F.HELD: -1}},
+                                       session=self._session)
+        return found.modified_count == 1
 
     def slot_holders(self, slot: str) -> list[str]:
+        check_slot(slot, "-")
         doc = self._slots.find_one({F.ID: slot}, projection={F.HOLDERS: 1},
                                    session=self._session)
         return list(doc.get(F.HOLDERS) or []) if doc else []
 
     def list_slots(self, limit: int = 1000) -> list[dict[str, Any]]:
-        """Every group with holders: ``{"slot", "workflow", "key", "holders"}``."""
-        found = self._slots.find({f"{F.HOLDERS}.0": {"$exists": True}},
-                                 session=self._session).limit(limit)
+        # (held, _id): the groups that have holders.
+        found = self._slots.find({F.HELD: {"$gt": 0}}, session=self._session).sort(
+            [(F.HELD, 1), (F.ID, 1)]).limit(limit)
         return [{"slot": d[F.ID], "workflow": d.get(F.WORKFLOW), "key": d.get(F.KEY),
                  "holders": list(d.get(F.HOLDERS) or [])} for d in found]
 
     def next_queued(self, slot: str) -> WorkflowRun | None:
+        check_slot(slot, "-")
         # (slot, status, created_ms, run_id): the group's queued runs, oldest first.
-        found = list(self._runs.find({RUN_SLOT: slot, R.STATUS: RUN_QUEUED},
+        found = list(self._runs.find({R.SLOT: slot, R.STATUS: RUN_QUEUED},
                                      session=self._session).sort(
             [(R.CREATED, 1), (R.RUN, 1)]).limit(1))
         return _docs.run_from_doc(found[0]) if found else None
 
     def queued_slots(self, limit: int = 1000) -> list[str]:
-        """The groups that have queued runs (the reaper admits into them)."""
-        found = self._runs.find({R.STATUS: RUN_QUEUED}, projection={RUN_SLOT: 1},
+        # (status, updated_ms): the queued runs, by the status's index.
+        found = self._runs.find({R.STATUS: RUN_QUEUED}, projection={R.SLOT: 1},
                                 session=self._session).limit(limit)
-        return sorted({d[RUN_SLOT] for d in found if d.get(RUN_SLOT)})
+        return sorted({d[R.SLOT] for d in found if d.get(R.SLOT)})
