@@ -266,6 +266,12 @@ def _workflows(pikku: PikkuCelery, steps: dict[str, Any]) -> None:
     def txn_order(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
         return {"placed": wf.do("place", steps["place"], data)}
 
+    @pikku.workflow("limited", concurrency=1, concurrency_key=lambda d: d["customer"])
+    def limited(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
+        return {"order": data["order"],
+                "slow": wf.do("slow", slow, {"seconds": data["seconds"],
+                                             "ledger": data["ledger"]})}
+
     @pikku.workflow("evented")
     def evented(wf: Any, data: dict[str, Any]) -> dict[str, Any]:
         wf.set_event("stage", "waiting")
