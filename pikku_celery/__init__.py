@@ -45,6 +45,7 @@ from pikku_celery.shared import shared_step, shared_workflow
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
+from pikku_celery.tasks import internal_task_names
 
 __all__ = [
     "InMemoryLeaseService",
@@ -81,6 +82,7 @@ __all__ = [
     "WorkflowStore",
     "get_pikku",
     "hold_lease",
+    "internal_task_names",
     "shared_step",
     "shared_workflow",
     "with_state",

@@ -39,9 +39,9 @@ from pikku_celery.schedules.ticker import WorkerTicker
 from pikku_celery.signals import SignalSender
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.tasks import (
-    REAP,
     CeleryDispatcher,
     WorkerReaper,
+    internal_task_names,
     make_step_task,
     register_internal_tasks,
 )
@@ -55,9 +55,10 @@ log = logging.getLogger("pikku_celery")
 class PikkuCelery(RunOperations):
     """Durable, fenced workflows on ``celery_app``.
 
-    Registers pikku's tasks (``pikku.orchestrate``, ``pikku.timer``, ``pikku.reap``) on the
-    app, so ``celery -A proj worker`` runs steps, orchestration, the reaper and the ticks
-    of schedules (``schedule``) with no extra process. Reachable as ``celery_app.pikku``.
+    Registers pikku's tasks (``<namespace>.orchestrate``, ``.timer``, ``.reap``: the
+    ``pikku_task_namespace`` setting, default ``pikku.<main>``) on the app, so ``celery -A
+    proj worker`` runs steps, orchestration, the reaper and the ticks of schedules
+    (``schedule``) with no extra process. Reachable as ``celery_app.pikku``.
 
     Every argument is optional and wins over the setting of the same name in the Celery
     app's configuration, ``pikku_<name>`` (``CELERY_PIKKU_<NAME>`` in Django settings read
@@ -88,7 +89,7 @@ class PikkuCelery(RunOperations):
             the run lease) instead of sending an orchestrator message; when another pass
             holds the run, leave it a mark instead (it passes again before it lets go).
             Default ``True``: fewer messages and round trips; ``False`` sends a
-            ``pikku.orchestrate`` message per settled step.
+            orchestrator message per settled step.
         in_place_steps: with ``continue_in_place``, a pass in a worker runs the next step
             itself when it would go to the queue its own task came from (docs/internals/
             how-it-works.md), at most this many in a row (100; 0: never),
@@ -230,8 +231,7 @@ class PikkuCelery(RunOperations):
         that is also a workflow step. ``retries`` (default 3) gives ``retries + 1``
         attempts; ``retry_delay`` is fixed when given, else 1 s doubling per attempt. An
         exception of a ``no_retry_for`` class fails the step at once (a declined card).
-        ``transactional=True`` (with ``bind=True``): the body's writes with ``ctx.session``
-        commit with the step's settle (``pikku_celery.transactional``).
+        ``transactional=True``: its writes commit with its settle (``transactional``).
         Extra keyword arguments are Celery task options (``queue``, ``acks_late``...)."""
         def decorate(fn: F) -> Any:
             task_name = name or self.app.gen_task_name(fn.__name__, fn.__module__)
@@ -331,7 +331,7 @@ class PikkuCelery(RunOperations):
         """An optional beat entry: ``app.conf.beat_schedule = {"pikku-reaper":
         pikku.beat_schedule_entry()}``. Workers already reap without beat."""
         interval = self.reaper_interval_s if every is None else to_seconds(every)
-        return {"task": REAP, "schedule": interval}
+        return {"task": internal_task_names(self.app)["reap"], "schedule": interval}
 
     # --- worker lifecycle -----------------------------------------------------------------
 

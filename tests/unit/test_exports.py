@@ -17,7 +17,8 @@ EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "Workflow
           "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku",
           "hold_lease", "PikkuConfigurationError", "WorkflowApprovalError", "with_state",
           "WorkflowEvent", "WorkflowEventError",  # issue 26: events
-          "WorkflowSchedule"}  # issue 26: schedules
+          "WorkflowSchedule",  # issue 26: schedules
+          "internal_task_names"}  # issue 25: pikku's own task names, per app
 
 
 def test_the_exported_names_are_exactly_the_public_api() -> None:

@@ -211,3 +211,10 @@ def test_the_orchestrate_task_says_dispatched_then_how_the_run_ended(
     pikku.engine.execute_step(pikku.registry.steps["names.two"], run_id, "two")
     outcome = internal_task(pikku.app, "orchestrate").apply(args=(run_id, "two"))
     assert (outcome.state, outcome.result) == ("SUCCESS", "completed")
+
+
+def test_the_beat_entry_names_the_apps_own_reap_task() -> None:
+    app = Celery("shop", broker="memory://")
+    pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                        worker_reaper=False)
+    assert pikku.beat_schedule_entry("10s") == {"task": "pikku.shop.reap", "schedule": 10.0}
