@@ -15,7 +15,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pikku_celery.records import WorkflowRun
+from pikku_celery.records import WorkflowRun, WorkflowSchedule
+from pikku_celery.schedule_views import NOT_DECLARED, PAUSED, state_text, timing_text
 from pikku_celery.timeline import (
     SELF_NAMED,
     AttemptView,
@@ -34,6 +35,7 @@ from pikku_celery.timeline import (
 STATUS_STYLE = {"completed": "green", "succeeded": "green", "failed": "red",
                 "lease-expired": "red", "cancelled": "yellow", "superseded": "magenta",
                 "running": "cyan", "suspended": "blue", "pending": "dim",
+                "queued": "bright_black", "paused": "yellow", "active": "green",
                 "scheduled": "blue", "waiting": "blue", "decided": "green",
                 "expired": "yellow", "expiry-passed": "yellow", "received": "green",
                 "timed-out": "yellow", "not taken yet": "blue", "published": "green"}
@@ -78,11 +80,40 @@ def runs_table(runs: list[WorkflowRun], *, whole: bool = False) -> Table:
     table.add_column("run id", no_wrap=True, min_width=max(len(r.run_id) for r in runs))
     for name in ("workflow", "status", "created (UTC)", "updated (UTC)"):
         table.add_column(name, no_wrap=True)
+    # Only when a run of the page was started by a schedule: its name and tick.
+    scheduled = any(r.schedule is not None for r in runs)
+    if scheduled:
+        table.add_column("schedule", no_wrap=True)
+        table.add_column("scheduled for (UTC)", no_wrap=True)
     table.add_column("error", no_wrap=True, overflow="ellipsis")  # one line per run
     for run in runs:
-        table.add_row(Text(run.run_id), Text(run.workflow), status_text(run.status),
-                      format_time(run.created_at), format_time(run.updated_at),
-                      Text(error_line(run.error, limit=limit)))
+        cells: list[Text | str] = [
+            Text(run.run_id), Text(run.workflow), status_text(run.status),
+            format_time(run.created_at), format_time(run.updated_at)]
+        if scheduled:
+            cells += [Text(run.schedule or "-"), format_time(run.scheduled_for)]
+        table.add_row(*cells, Text(error_line(run.error, limit=limit)))
+    return table
+
+
+def schedules_table(schedules: list[WorkflowSchedule]) -> Table:
+    """One line per schedule: name, workflow, timing, time zone, catch-up, state (paused
+    or active; ``not declared`` when this code no longer declares it), the next tick (none
+    while paused: resuming picks the first tick after the resume), the latest tick and
+    the run it started. Never cut (names and run ids are what is grepped)."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("schedule", "workflow", "timing", "tz", "catch up", "state",
+                 "next tick (UTC)", "last tick (UTC)", "last run"):
+        table.add_column(name, no_wrap=True)
+    for found in schedules:
+        state = Text(state_text(found), style=STATUS_STYLE.get(
+            PAUSED if found.paused else "active", ""))
+        if not found.declared:
+            state.stylize("dim", len(state) - len(NOT_DECLARED))
+        table.add_row(Text(found.name), Text(found.workflow), Text(timing_text(found)),
+                      Text(found.tz), Text(found.catch_up), state,
+                      "-" if found.paused else format_time(found.next_at),
+                      format_time(found.last_at), Text(found.last_run_id or "-"))
     return table
 
 
@@ -103,6 +134,9 @@ def run_header(timeline: Timeline, *, tracebacks: bool = False) -> Table:
     ]
     if run.parent_run_id:
         rows.append(("parent", Text(f"{run.parent_run_id} (step {run.parent_step_name})")))
+    if run.schedule is not None:
+        rows.append(("schedule", Text(run.schedule)))
+        rows.append(("scheduled for", format_time(run.scheduled_for)))
     if run.cancel_reason:
         rows.append(("cancel reason", Text(run.cancel_reason)))
     rows.append(("input", Text(value_text(run.input))))

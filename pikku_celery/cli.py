@@ -15,18 +15,27 @@ dashboard are imported by the commands that use them.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import click
 
-from pikku_celery.app import PikkuCelery, get_pikku
+from pikku_celery._cli_common import (
+    RESOLVER,
+    WEB_CHECKS,
+    CommandFailed,
+    WatchFailed,
+    echo_json,
+    one_line_errors,
+    operator_command,
+    resolve,
+)
+from pikku_celery._cli_schedules import schedule, schedules
+from pikku_celery.app import PikkuCelery
 from pikku_celery.records import RUN_STATUSES, RUN_TERMINAL
 from pikku_celery.replay import APPROVAL_PREFIX
 from pikku_celery.timeline import (
@@ -34,76 +43,23 @@ from pikku_celery.timeline import (
     Timeline,
     approve_command,
     build,
-    error_line,
     kind_of,
     send_command,
 )
 from pikku_celery_commands import HELP
-
-RESOLVER = "pikku_celery.resolve"
-WEB_CHECKS = "pikku_celery.web_checks"
-P = ParamSpec("P")
-T = TypeVar("T")
 
 EXIT_FOR_STATUS = {"completed": 0, "failed": 1, "cancelled": 2}
 DEFAULT_DASHBOARD_PORT = 5580
 _sleep = time.sleep  # watch's wait between reads (tests replace it)
 
 
-class CommandFailed(click.ClickException):
-    """One line on stderr and exit status 1."""
-
-
-class WatchFailed(CommandFailed):
-    """``watch`` could not watch: 3, apart from the run outcomes' 0, 1 and 2."""
-
-    exit_code = 3
-
-
-def resolve(ctx: click.Context) -> PikkuCelery:
-    """The ``PikkuCelery`` the commands act on."""
-    found: Callable[[], PikkuCelery] | None = ctx.meta.get(RESOLVER)
-    if found is not None:
-        return found()
-    celery_app = getattr(ctx.find_root().obj, "app", None)  # Celery's CLIContext
-    if celery_app is None:
-        raise click.UsageError("no Celery app: run it as `celery -A proj pikku ...`")
-    try:
-        return get_pikku(celery_app)
-    except LookupError as exc:
-        raise CommandFailed(f"{exc} (create PikkuCelery(app) in the module -A names)"
-                            ) from None
-
-
-@contextmanager
-def one_line_errors(failure: type[CommandFailed] = CommandFailed) -> Iterator[None]:
-    """Whatever fails becomes one line (``Type: message``) raised as ``failure``."""
-    try:
-        yield
-    except CommandFailed as exc:
-        if isinstance(exc, failure):
-            raise
-        raise failure(exc.message) from None
-    except (click.ClickException, click.exceptions.Exit, click.Abort):
-        raise
-    except KeyboardInterrupt:
-        raise click.Abort() from None
-    except Exception as exc:
-        raise failure(error_line({"type": type(exc).__name__, "message": str(exc)},
-                                 limit=500)) from None
-
-
-def operator_command(fn: Callable[P, T]) -> Callable[P, T]:
-    @functools.wraps(fn)
-    def run(*args: P.args, **kwargs: P.kwargs) -> T:
-        with one_line_errors():
-            return fn(*args, **kwargs)
-    return run
-
-
 @click.group("pikku", help=HELP)
 def pikku() -> None:
     pass
+
+
+pikku.add_command(schedules)  # pikku schedules
+pikku.add_command(schedule)  # pikku schedule pause|resume|trigger NAME
 
 
 def bound(find: Callable[[], PikkuCelery],
@@ -118,12 +74,6 @@ def bound(find: Callable[[], PikkuCelery],
 
     return click.Group("pikku", commands=pikku.commands, callback=remember,
                        help=pikku.help)
-
-
-def _echo_json(value: Any) -> None:
-    from pikku_celery.contrib._json import to_json
-
-    click.echo(json.dumps(to_json(value), indent=2, sort_keys=True, default=str))
 
 
 def timeline_of(app: PikkuCelery, run_id: str, *, history: bool = True) -> Timeline:
@@ -183,7 +133,7 @@ def runs(ctx: click.Context, workflow: str | None, status: str | None, limit: in
                           created_before=app.get_run(before) if before else None)
     more = found[-1].run_id if len(found) == limit else None
     if as_json:
-        _echo_json({"runs": found, "next": more})
+        echo_json({"runs": found, "next": more})
         return
     from pikku_celery import _terminal
 
@@ -402,7 +352,7 @@ def approve(ctx: click.Context, run_id: str, name: str, decision: str, by: str |
     name = gate_name(app, run_id, name)
     step = app.approve(run_id, name, value, by=by)
     if as_json:
-        _echo_json(step)
+        echo_json(step)
         return
     click.echo(f"approved {name!r} of run {run_id}: {json.dumps(value, sort_keys=True)}")
 
@@ -430,7 +380,7 @@ def send(ctx: click.Context, run_id: str, name: str, payload: str | None, key: s
             raise CommandFailed(f"PAYLOAD_JSON is not JSON: {exc}") from None
     event = resolve(ctx).send_event(run_id, name, value, key=key)
     if as_json:
-        _echo_json(event)
+        echo_json(event)
         return
     keyed = f", key {event.key!r}" if event.key is not None else ""
     click.echo(f"sent event {event.name!r} to run {run_id} (seq {event.seq}{keyed})")
