@@ -25,7 +25,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import redis
 from celery import signals
+from pymongo.errors import ConnectionFailure
 
 from pikku_celery.schedules.firing import Scheduler, SchedulerHost
 from pikku_celery.store._concerns import deadline
@@ -80,7 +82,13 @@ class ScheduleTicker:
         except Exception as exc:
             self.failures += 1
             backoff = float(min(MAX_BACKOFF_S, BACKOFF_S * 2.0 ** min(self.failures - 1, 16)))
-            if self.failures == 1:
+            if self.failures == 1 and _outage(exc):
+                # The worker's reaper names the service that does not answer, once: the
+                # ticks only say they wait for it, with no traceback.
+                log.warning("pikku: schedules: no tick fires while a service does not "
+                            "answer (%s: %s); retrying with a backoff up to %g s, quietly",
+                            type(exc).__name__, exc, MAX_BACKOFF_S)
+            elif self.failures == 1:
                 log.error("pikku: schedules: a round failed; retrying with a backoff up to "
                           "%g s, quietly (one line when a round succeeds again)",
                           MAX_BACKOFF_S, exc_info=exc)
@@ -156,3 +164,10 @@ class WorkerTicker:
     def shutdown(self, sender: Any = None, **_: Any) -> None:
         if self.ticker is not None:
             self.ticker.stop()
+
+
+def _outage(exc: BaseException) -> bool:
+    """A service that does not answer (MongoDB, Redis, the network), not a fault of the
+    round's own."""
+    return isinstance(exc, (ConnectionFailure, redis.exceptions.ConnectionError,
+                            redis.exceptions.TimeoutError, ConnectionError, TimeoutError))

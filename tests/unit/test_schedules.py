@@ -450,12 +450,27 @@ def test_the_ticker_rides_out_an_outage_with_a_bounded_backoff_and_logs_it_once(
         waits = [ticker.step() for _ in range(8)]
         assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
         assert max(waits) == MAX_BACKOFF_S
-        assert caplog.text.count("a round failed") == 1
+        # An outage: one WARNING line, no traceback (the reaper names the service once).
+        assert caplog.text.count("no tick fires while a service does not answer") == 1
+        assert "Traceback" not in caplog.text and "ERROR" not in caplog.text
         ref.down = False
         kit.clock.advance_to(_next_ms(pikku))
         assert 0 < ticker.step() <= 2.0
     assert "succeeded again after 8 failed" in caplog.text
     assert len(_ticks(pikku)) == 1 and ticker.failures == 0
+
+
+def test_a_round_failing_on_its_own_is_logged_with_its_traceback_once(
+        pikku: PikkuCelery, kit: InlineKit, caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> Any:
+        raise RuntimeError("a bug in a round")
+    ticker = ScheduleTicker(broken, refresh_s=2.0)
+    with caplog.at_level(logging.DEBUG, "pikku_celery"):
+        ticker.step()
+        ticker.step()
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "a round failed" in errors[0].getMessage()
+    assert errors[0].exc_info is not None
 
 
 def test_the_ticker_sleeps_until_the_next_tick_at_most_its_refresh(
