@@ -7,8 +7,10 @@ A deployment's rules (``Rules``) are:
 
 - ``authorize(request, action, run_id)`` (``PIKKU_AUTHORIZE``): may this request do
   ``action`` (``ACTIONS``: ``read``, ``start``, ``cancel``, ``resume``, ``approve``,
-  ``retry``, ``fork``, ``send_event``) to run ``run_id`` (``None``: listing, and a start
-  without ``run_id``)? A callable that also takes a
+  ``retry``, ``fork``, ``send_event``, ``pause_schedule``, ``resume_schedule``,
+  ``trigger_schedule``) to run ``run_id`` (``None``: listing, a start without ``run_id``,
+  and the schedule actions, which act on no run; reading the schedules is ``read`` with
+  ``None``)? A callable that also takes a
   ``gate`` keyword (or ``**kwargs``) is told, for ``approve``, which gate is decided:
   ``authorize(request, "approve", run_id, gate="manager")``.
 - ``run_filter(request)`` (``PIKKU_RUN_FILTER``, optional): the runs this caller may read, as
@@ -45,7 +47,14 @@ from pikku_celery.store.base import check_run_match
 #: dashboard's Send event form).
 READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK, SEND_EVENT = (
     "read", "start", "cancel", "resume", "approve", "retry", "fork", "send_event")
-ACTIONS = (READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK, SEND_EVENT)
+#: A schedule's operations (``pikku.pause_schedule``, ``resume_schedule``,
+#: ``trigger_schedule``: the JSON API's ``api/schedules/<name>/<pause|resume|trigger>`` and
+#: the dashboard's Schedules page), asked with ``run_id`` ``None``: they act on no run
+#: (a trigger starts one, as ``start`` does).
+PAUSE_SCHEDULE, RESUME_SCHEDULE, TRIGGER_SCHEDULE = (
+    "pause_schedule", "resume_schedule", "trigger_schedule")
+SCHEDULE_ACTIONS = (PAUSE_SCHEDULE, RESUME_SCHEDULE, TRIGGER_SCHEDULE)
+ACTIONS = (READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK, SEND_EVENT, *SCHEDULE_ACTIONS)
 
 #: ``authorize(request, action, run_id[, gate=...]) -> bool``.
 Authorize = Callable[..., bool]
@@ -83,7 +92,8 @@ def not_authenticated() -> ApiError:
 
 
 def forbidden(action: str) -> ApiError:
-    return ApiError(403, "PermissionDenied", f"not allowed to {action} runs")
+    what = "" if action in SCHEDULE_ACTIONS else " runs"
+    return ApiError(403, "PermissionDenied", f"not allowed to {action}{what}")
 
 
 @dataclass(frozen=True)

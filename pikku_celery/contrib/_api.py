@@ -23,6 +23,12 @@ signed-in user; Flask: ``PIKKU_IDENTIFY``), never by whoever the body's ``by`` n
 ``by`` that is not the caller is refused (403), and so is any ``by`` when the adapter cannot
 tell who the caller is (no ``by``: no approver, which only a gate without approvers takes).
 
+Schedules (``GET api/schedules``; ``POST api/schedules/<name>/pause``, ``/resume``,
+``/trigger``, the actions ``pause_schedule``, ``resume_schedule``, ``trigger_schedule``,
+asked with ``run_id`` ``None``; an unknown schedule is a 404) are served by
+``_schedules_api``. A run's JSON carries ``schedule`` and ``scheduled_for`` (``null`` for
+a run no schedule started).
+
 An event (``POST api/runs/<run_id>/events/<name>``, body ``{"payload": ..., "key": ...}``,
 both optional) is its own action, ``send_event``; a run's events are read with ``read``
 (``GET api/runs/<run_id>/events``, and in the run's own JSON), each with the wait that took
@@ -44,16 +50,20 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pikku_celery.app import PikkuCelery
+from pikku_celery.contrib import _schedules_api as schedules
 from pikku_celery.contrib._access import (
     ACTIONS,
     APPROVE,
     CANCEL,
     FORK,
+    PAUSE_SCHEDULE,
     READ,
     RESUME,
+    RESUME_SCHEDULE,
     RETRY,
     SEND_EVENT,
     START,
+    TRIGGER_SCHEDULE,
     ApiError,
     Caller,
     forbidden,
@@ -539,4 +549,13 @@ ROUTES = (
           lambda api, p, q, b: api.send_event(p["run_id"], p["name"], b)),
     Route("start", "POST", "api/workflows/<workflow>/runs", START,
           lambda api, p, q, b: api.start(p["workflow"], b)),
+    # Schedules (``_schedules_api``): each action is asked with run_id None.
+    Route("schedules", "GET", "api/schedules", READ,
+          lambda api, p, q, b: schedules.list_schedules(api.pikku)),
+    Route("pause_schedule", "POST", "api/schedules/<name>/pause", PAUSE_SCHEDULE,
+          lambda api, p, q, b: schedules.pause(api.pikku, p["name"], b)),
+    Route("resume_schedule", "POST", "api/schedules/<name>/resume", RESUME_SCHEDULE,
+          lambda api, p, q, b: schedules.resume(api.pikku, p["name"], b)),
+    Route("trigger_schedule", "POST", "api/schedules/<name>/trigger", TRIGGER_SCHEDULE,
+          lambda api, p, q, b: schedules.trigger(api.pikku, p["name"], b)),
 )

@@ -174,10 +174,16 @@ def django_web(pikku: PikkuCelery, **overrides: Any) -> Web:
     return Web("django", pikku, call, settings)
 
 
+def with_schedule(pikku: PikkuCelery) -> PikkuCelery:
+    """``pikku`` with the schedule ``nightly`` (of ``sum``, every hour) declared."""
+    pikku.schedule("nightly", "sum", every="1h", data={"a": 1, "b": 2})
+    return pikku
+
+
 @pytest.fixture(params=["flask", "django"])
 def web(request: pytest.FixtureRequest) -> Iterator[Web]:
     calls.clear()
-    pikku = make_pikku()
+    pikku = with_schedule(make_pikku())
     yield flask_web(pikku) if request.param == "flask" else django_web(pikku)
 
 
@@ -218,11 +224,16 @@ ENDPOINTS = [
     ("POST", "/runs/r-live/approvals/manager", "approve"),
     ("POST", "/runs/r-live/events/paid", "send_event"),
     ("POST", "/workflows/sum/runs", "start"),
+    ("GET", "/schedules", "read"),
+    ("POST", "/schedules/nightly/pause", "pause_schedule"),
+    ("POST", "/schedules/nightly/resume", "resume_schedule"),
+    ("POST", "/schedules/nightly/trigger", "trigger_schedule"),
 ]
 POSTS = [e for e in ENDPOINTS if e[0] == "POST"]
 BODIES = {"cancel": {"reason": "x"}, "resume": {}, "start": {"input": {"a": 1, "b": 1}},
           "approve": {"decision": True}, "retry": {}, "fork": {"from_step": "add"},
-          "send_event": {"payload": {"amount": 12}, "key": "k"}}
+          "send_event": {"payload": {"amount": 12}, "key": "k"}, "pause_schedule": {},
+          "resume_schedule": {}, "trigger_schedule": {}}
 
 
 def test_every_route_is_in_the_access_tests() -> None:
@@ -231,11 +242,12 @@ def test_every_route_is_in_the_access_tests() -> None:
 
 
 def unchanged(pikku: PikkuCelery) -> bool:
-    """Nothing a refused request could have done: no new run, the live run untouched and
-    sent no event."""
+    """Nothing a refused request could have done: no new run (a schedule's trigger
+    included), the live run untouched and sent no event, no schedule paused."""
     runs = pikku.list_runs()
     return ([r.run_id for r in runs] == ["r-live"] and runs[0].status == "running"
-            and pikku.list_events("r-live") == [])
+            and pikku.list_events("r-live") == []
+            and not any(s.paused for s in pikku.list_schedules()))
 
 
 @pytest.mark.parametrize(("method", "path", "action"), ENDPOINTS)
@@ -261,7 +273,7 @@ def test_a_caller_without_the_action_gets_403(web: Web, method: str, path: str,
 @pytest.mark.parametrize(("method", "path", "action"), POSTS)
 def test_django_refuses_a_post_without_the_csrf_token(method: str, path: str,
                                                       action: str) -> None:
-    pikku = make_pikku()
+    pikku = with_schedule(make_pikku())
     running_run(pikku)
     web = django_web(pikku)
     status, _ = web.call(method, PREFIX + path, BODIES[action], csrf=False)
