@@ -136,6 +136,7 @@ NOTICES = {
     "fork-bad-run-id": "not forked: a new run id is 1 to 200 ASCII letters, digits and "
                        "- _ . : + = ~ @ (not @ first), or empty for a generated one",
     "fork-run-id-taken": "not forked: that run id is taken by another run",
+    "triggered": "run started: its schedule was triggered (the schedule's ticks go on)",
 }
 DONE = {CANCEL: ("cancelled", "not-cancelled"), RESUME: ("resumed", "not-resumed"),
         RETRY: ("retried", "not-retried")}
@@ -424,6 +425,10 @@ class Dashboard:
                              + urlencode({"steps_after": later})),
             first=(f"{view.base}runs/{segment(run_id)}"
                    if view.query.get("steps_after") else None)))
+
+    def guarded(self, home: str, make: Callable[[], Page]) -> Page:
+        """``make()``, its failure an error page (for the pages of other modules)."""
+        return self._page(home, make)
 
     def _page(self, home: str, make: Callable[[], Page]) -> Page:
         """Run a page and map its failure to an error page, as the API maps statuses."""

@@ -1,14 +1,15 @@
 """The dashboard in Django: pages beside the JSON API in
 ``pikku_celery.contrib.django.urls`` (``pikku/``: the runs page; ``pikku/runs/<run_id>``:
-a run), behind the same ``PIKKU_AUTHORIZE`` (staff users by default) with the action each
-needs (``read`` for a page, ``cancel``/``resume``/``retry``/``fork`` for a button or the fork
-form, ``approve`` told the gate for a decision form, ``pikku/runs/<run_id>/approvals/
-<name>``, ``send_event`` for the Send event form, ``pikku/runs/<run_id>/events``). The
-forms carry
-Django's CSRF token and their views are ``csrf_protect``-ed (with or without
-``CsrfViewMiddleware``, which passes them by: they check the form's type and size, then
-CSRF, before anything reads the form); every page sets the CSRF cookie
-(``ensure_csrf_cookie``).
+a run; ``pikku/schedules``: the schedules), behind the same ``PIKKU_AUTHORIZE`` (staff
+users by default) with the action each needs (``read`` for a page,
+``cancel``/``resume``/``retry``/``fork`` for a button or the fork form, ``approve`` told
+the gate for a decision form, ``pikku/runs/<run_id>/approvals/<name>``, ``send_event`` for
+the Send event form, ``pikku/runs/<run_id>/events``; ``pause_schedule``,
+``resume_schedule``, ``trigger_schedule`` with ``run_id`` ``None`` for the Schedules page's
+forms, ``pikku/schedules/<name>/pause|resume|trigger``). The forms carry Django's CSRF
+token and their views are ``csrf_protect``-ed (with or without ``CsrfViewMiddleware``,
+which passes them by: they check the form's type and size, then CSRF, before anything
+reads the form); every page sets the CSRF cookie (``ensure_csrf_cookie``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pikku_celery.contrib.django import project_pikku
 from pikku_celery.contrib.django.views import caller, options
 from pikku_celery.dashboard._http import PageError, check_form, security_headers
 from pikku_celery.dashboard._pages import ACTIONS, Dashboard, Page, View
+from pikku_celery.dashboard._schedules import VERBS, act_on_schedule, schedules_page
 
 CSRF_FIELD = "csrfmiddlewaretoken"  # what csrf_protect reads from a form
 
@@ -81,30 +83,28 @@ def run_view(request: HttpRequest, run_id: str) -> HttpResponse:
     return _serve(request, "read", run_id, lambda board, view: board.run_page(view, run_id))
 
 
-def _action_view(action: str) -> Callable[..., HttpResponse]:
-    """A form's POST: a button (``cancel``, ``resume``, ``retry``), the fork form, a
-    decision (``approve``, with the gate's ``name`` from the path) or an event
-    (``send_event``)."""
-    def checked(request: HttpRequest, run_id: str, name: str | None = None) -> HttpResponse:
-        def act(board: Dashboard, view: View) -> Page:
-            if action == APPROVE:
-                assert name is not None
-                return board.decide(view, run_id, name, request.POST)
-            if action == SEND_EVENT:
-                return board.send_event(view, run_id, request.POST)
-            return board.act(view, run_id, action, request.POST)
-        return _serve(request, action, run_id, act, name)
+Act = Callable[[HttpRequest, Dashboard, View, dict[str, str]], Page]
+
+
+def _form_view(action: str, act: Act) -> Callable[..., HttpResponse]:
+    """A form's POST for ``action``: its type and size checked, then Django's CSRF check,
+    then ``act(request, board, view, path parameters)``. Authorized for ``action`` on the
+    path's run (``None`` for a schedule's form), told the gate for an approval."""
+    def checked(request: HttpRequest, **params: str) -> HttpResponse:
+        gate = params.get("name") if action == APPROVE else None
+        return _serve(request, action, params.get("run_id"),
+                      lambda board, view: act(request, board, view, params), gate)
 
     protected = csrf_protect(checked)
 
-    def view(request: HttpRequest, run_id: str, **gate: str) -> HttpResponse:
+    def view(request: HttpRequest, **params: str) -> HttpResponse:
         # The size and type of the form before anything reads it (csrf_protect does); a
         # Content-Length that is not a number is a 400 here, not int()'s ValueError.
         try:
             check_form(request.content_type, request.META.get("CONTENT_LENGTH"))
         except PageError as exc:
             return HttpResponse(exc.message, status=exc.status, content_type="text/plain")
-        response: HttpResponse = protected(request, run_id, **gate)
+        response: HttpResponse = protected(request, **params)
         return response
 
     view.__name__ = f"pikku_dashboard_{action}"
@@ -116,6 +116,35 @@ def _action_view(action: str) -> Callable[..., HttpResponse]:
     return csrf_exempt(guarded)  # type: ignore[no-any-return]
 
 
+def _action_view(action: str) -> Callable[..., HttpResponse]:
+    """A run's form: a button (``cancel``, ``resume``, ``retry``), the fork form, a
+    decision (``approve``, with the gate's ``name`` from the path) or an event
+    (``send_event``)."""
+    def act(request: HttpRequest, board: Dashboard, view: View, params: dict[str, str]
+            ) -> Page:
+        run_id = params["run_id"]
+        if action == APPROVE:
+            return board.decide(view, run_id, params["name"], request.POST)
+        if action == SEND_EVENT:
+            return board.send_event(view, run_id, request.POST)
+        return board.act(view, run_id, action, request.POST)
+    return _form_view(action, act)
+
+
+def _schedule_action_view(action: str) -> Callable[..., HttpResponse]:
+    """A Schedules page form: pause, resume or trigger the schedule ``name``."""
+    def act(request: HttpRequest, board: Dashboard, view: View, params: dict[str, str]
+            ) -> Page:
+        return act_on_schedule(board, view, params["name"], action)
+    return _form_view(action, act)
+
+
+@require_http_methods(["GET"])
+@ensure_csrf_cookie
+def schedules_view(request: HttpRequest) -> HttpResponse:
+    return _serve(request, "read", None, schedules_page)
+
+
 urlpatterns = [
     path("", runs_view, name="dashboard"),
     path("runs/<str:run_id>", run_view, name="dashboard-run"),
@@ -124,4 +153,7 @@ urlpatterns = [
     path("runs/<str:run_id>/approvals/<str:name>", _action_view(APPROVE),
          name="dashboard-approve"),
     path("runs/<str:run_id>/events", _action_view(SEND_EVENT), name="dashboard-send-event"),
+    path("schedules", schedules_view, name="dashboard-schedules"),
+    *(path(f"schedules/<str:name>/{verb}", _schedule_action_view(action),
+           name=f"dashboard-{action.replace('_', '-')}") for action, verb in VERBS.items()),
 ]
