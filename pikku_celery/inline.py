@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pikku_celery.errors import InvalidInputError
-from pikku_celery.records import RUN_SUSPENDED, WorkflowRun
+from pikku_celery.records import RUN_QUEUED, RUN_SUSPENDED, WorkflowRun
 
 if TYPE_CHECKING:
     from pikku_celery.engine import Engine
@@ -144,12 +144,14 @@ class DrivingDispatcher(InlineDispatcher):
 
 
 def run_inline(engine: Engine, run_id: str, *, poll_s: float = 0.05) -> WorkflowRun:
-    """Drive ``run_id`` (and any child runs) in this process until it ends or is suspended."""
+    """Drive ``run_id`` (and any child runs) in this process until it ends, is suspended, or
+    waits ``queued`` for a slot of its concurrency limit (another run's end admits it)."""
     dispatcher = InlineDispatcher(engine)
     dispatcher.wake_run(run_id)
     while True:
         run = engine.get_run(run_id)
-        if run.is_terminal or (run.status == RUN_SUSPENDED and not dispatcher.queue):
+        if run.is_terminal or (run.status in (RUN_SUSPENDED, RUN_QUEUED)
+                               and not dispatcher.queue):
             return run
         if not dispatcher.do_next():
             # Something else holds the work (a worker, another process): look again soon.

@@ -145,3 +145,22 @@ def test_the_sweep_mends_what_a_crash_left(pikku: PikkuCelery, kit: InlineKit) -
     store.give_slot(slot, waiting[0])
     assert Admission(store, lambda wf: 2, engine.now_ms).sweep(engine.dispatcher) == 1
     assert _status(pikku, late) == "suspended"
+
+
+def test_an_inline_start_returns_a_queued_run_at_once() -> None:
+    """``start(inline=True)`` drives a run until it ends or waits: queued is waiting (another
+    run's end admits it), not something this call could do."""
+    from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore
+
+    limited = PikkuCelery(Celery(f"limits-{uuid.uuid4().hex[:8]}", broker="memory://"),
+                          store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
+                          worker_reaper=False)
+
+    @limited.workflow(concurrency=1)
+    def held(wf: Any, data: Any) -> Any:
+        wf.wait_for_event("done")
+        return data
+
+    first = limited.start("held", 1, inline=True)
+    second = limited.start("held", 2, inline=True)  # returns: it waits for a slot
+    assert [limited.get_run(r).status for r in (first, second)] == ["suspended", "queued"]
