@@ -29,7 +29,9 @@ from pikku_celery import (
     WorkflowStepSupersededError,
 )
 from pikku_celery.inline import run_inline
+from tests.conftest import REDIS_URL
 from tests.support.mongod import MongoTarget, free_port, mongod_binary
+from tests.support.readme import readme_example
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -204,3 +206,26 @@ def test_a_standalone_server_is_refused_by_name(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_the_docs_example_runs_as_written(database: tuple[str, str], key_prefix: str) -> None:
+    """docs/guide/transactional-steps.md's placing.py, its URLs pointed at this test's
+    replica set and Redis (settings are read at first use)."""
+    code = readme_example("placing.py")
+    namespace: dict[str, Any] = {"__name__": "placing"}
+    exec(compile(code, "docs/guide/transactional-steps.md:placing.py", "exec"), namespace)
+    url, name = database
+    app = namespace["app"]
+    app.conf.pikku_mongo_url = url
+    app.conf.pikku_redis_url = REDIS_URL
+    app.conf.pikku_key_prefix = key_prefix
+    pikku = namespace["pikku"]
+    try:
+        run_id = pikku.start("order", {"order_id": "o-7", "total": 12, "sku": "tea"},
+                             inline=True)
+        assert pikku.get_run(run_id).output == {"placed": "o-7"}
+        shop = pikku.engine.store.db.client[name]
+        assert shop["orders"].find_one({"_id": "o-7"}) == {"_id": "o-7", "total": 12}
+        assert shop["stock"].find_one({"_id": "tea"}) == {"_id": "tea", "left": -1}
+    finally:
+        pikku.engine.store.db.client.close()
