@@ -28,3 +28,7 @@ def add(data: dict[str, int]) -> int:
 @pikku.workflow("sum")
 def total(wf: WorkflowContext, data: Any) -> Any:
     return wf.do("add", add, data)
+
+
+# Ticks once a year (1 January, 00:00 UTC): no worker of a test fires it.
+pikku.schedule("yearly", "sum", cron="0 0 1 1 *", data={"a": 20, "b": 22})

@@ -95,6 +95,35 @@ def test_celery_a_app_pikku_show_and_its_errors(env: dict[str, str]) -> None:
     assert checked.returncode == 0 and checked.stderr == "", checked.stderr
 
 
+def test_celery_a_app_pikku_schedules_pause_resume_and_trigger(env: dict[str, str]) -> None:
+    fresh = celery(env, "schedules")
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.splitlines() == [
+        "no schedules", "declared here but not in the store yet (a worker saves them when "
+                        "it starts): yearly"]
+    paused = celery(env, "schedule", "pause", "yearly")  # saves it first
+    assert (paused.returncode, paused.stdout) == (0, "paused schedule yearly\n")
+    listed = celery(env, "schedules")
+    [row] = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert row[:11] == ["yearly", "sum", "cron", "0", "0", "1", "1", "*", "UTC", "latest",
+                        "paused"]
+    triggered = celery(env, "schedule", "trigger", "yearly")
+    assert triggered.returncode == 0, triggered.stderr
+    run_id = triggered.stdout.strip()
+    shown = json.loads(celery(env, "show", run_id, "--json").stdout)["run"]
+    assert (shown["schedule"], shown["input"]) == ("yearly", {"a": 20, "b": 22})
+    assert shown["scheduled_for"] is not None
+    assert celery(env, "schedule", "resume", "yearly").stdout.startswith(
+        "resumed schedule yearly; next tick ")
+    data = json.loads(celery(env, "schedules", "--json").stdout)["schedules"]
+    assert [(s["name"], s["paused"], s["timing"]) for s in data] == [
+        ("yearly", False, "cron 0 0 1 1 *")]
+    missing = celery(env, "schedule", "trigger", "nope")
+    assert missing.returncode == 1 and missing.stdout == ""
+    assert missing.stderr.strip().splitlines() == [
+        "Error: no schedule named 'nope'; declared here: yearly"]
+
+
 @pytest.mark.slow
 def test_celery_a_app_pikku_with_mongodb_down_is_one_line(env: dict[str, str]) -> None:
     env = {**env, "PIKKU_CLI_MONGO_URL":
