@@ -8,7 +8,11 @@ lines of vanilla JS re-read live pages).
   workflow's graph with each node's visits (inline SVG, ``graph_view.py``), the
   per-attempt timeline chart (inline SVG, ``chart.py``), every attempt, compensations,
   each step's input and result on demand (read from the JSON API's step route), child
-  runs, cancel/resume/retry buttons and a fork form for callers allowed to.
+  runs, cancel/resume/retry buttons and a fork form for callers allowed to; a scheduled
+  run's schedule and tick.
+- **Schedules** (``<mount>/schedules``, linked from every page's header): each schedule's
+  timing, state, ticks and last run, with Pause/Resume and Trigger forms for callers
+  allowed to (``_schedules.py``).
 
 Mounted by the Django app (``pikku_celery.contrib.django.urls``) and the Flask extension
 (its blueprint), behind the JSON API's ``authorize`` rules; served alone by ``pikku

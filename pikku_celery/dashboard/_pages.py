@@ -35,6 +35,9 @@ and a live run gets a Send event form (``_events``: action ``send_event``), whos
 re-renders the page with the reason and what was typed (400 bad input, 409 an ended run).
 A run waiting at an event wait only is not offered Resume either.
 
+A run a schedule started shows the schedule (linked to the Schedules page,
+``_schedules``) and its tick (``scheduled_for``), on its page and in the runs list.
+
 A failed or cancelled run gets a Retry button (``pikku.retry``, action ``retry``), and a
 run with recorded steps a Fork form (``pikku.fork``, action ``fork`` on the run forked
 from): a step of the run to fork from and an optional new run id (``check_run_id``). A

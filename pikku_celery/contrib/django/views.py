@@ -10,8 +10,10 @@ check (``csrf_protect``, with or without ``CsrfViewMiddleware``): send the ``csr
 cookie's value in ``X-CSRFToken``; every GET sets that cookie.
 
 Each route's action is ``_api.ROUTES``'s: ``read`` for the GET routes (a run's events,
-``api/runs/<run_id>/events``, among them), ``send_event`` for sending an event
-(``api/runs/<run_id>/events/<name>``), and so on.
+``api/runs/<run_id>/events``, and ``api/schedules``, among them), ``send_event`` for
+sending an event (``api/runs/<run_id>/events/<name>``), ``pause_schedule``,
+``resume_schedule`` and ``trigger_schedule`` (asked with ``run_id`` ``None``) for
+``api/schedules/<name>/pause|resume|trigger``, and so on.
 
 An approval is recorded as given by the signed-in user: a body whose ``by`` names anyone
 else is refused (403), and so is any ``by`` from an anonymous caller ``PIKKU_AUTHORIZE``
