@@ -2,7 +2,8 @@
 ``GET api/schedules`` lists them (action ``read``); ``POST api/schedules/<name>/pause``,
 ``/resume`` and ``/trigger`` are each their own action, asked with ``run_id`` ``None``;
 an unknown schedule is a 404; the body is empty or ``{}``, size-limited; a run's JSON
-carries ``schedule`` and ``scheduled_for``. Who may call them (anonymous, without the
+carries ``schedule`` and ``scheduled_for``; queued runs (concurrency limits) are listed and
+filtered like any other status. Who may call them (anonymous, without the
 action, CSRF, cross-site) is in ``test_contrib.py``'s endpoint tables."""
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import json
 
 import pytest
 
+from pikku_celery import records
 from pikku_celery.contrib._access import ACTIONS
+from pikku_celery.store.base import NewRun
+from tests.support.operate import now_ms
 from tests.unit.test_contrib import (
     PREFIX,
     Web,
@@ -89,3 +93,17 @@ def test_a_body_with_fields_is_400_and_a_big_one_413(web: Web, verb: str) -> Non
         assert (status, payload["error"]) == (413, "RequestTooLarge")
     assert web.pikku.list_runs() == []
     assert not any(s.paused for s in web.pikku.list_schedules())
+
+
+@pytest.mark.skipif("queued" not in records.RUN_STATUSES,
+                    reason="the core's queued status (concurrency limits) has not landed")
+def test_queued_runs_are_listed_and_filtered(web: Web) -> None:
+    store = web.pikku.engine.store
+    store.create_run(NewRun("q-1", "sum", {"a": 1, "b": 1}), now_ms())
+    assert store.transition_run("q-1", ["running"], "queued", now_ms())
+    running_run(web.pikku)
+    status, listed = web.call("GET", PREFIX + "/runs?status=queued")
+    assert status == 200, listed
+    assert [(r["run_id"], r["status"]) for r in listed["runs"]] == [("q-1", "queued")]
+    assert web.call("GET", PREFIX + "/runs/q-1")[1]["status"] == "queued"
+    assert web.call("GET", PREFIX + "/runs?status=waiting")[0] == 400
