@@ -27,6 +27,9 @@ from pikku_celery import (
 from pikku_celery.store.base import NewRun
 
 ENV = os.environ
+TICK_SCHEDULE = "chaos-tick"  # the schedule whose ticks start ``chaos.ticked`` runs
+LIMITED_CONCURRENCY = 1  # ``chaos.limited`` runs of one key at once
+BOOKINGS = "chaos_bookings"  # the app collection ``chaos.book`` writes in its transaction
 if ENV.get("CHAOS_SKEW_S"):  # a worker whose wall clock is off by minutes
     import time_machine
 
@@ -222,3 +225,71 @@ def squat(wf: WorkflowContext, spec: dict[str, Any]) -> Any:
     """Started under a run id ``<victim>:ship``: its step ``on_error`` would share an id with
     the victim's ``ship:on_error`` step if ids were joined with ':' alone."""
     return wf.do("on_error", work, {"kind": "ok", "order": -1})
+
+
+# --- issue 26's primitives: events, a schedule, a concurrency limit, a transactional step ---
+
+
+@pikku.workflow("chaos.awaiter")
+def awaiter(wf: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
+    """Waits for the events ``spec["waits"]`` names, in turn (``[name, timeout_s or None]``):
+    the driver sends them during the faults, some before the run reaches its wait, some
+    after, some twice with one key; a wait with a timeout is never sent to, and takes its
+    default. Publishes how many waits it passed; returns every payload it took."""
+    ledger("pass", None, run=wf.run_id)
+    try:
+        wf.do("before", work, {"kind": "ok", "order": spec.get("order", -1)})
+        taken = []
+        for name, timeout in spec["waits"]:
+            if timeout is None:
+                taken.append(wf.wait_for_event(name))
+            else:
+                taken.append(wf.wait_for_event(name, timeout=timeout,
+                                               default={"timed_out": name}))
+            wf.set_event("progress", len(taken))
+        wf.do("after", work, {"kind": "ok", "order": spec.get("order", -1)})
+        return {"taken": taken}
+    finally:
+        ledger("pass_end", None, run=wf.run_id)
+
+
+@pikku.workflow("chaos.ticked")
+def ticked(wf: WorkflowContext, spec: Any) -> dict[str, Any]:
+    """Started by the schedule's ticks: one step that names its tick."""
+    tick = wf.scheduled_for
+    wf.do("tick", work, {"kind": "ok", "order": -2,
+                         "tick": tick.isoformat() if tick else None})
+    return {"tick": tick.isoformat() if tick else None}
+
+
+@pikku.step(name="chaos.book", retries=3, retry_delay="100ms", transactional=True, bind=True)
+def book(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
+    """Writes one booking per attempt (per try of it: a transient error runs the body again
+    in a new transaction) in an app collection, in the step's transaction: only the
+    attempt whose outcome is recorded may leave its booking."""
+    ledger("txn_start", ctx)
+    ctx.session.client[pikku.engine.store.db.name][BOOKINGS].insert_one(
+        {"_id": f"{ctx.invocation_id}:{ctx.attempt}", "run": ctx.run_id, "step": ctx.step_name,
+         "attempt": ctx.attempt, "pid": os.getpid(), "key": data.get("key")},
+        session=ctx.session)
+    ledger("txn_end", ctx)
+    return {"attempt": ctx.attempt, "pid": os.getpid(), "invocation": ctx.invocation_id}
+
+
+@pikku.workflow("chaos.limited", concurrency=LIMITED_CONCURRENCY,
+                concurrency_key=lambda spec: spec["key"])
+def limited(wf: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
+    """At most ``LIMITED_CONCURRENCY`` runs per key at once: a slow step, then a booking
+    written in a transactional step."""
+    ledger("pass", None, run=wf.run_id)
+    try:
+        held = wf.do("hold", work, {"kind": "slow", "seconds": spec.get("slow_s", 0.5),
+                                    "order": spec.get("order", -1)})
+        booked = wf.do("book", book, {"key": spec["key"]})
+        return {"held": held["attempt"], "booked": booked["attempt"]}
+    finally:
+        ledger("pass_end", None, run=wf.run_id)
+
+
+pikku.schedule(TICK_SCHEDULE, "chaos.ticked", every=ENV.get("CHAOS_TICK_EVERY", "2s"),
+               catch_up="latest")

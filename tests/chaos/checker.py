@@ -34,6 +34,7 @@ applied, a stale write that landed while the newer attempt still ran.
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -106,6 +107,11 @@ class Report:
     settled_after_end_ms: list[int] = field(default_factory=list)
     ended_runs_checked: int = 0
     children_of_cancelled: Counter[str] = field(default_factory=Counter)  # by child status
+    # issue 26's primitives: events, the schedule, the concurrency limit, bookings
+    events: Counter[str] = field(default_factory=Counter)
+    ticks: Counter[str] = field(default_factory=Counter)
+    limited: Counter[str] = field(default_factory=Counter)
+    bookings: Counter[str] = field(default_factory=Counter)
 
     def recovery_summary(self, values: list[float] | None = None) -> str:
         values = sorted(self.recovery_s if values is None else values)
@@ -151,12 +157,20 @@ class Report:
             "children of cancelled runs: "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.children_of_cancelled.items()))
                or "none"),
+            "events: " + _counts(self.events),
+            "schedule ticks: " + _counts(self.ticks),
+            "concurrency-limited runs: " + _counts(self.limited),
+            "transactional bookings: " + _counts(self.bookings),
             f"mongod rollbacks {self.rollbacks} (unacknowledged operations undone: "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.rolled_back.items())) or "none")
             + ")",
             f"violations {len(self.violations)}",
         ]
         return "\n".join(lines + [f"  ! {v}" for v in self.violations[:40]])
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counter.items()) or "none"
 
 
 @dataclass
@@ -220,7 +234,9 @@ def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
           recovery_bound_s: float, pass_bound_s: float, *, alive_pids: set[int],
           wall_offset_s: float, not_applied: list[str] | None = None,
           require_fence: bool = False,
-          cancel_times: dict[str, tuple[int, int]] | None = None) -> Report:
+          cancel_times: dict[str, tuple[int, int]] | None = None,
+          sent_events: list[dict[str, Any]] | None = None,
+          schedule: dict[str, Any] | None = None) -> Report:
     report = Report(runs=len(specs), executions=sum(e["event"] == "start" for e in ledger))
     report.faults_not_applied = list(not_applied or [])
     db = pikku.engine.store.db
@@ -234,6 +250,11 @@ def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
     for run_id, spec in specs.items():
         _check_run(pikku, run_id, spec, run_id in cancelled, by_run[run_id], evidence, report)
     _check_ended_runs(db, specs, evidence, report)
+    _check_events(db, specs, sent_events or [], evidence, report)
+    if schedule is not None:
+        _check_schedule(db, specs, schedule, report)
+    _check_limited(db, specs, evidence, report)
+    _check_bookings(db, specs, evidence, report)
     _ran_twice(ledger, report)
     _recovery(ledger, faults, recovery_bound_s, report)
     _pass_recovery(ledger, faults, pass_bound_s, report)
@@ -757,3 +778,331 @@ def _mongo_recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent],
         later = next((t for t in settled if t > fault.t), None)
         if later is not None:
             report.settle_s[fault.kind].append(later - fault.t)
+
+
+# --- issue 26: events, schedules, concurrency limits, transactional steps --------------------
+
+EVENT_WAIT = "__event:"
+PUBLISH = "__publish:"
+LIMITED_WORKFLOW = "chaos.limited"
+LIMITED_CONCURRENCY = 1  # tests/chaos/chaosapp.py's limit per key
+BOOKINGS = "chaos_bookings"
+TICK_SLACK_MS = 5_000
+
+
+def _reach(step_name: str, prefix: str) -> tuple[str, int] | None:
+    """``__event:paid#3`` -> ("paid", 3); None for a step of another kind."""
+    if not step_name.startswith(prefix):
+        return None
+    name, sep, tail = step_name[len(prefix):].rpartition("#")
+    if sep and tail.isdigit():
+        return name, int(tail)
+    return step_name[len(prefix):], 1
+
+
+def _check_events(db: Any, specs: dict[str, dict[str, Any]], sent: list[dict[str, Any]],
+                  ev: Evidence, report: Report) -> None:
+    """Every event the store kept was sent by the driver, once (a keyed one once however
+    often it was sent), in the order sent; every wait took the first event of its name not
+    taken yet, no event was taken by two waits, and a run that completed took one event
+    per wait (a wait nobody sends to took its default once its timeout passed) and returned
+    their payloads."""
+    ids = [r for r, spec in specs.items() if spec.get("kind") == "events"]
+    if not ids:
+        return
+    kept: dict[str, list[Doc]] = defaultdict(list)
+    for start in range(0, len(ids), 200):
+        for doc in db[keys.EVENTS].find({"run_id": {"$in": ids[start:start + 200]}}):
+            kept[doc["run_id"]].append(doc)
+    by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in sent:
+        by_run[record["run"]].append(record)
+    runs = {d["_id"]: d for d in db[keys.RUNS].find({"_id": {"$in": ids}},
+                                                    {"status": 1, "output": 1})}
+    for run_id in ids:
+        _check_run_events(run_id, specs[run_id], runs.get(run_id) or {},
+                          sorted(kept[run_id], key=lambda d: d["seq"]), by_run[run_id],
+                          ev.steps.get(run_id, []), report)
+
+
+def _check_run_events(run_id: str, spec: dict[str, Any], run: Doc, kept: list[Doc],
+                      sent: list[dict[str, Any]], steps: list[Doc], report: Report) -> None:
+    where = f"events run {run_id}"
+    report.events["runs"] += 1
+    report.events["sends"] += len(sent)
+    report.events["kept"] += len(kept)
+    report.events["keyed sends repeated"] += sum(
+        1 for i, r in enumerate(sent) if r["key"] and any(
+            o["key"] == r["key"] for o in sent[:i]))
+    report.events["sends retried after a fault"] += sum(r["ambiguous"] for r in sent)
+    report.events["sends refused (run ended)"] += sum(
+        r["outcome"].startswith("refused") for r in sent)
+    by_seq = {d["seq"]: d for d in kept}
+    _check_kept(where, kept, by_seq, sent, report)
+    waits = _check_waits(where, kept, by_seq, steps, report)
+    if run.get("status") == "completed":
+        _check_completed_waits(where, spec, run, waits, steps, report)
+
+
+def _check_kept(where: str, kept: list[Doc], by_seq: dict[int, Doc],
+                sent: list[dict[str, Any]], report: Report) -> None:
+    """What the store kept against what the driver sent."""
+    ns = [(d.get("payload") or {}).get("n") for d in kept]
+    if ns != sorted(ns) or len(set(ns)) != len(ns):
+        report.violations.append(f"{where}: events kept out of the order sent, or one send "
+                                 f"kept twice (payload n by seq: {ns})")
+    for doc in kept:
+        mine = [r for r in sent if r["name"] == doc["name"]
+                and r["n"] == (doc.get("payload") or {}).get("n")]
+        if not mine:
+            report.violations.append(f"{where}: event seq {doc['seq']} ({doc['name']}) was "
+                                     "never sent")
+    for record in sent:
+        if record["seq"] is None:
+            continue
+        doc = by_seq.get(record["seq"])
+        if doc is None or doc["name"] != record["name"] or (
+                doc.get("payload") or {}).get("n") != record["n"]:
+            report.violations.append(f"{where}: the send of {record['name']!r} n={record['n']}"
+                                     f" returned seq {record['seq']}, the store holds {doc}")
+    for key in {r["key"] for r in sent if r["key"]}:
+        seqs = {r["seq"] for r in sent if r["key"] == key and r["seq"] is not None}
+        docs = [d for d in kept if d.get("key") == key]
+        if len(seqs) > 1 or len(docs) > 1:
+            report.violations.append(f"{where}: keyed event {key!r} delivered more than once "
+                                     f"(sends returned seqs {sorted(seqs)}, kept {len(docs)})")
+    for name in {r["name"] for r in sent}:
+        unkeyed = [r for r in sent if r["name"] == name and not r["key"]]
+        sent_ok = sum(r["seq"] is not None for r in unkeyed)
+        leeway = sum(r["ambiguous"] for r in unkeyed)
+        n_kept = sum(d["name"] == name and not d.get("key") for d in kept)
+        if not sent_ok <= n_kept <= sent_ok + leeway:
+            report.violations.append(f"{where}: {sent_ok} sends of {name!r} without a key "
+                                     f"returned, the store kept {n_kept}")
+
+
+def _check_waits(where: str, kept: list[Doc], by_seq: dict[int, Doc], steps: list[Doc],
+                 report: Report) -> dict[str, dict[int, Doc]]:
+    """What the waits took; the run's waits by name and reach."""
+    waits: dict[str, dict[int, Doc]] = defaultdict(dict)
+    for doc in steps:
+        reach = _reach(doc["step_name"], EVENT_WAIT)
+        if reach is not None:
+            waits[reach[0]][reach[1]] = doc
+    taken_by: dict[int, str] = {}
+    for name, reached in waits.items():
+        of_name = [d["seq"] for d in kept if d["name"] == name]
+        took = []
+        for reach in sorted(reached):
+            doc = reached[reach]
+            result = doc.get("result") if doc["status"] == "succeeded" else None
+            if not isinstance(result, dict):
+                continue
+            if result.get("timed_out"):
+                _timed_out(where, doc, [by_seq[q] for q in of_name[len(took):]], report)
+                continue
+            seq = result.get("seq")
+            if seq in taken_by:
+                report.violations.append(f"{where}: event seq {seq} taken by two waits "
+                                         f"({taken_by[seq]!r} and {doc['step_name']!r})")
+            taken_by[seq] = doc["step_name"]
+            took.append(seq)
+            event = by_seq.get(seq)
+            if event is None or event["name"] != name or result.get("payload") != event.get(
+                    "payload"):
+                report.violations.append(f"{where}: wait {doc['step_name']!r} took seq {seq}"
+                                         f" with {result.get('payload')}, the store holds "
+                                         f"{event}")
+            elif event["sent_ms"] <= doc.get("created_ms", 0):
+                report.events["taken, sent before the run waited"] += 1
+            else:
+                report.events["taken, sent while the run waited"] += 1
+        if took != of_name[:len(took)]:
+            report.violations.append(f"{where}: the waits of {name!r} took seqs {took}, not "
+                                     f"the first events sent ({of_name})")
+    return waits
+
+
+def _timed_out(where: str, doc: Doc, untaken: list[Doc], report: Report) -> None:
+    """A wait that timed out: no event of its name was left to take when it did."""
+    report.events["waits timed out"] += 1
+    if untaken and untaken[0]["sent_ms"] < doc.get("updated_ms", 0) - CLOCK_SLACK_MS:
+        report.violations.append(f"{where}: wait {doc['step_name']!r} timed out though event "
+                                 f"seq {untaken[0]['seq']} was kept before")
+
+
+def _check_completed_waits(where: str, spec: dict[str, Any], run: Doc,
+                           waits: dict[str, dict[int, Doc]], steps: list[Doc],
+                           report: Report) -> None:
+    """A completed run: one settled wait per wait of its spec, its output their payloads,
+    its progress published once per wait."""
+    report.events["runs completed"] += 1
+    output = (run.get("output") or {}).get("taken")
+    expected = []
+    counts: Counter[str] = Counter()
+    for name, timeout in spec["waits"]:
+        counts[name] += 1
+        doc = waits.get(name, {}).get(counts[name])
+        result = (doc or {}).get("result") or {}
+        if doc is None or doc["status"] != "succeeded":
+            report.violations.append(f"{where}: completed, but wait {name!r} #{counts[name]} "
+                                     f"did not settle: {doc and doc['status']}")
+            return
+        if timeout is not None and not result.get("timed_out"):
+            report.violations.append(f"{where}: wait {name!r} took {result}, though no event "
+                                     f"{name!r} was sent: its timeout must have passed")
+        expected.append({"timed_out": name} if result.get("timed_out") else result.get(
+            "payload"))
+    if output != expected:
+        report.violations.append(f"{where}: returned {output}, its waits took {expected}")
+    published = [(r, d) for d in steps if (r := _reach(d["step_name"], PUBLISH)) is not None
+                 and d["status"] == "succeeded"]
+    last = max(published, key=lambda p: p[0][1])[1].get("result") if published else None
+    if len(published) != len(spec["waits"]) or last != len(spec["waits"]):
+        report.violations.append(f"{where}: published progress {len(published)} times, last "
+                                 f"{last}, for {len(spec['waits'])} waits")
+
+
+def _check_schedule(db: Any, specs: dict[str, dict[str, Any]], schedule: dict[str, Any],
+                    report: Report) -> None:
+    """Each tick started at most one run, under the id derived from it; every run of the
+    schedule ended, ran its step for its own tick, and none is for a tick after the
+    schedule was paused (beyond the round that read it just before)."""
+    name, every = schedule["name"], schedule["every_ms"]
+    runs = list(db[keys.RUNS].find({"schedule": name}, {"status": 1, "scheduled_ms": 1,
+                                                        "output": 1, "created_ms": 1}))
+    report.ticks["runs"] += len(runs)
+    per_tick = Counter(d.get("scheduled_ms") for d in runs)
+    for tick, n in per_tick.items():
+        if n > 1:
+            report.violations.append(f"schedule {name}: tick {tick} started {n} runs")
+    for doc in runs:
+        run_id, tick = doc["_id"], doc.get("scheduled_ms")
+        parsed = keys.scheduled_tick(run_id)
+        if parsed != (name, tick) or tick is None or tick % every:
+            report.violations.append(f"schedule {name}: run {run_id} (tick {tick}) does not "
+                                     f"match its tick ({parsed})")
+            continue
+        if run_id not in specs:
+            report.violations.append(f"schedule {name}: run {run_id} was never checked")
+        if doc["status"] == "completed":
+            report.ticks["completed"] += 1
+            got = (doc.get("output") or {}).get("tick")
+            if got is None or int(_iso_ms(got)) != tick:
+                report.violations.append(f"schedule {name}: run {run_id} ran for tick {got}")
+        paused = schedule.get("paused_ms")
+        if paused is not None and tick > paused + every + TICK_SLACK_MS:
+            report.violations.append(f"schedule {name}: tick {tick} started a run "
+                                     f"{tick - paused} ms after the schedule was paused")
+    ticks = sorted(t for t in per_tick if t is not None)
+    gaps = [(b - a) // every - 1 for a, b in itertools.pairwise(ticks)]
+    report.ticks["ticks skipped (catch_up latest)"] += sum(gaps)
+    if gaps:
+        report.ticks["longest gap s"] = max(gaps) * every // 1000 + every // 1000
+
+
+def _iso_ms(iso: str) -> int:
+    from datetime import datetime
+
+    return round(datetime.fromisoformat(iso).timestamp() * 1000)
+
+
+def _recorded_span(doc: Doc, ev: Evidence) -> tuple[float, float] | None:
+    """From the first to the last ledger line (monotonic s) of the step's recorded attempt:
+    the body whose outcome the store holds."""
+    if doc["status"] not in ("succeeded", "failed"):
+        return None
+    lines = [e["t"] for e in ev.bodies.get(doc["_id"], []) if e["attempt"] == doc["attempt"]]
+    return (min(lines), max(lines)) if lines else None
+
+
+def _check_limited(db: Any, specs: dict[str, dict[str, Any]], ev: Evidence,
+                   report: Report) -> None:
+    """At no moment did more than the limit of one key's runs run: the bodies whose
+    outcomes were recorded of two runs of a key never overlap (the runs that were not
+    cancelled: a cancel frees the slot while a body may still run, in the window the
+    ended-run check bounds); a key's runs started in the order they were created; no run
+    of a key was left queued, and at the end no slot is held by a run that ended."""
+    from pikku_celery.store._slots import slot_id
+
+    ids = [r for r, spec in specs.items() if spec.get("kind") == "limited"]
+    if not ids:
+        return
+    runs = {d["_id"]: d for d in db[keys.RUNS].find({"_id": {"$in": ids}},
+                                                    {"status": 1, "created_ms": 1, "slot": 1})}
+    # (first, last body line, created), monotonic s: the run's creation on the same clock
+    spans: dict[str, list[tuple[float, float, float, str]]] = defaultdict(list)
+    for run_id in ids:
+        spec, doc = specs[run_id], runs.get(run_id) or {}
+        report.limited["runs"] += 1
+        report.limited[str(doc.get("status"))] += 1
+        if doc.get("slot") != slot_id(LIMITED_WORKFLOW, spec["key"]):
+            report.violations.append(f"limited run {run_id} is in slot group "
+                                     f"{doc.get('slot')}, not its key's")
+        if doc.get("status") == "queued":
+            report.violations.append(f"limited run {run_id} (key {spec['key']}) never left "
+                                     "the queue")
+        if doc.get("status") not in ("completed", "failed"):
+            continue
+        found = [s for d in ev.steps.get(run_id, []) if (s := _recorded_span(d, ev))]
+        if found:
+            spans[spec["key"]].append((min(s[0] for s in found), max(s[1] for s in found),
+                                       int(doc["created_ms"]) / 1000 - ev.wall_offset_s,
+                                       run_id))
+    for key, intervals in spans.items():
+        intervals.sort()
+        for i, (start, _end, created, run_id) in enumerate(intervals):
+            running = [r for s, e, _, r in intervals[:i] if e > start]
+            if len(running) + 1 > LIMITED_CONCURRENCY:
+                report.violations.append(
+                    f"key {key}: run {run_id} ran while {running} still ran (limit "
+                    f"{LIMITED_CONCURRENCY})")
+            later_created = [r for _, _, c, r in intervals[:i] if c > created]
+            if later_created:
+                report.violations.append(f"key {key}: run {run_id} started after "
+                                         f"{later_created}, created after it")
+            if any(c < created and e > created for _, e, c, _ in intervals[:i]):
+                report.limited["waited for a slot"] += 1
+    _check_slots(db, report)
+
+
+def _check_slots(db: Any, report: Report) -> None:
+    """At the end, no slot is held by a run that ended (or does not exist)."""
+    for group in db[keys.SLOTS].find({"held": {"$gt": 0}}):
+        for holder in group.get("holders") or []:
+            run = db[keys.RUNS].find_one({"_id": holder}, {"status": 1})
+            status = (run or {}).get("status", "missing")
+            if status in ("completed", "failed", "cancelled", "missing"):
+                report.violations.append(f"slot group {group['_id']} (key {group.get('key')})"
+                                         f" still held by run {holder}, which is {status}")
+
+
+def _check_bookings(db: Any, specs: dict[str, dict[str, Any]], ev: Evidence,
+                    report: Report) -> None:
+    """The app collection a transactional step writes in its transaction holds exactly the
+    booking of each attempt whose success is recorded, and none of any other attempt."""
+    docs = [d for run_id in specs for d in ev.steps.get(run_id, [])
+            if d.get("function") == "chaos.book"]
+    if not docs:
+        return
+    bookings: dict[str, list[Doc]] = defaultdict(list)
+    for booking in db[BOOKINGS].find():
+        bookings[booking["_id"].rpartition(":")[0]].append(booking)
+    known = set()
+    for doc in docs:
+        known.add(doc["_id"])
+        mine = bookings.get(doc["_id"], [])
+        attempts = sorted(b["attempt"] for b in mine)
+        report.bookings["steps"] += 1
+        report.bookings["bookings"] += len(mine)
+        want = [doc["attempt"]] if doc["status"] == "succeeded" else []
+        if attempts != want:
+            report.violations.append(
+                f"step 'book' of run {doc['run_id']} ({doc['status']}, attempt "
+                f"{doc['attempt']}): bookings of attempts {attempts}, expected {want}")
+        bodies = {(e["attempt"], round(e["t"], 6)) for e in ev.bodies.get(doc["_id"], [])
+                  if e["event"] == "txn_start"}
+        report.bookings["bodies run"] += len(bodies)
+    for invocation, mine in bookings.items():
+        if invocation not in known:
+            report.violations.append(f"bookings {[b['_id'] for b in mine]} of no step checked")

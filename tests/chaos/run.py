@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pikku_celery import keys
+from pikku_celery.durations import to_ms
+from pikku_celery.errors import WorkflowEventError
 from tests.chaos.checker import Report, check
 from tests.chaos.cluster import Cluster
 from tests.chaos.faults import FaultEvent, FaultInjector
@@ -44,6 +47,12 @@ class Profile:
     cancel_every: int = 25
     skewed_worker_s: float = 120.0
     reaper_s: float = REAPER_S
+    # Issue 26's primitives in the mix: runs that wait for events the driver sends during
+    # the faults, runs of a workflow limited per key (several runs per key, so they queue),
+    # and the chaos app's schedule, whose ticks start runs throughout.
+    event_runs: int = 6
+    limited_keys: int = 3
+    limited_per_key: int = 3
 
 
 # The drain is how long runs get to end once the faults stop: a run still going then is
@@ -53,7 +62,7 @@ class Profile:
 PROFILES = {
     "short": Profile(runs=40, faults=25, workers=3, fault_interval_s=1.6, drain_s=150),
     "full": Profile(runs=500, faults=150, workers=4, fault_interval_s=2.5, drain_s=150,
-                    live_runs=30),
+                    live_runs=30, event_runs=40, limited_keys=4, limited_per_key=10),
 }
 
 
@@ -145,6 +154,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     cancelled: dict[str, tuple[int, int]] = {}  # run id -> wall ms before/after the cancel
     ended: set[str] = set()
     crashes: list[FaultEvent] = []
+    mix = Mix(chaos, profile, random.Random(seed + 26))
     begun = time.monotonic()
     # The fault period takes longer than faults x interval (a whole-set MongoDB restart
     # blocks the loop, a loaded machine slows it); twice that is the most it may take.
@@ -159,13 +169,21 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
         ended.update(r for r in specs if r not in ended
                      and _as_a_client(lambda r=r: chaos.pikku.get_run(r)).is_terminal)
         live = [r for r in specs if r not in ended]
-        while pending and len(specs) < due + 1 and len(live) < profile.live_runs:
+        orders = [r for r in live if specs[r].get("kind", "order") == "order"]
+        started = len([r for r in specs if specs[r].get("kind", "order") == "order"])
+        while pending and started < due + 1 and len(orders) < profile.live_runs:
             spec = pending.pop(0)
             run_id = _start(chaos, spec)
             specs[run_id] = spec
             live.append(run_id)
+            orders.append(run_id)
+            started += 1
+        # issue 26's runs, at their own pace: all started by 80% of the faults
+        live += mix.start_due(specs, (len(injector.events) + 1) / (0.8 * profile.faults))
         time.sleep(rng.expovariate(1 / profile.fault_interval_s))
         _supervise(cluster, crashes)
+        mix.send_due()
+        live += mix.collect_ticks(specs)
         live = live or list(specs)
         _maybe_cancel(chaos, rng, live, profile, cancelled)
         failed_before = len(injector.not_applied)
@@ -181,8 +199,12 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
               f"{profile.faults} faults", flush=True)
     for spec in pending:
         specs[_start(chaos, spec)] = spec
-    _drain(chaos, list(specs), time.monotonic() + profile.drain_s,
-           lambda: _supervise(cluster, crashes))
+    mix.start_due(specs, 1.0)
+    mix.finish(specs)  # the last events sent, the schedule paused, its last ticks collected
+    drain_deadline = time.monotonic() + profile.drain_s
+    _drain(chaos, list(specs), drain_deadline, lambda: _supervise(cluster, crashes))
+    mix.collect_ticks(specs)  # a tick fired by a round that read the schedule before the pause
+    _drain(chaos, list(specs), drain_deadline, lambda: _supervise(cluster, crashes))
     _settle_down(injector)
     ledger = read_ledger(cluster.workdir / "ledger")
     time.sleep(1.0)  # a refusal is logged just after its body's ledger line
@@ -193,10 +215,142 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
                    recovery_bound_s=LEASE_S + profile.reaper_s + 10.0,
                    pass_bound_s=RUN_LEASE_S + STALLED_S + 10.0,
                    alive_pids=_alive_pids(), wall_offset_s=wall_offset_s,
-                   not_applied=not_applied, require_fence=True, cancel_times=cancelled)
+                   not_applied=not_applied, require_fence=True, cancel_times=cancelled,
+                   sent_events=mix.sent, schedule=mix.schedule_facts())
     report.worker_crashes = len(crashes)
     report.rollbacks, report.rolled_back = cluster.rollbacks()
     return report
+
+
+class Mix:
+    """Issue 26's primitives in the mix: runs of ``chaos.awaiter`` and the events the driver
+    sends them (right after the start, so before the run waits, or seconds later; some
+    twice with one key), runs of ``chaos.limited`` (a few keys, several runs each: they
+    queue), and the runs the chaos app's schedule starts (collected as they appear)."""
+
+    def __init__(self, chaos: Any, profile: Profile, rng: random.Random) -> None:
+        self.chaos = chaos
+        self.rng = rng
+        # Runs started together: an events run alone; limited runs in bursts of up to three
+        # per key, so each key has runs queued behind the one running.
+        self.plan: list[list[dict[str, Any]]] = []
+        events = [[self._events_spec(n)] for n in range(profile.event_runs)]
+        limited = [{"kind": "limited", "expect": "completed", "key": f"k{k}",
+                    "order": 1000 + r * profile.limited_keys + k,
+                    "slow_s": round(rng.uniform(0.3, 1.2), 2)}
+                   for r in range(profile.limited_per_key) for k in range(profile.limited_keys)]
+        batch = 3 * profile.limited_keys
+        bursts = [limited[i:i + batch] for i in range(0, len(limited), batch)]
+        while events or bursts:
+            if bursts:
+                self.plan.append(bursts.pop(0))
+            for _ in range(max(1, len(events) // max(1, len(bursts) + 1))):
+                if events:
+                    self.plan.append(events.pop(0))
+        self.total = len(self.plan)
+        self.sends: list[tuple[float, str, str, str | None]] = []  # due, run, name, key
+        self.sent: list[dict[str, Any]] = []  # every send, as the checker reads it
+        self.counter = 0
+        self.ticks_seen: set[str] = set()
+        self.paused_ms: int | None = None
+
+    def _events_spec(self, n: int) -> dict[str, Any]:
+        names = [self.rng.choice(["paid", "shipped"]) for _ in range(self.rng.randint(2, 4))]
+        waits: list[list[Any]] = [[name, None] for name in names]
+        if self.rng.random() < 0.5:  # a wait nobody sends to: its timeout expires
+            waits.insert(self.rng.randint(0, len(waits)), ["late", 1.0])
+        return {"kind": "events", "expect": "completed", "order": 2000 + n, "waits": waits}
+
+    def start_due(self, specs: dict[str, dict[str, Any]], progress: float) -> list[str]:
+        started = []
+        while self.plan and self.total - len(self.plan) < min(1.0, progress) * self.total + 1:
+            for spec in self.plan.pop(0):
+                workflow = "chaos.awaiter" if spec["kind"] == "events" else "chaos.limited"
+                run_id = str(uuid.uuid4())
+                _as_a_client(lambda w=workflow, s=spec, r=run_id: self.chaos.pikku.start(
+                    w, s, run_id=r))
+                specs[run_id] = spec
+                started.append(run_id)
+                if spec["kind"] == "events":
+                    self._plan_sends(run_id, spec)
+        self.send_due()
+        return started
+
+    def _plan_sends(self, run_id: str, spec: dict[str, Any]) -> None:
+        """One event per wait that has no timeout, in the order of the waits: the first
+        ones at once (before the run reaches its wait), the rest over the next seconds;
+        some keyed and sent twice."""
+        now = time.monotonic()
+        due = now
+        for i, (name, timeout) in enumerate(spec["waits"]):
+            if timeout is not None:
+                continue
+            if i > 0 and self.rng.random() < 0.6:
+                due += self.rng.uniform(0.5, 4.0)
+            key = f"{run_id[:8]}-{i}" if self.rng.random() < 0.4 else None
+            self.sends.append((due, run_id, name, key))
+            if key is not None:  # the same key again, later: delivered once
+                self.sends.append((due + self.rng.uniform(0.0, 3.0), run_id, name, key))
+        self.sends.sort(key=lambda s: s[0])
+
+    def send_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        while self.sends and (everything or self.sends[0][0] <= now):
+            _, run_id, name, key = self.sends.pop(0)
+            self.sent.append(self._send(run_id, name, key))
+
+    def _send(self, run_id: str, name: str, key: str | None) -> dict[str, Any]:
+        """One send, as an application makes it: retried while the store or the broker does
+        not answer (a retry of a send without a key may keep the event twice: the record
+        says so, ``ambiguous``)."""
+        first = [sent for sent in self.sent if sent["run"] == run_id and sent["key"] == key
+                 and key is not None]
+        self.counter += 1
+        record: dict[str, Any] = {
+            "run": run_id, "name": name, "key": key,
+            "n": first[0]["n"] if first else self.counter, "seq": None, "ambiguous": False,
+            "outcome": "sent", "wall_ms": int(time.time() * 1000)}
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                event = self.chaos.pikku.send_event(run_id, name, {"n": record["n"],
+                                                                   "name": name}, key=key)
+            except WorkflowEventError:  # the run ended (a cancel, a fault): nothing kept
+                record["outcome"] = "refused: the run has ended"
+                return record
+            except Exception as exc:  # a store or broker fault: as a client, try again
+                record["ambiguous"] = True
+                if time.monotonic() > deadline:
+                    record["outcome"] = f"gave up: {exc!r}"
+                    print(f"chaos: an event send gave up: {exc!r}", flush=True)
+                    return record
+                time.sleep(0.5)
+                continue
+            record["seq"] = event.seq
+            return record
+
+    def collect_ticks(self, specs: dict[str, dict[str, Any]]) -> list[str]:
+        """The runs the schedule's ticks started since the last look."""
+        db = self.chaos.pikku.engine.store.db
+        found = _as_a_client(lambda: [d["_id"] for d in db[keys.RUNS].find(
+            {"schedule": self.chaos.TICK_SCHEDULE}, {"_id": 1})])
+        new = [r for r in found if r not in self.ticks_seen]
+        for run_id in new:
+            self.ticks_seen.add(run_id)
+            specs.setdefault(run_id, {"kind": "ticked", "expect": "completed"})
+        return new
+
+    def finish(self, specs: dict[str, dict[str, Any]]) -> None:
+        self.send_due(everything=True)
+        _as_a_client(lambda: self.chaos.pikku.pause_schedule(self.chaos.TICK_SCHEDULE))
+        self.paused_ms = int(time.time() * 1000)
+        time.sleep(3.0)  # a ticker round that read the schedule before the pause ends
+        self.collect_ticks(specs)
+
+    def schedule_facts(self) -> dict[str, Any]:
+        every = os.environ.get("CHAOS_TICK_EVERY", "2s")
+        return {"name": self.chaos.TICK_SCHEDULE, "every_ms": to_ms(every),
+                "paused_ms": self.paused_ms}
 
 
 def _settle_down(injector: FaultInjector, timeout_s: float = 30.0) -> None:

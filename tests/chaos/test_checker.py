@@ -441,3 +441,311 @@ def test_a_child_whose_paused_creation_nothing_stopped_must_exist() -> None:
     report = scene.check()
     assert report.violations == []
     assert report.children_of_cancelled == {"never created (kill_worker stopped its pass)": 1}
+
+
+# --- issue 26: events, the schedule, the concurrency limit, transactional bookings ------------
+
+
+def _check(store: MongoWorkflowStore, specs: dict[str, dict[str, Any]],
+           ledger: list[dict[str, Any]] | None = None, **kwargs: Any) -> Report:
+    pikku = SimpleNamespace(engine=SimpleNamespace(store=store), get_run=store.get_run)
+    return check(pikku, specs, set(), ledger or [], [], [], 30.0, 30.0, alive_pids={FRESH},
+                 wall_offset_s=OFFSET_S, **kwargs)
+
+
+def _store() -> MongoWorkflowStore:
+    return MongoWorkflowStore(mongomock.MongoClient()[f"c_{uuid.uuid4().hex[:8]}"])
+
+
+def _gate(store: MongoWorkflowStore, run_id: str, name: str, result: Any, at_ms: int) -> None:
+    """A settled gate (an event wait, a publish), as the pass leaves it."""
+    store.insert_step(NewStep(run_id=run_id, step_name=name, function=None,
+                              status="scheduled", due_ms=None), at_ms)
+    store.db[keys.STEPS].update_one({"run_id": run_id, "step_name": name},
+                                    {"$set": {"status": "succeeded", "result": result}})
+
+
+class EventsScene:
+    """An events run that waited for 'paid' twice and for 'late' (timeout): the driver sent
+    'paid' n=1 before the first wait, then 'paid' n=2 twice with one key; 'late' timed out.
+    The run completed with the three payloads."""
+
+    WAITS = [["paid", None], ["paid", None], ["late", 1.0]]
+
+    def __init__(self) -> None:
+        self.store = _store()
+        self.db = self.store.db
+        self.run_id = str(uuid.uuid4())
+        self.store.create_run(NewRun(self.run_id, "chaos.awaiter", {}), T0)
+        self.sent: list[dict[str, Any]] = []
+        self.send("paid", 1, None, T0 + 10)
+        self.p = [self.payload(1)]
+        _gate(self.store, self.run_id, "__event:paid", self.taken(1, 1), T0 + 100)
+        _gate(self.store, self.run_id, "__event:paid#2", self.taken(2, 2), T0 + 200)
+        self.send("paid", 2, "k", T0 + 300)
+        self.send("paid", 2, "k", T0 + 400)
+        _gate(self.store, self.run_id, "__event:late", {"event": "late", "timed_out": True},
+              T0 + 500)
+        for reach in (1, 2, 3):
+            _gate(self.store, self.run_id, "__publish:progress" + ("" if reach == 1 else
+                                                                   f"#{reach}"), reach, T0)
+        self.output = {"taken": [self.payload(1), self.payload(2), {"timed_out": "late"}]}
+        self.store.transition_run(self.run_id, ["running"], "completed", T0 + 2_000,
+                                  output=self.output)
+
+    def payload(self, n: int) -> dict[str, Any]:
+        return {"n": n, "name": "paid"}
+
+    def taken(self, seq: int, n: int) -> dict[str, Any]:
+        return {"seq": seq, "payload": self.payload(n), "sent_at_ms": T0}
+
+    def send(self, name: str, n: int, key: str | None, at_ms: int) -> None:
+        event, _ = self.store.send_event(self.run_id, name, self.payload(n), at_ms, key=key)
+        self.sent.append({"run": self.run_id, "name": name, "key": key, "n": n,
+                          "seq": event.seq, "ambiguous": False, "outcome": "sent"})
+
+    def set_wait(self, step_name: str, result: Any) -> None:
+        self.db[keys.STEPS].update_one({"run_id": self.run_id, "step_name": step_name},
+                                       {"$set": {"result": result}})
+
+    def check(self) -> Report:
+        return _check(self.store, {self.run_id: {"kind": "events", "expect": "completed",
+                                                 "waits": self.WAITS}},
+                      sent_events=self.sent)
+
+
+def test_events_taken_once_each_in_the_order_sent_pass() -> None:
+    report = EventsScene().check()
+    assert report.violations == []
+    assert report.events["sends"] == 3 and report.events["kept"] == 2
+    assert report.events["keyed sends repeated"] == 1
+    assert report.events["waits timed out"] == 1
+    assert report.events["taken, sent before the run waited"] == 1  # n=1: before its wait
+    assert report.events["taken, sent while the run waited"] == 1
+
+
+def test_an_event_taken_by_two_waits_is_flagged() -> None:
+    scene = EventsScene()
+    scene.set_wait("__event:paid#2", scene.taken(1, 1))
+    report = scene.check()
+    assert flagged(report, "event seq 1 taken by two waits")
+    assert flagged(report, "returned")  # its output names another payload than taken
+
+
+def test_events_taken_out_of_the_order_sent_are_flagged() -> None:
+    scene = EventsScene()
+    scene.set_wait("__event:paid", scene.taken(2, 2))
+    scene.set_wait("__event:paid#2", scene.taken(1, 1))
+    assert flagged(scene.check(), "took seqs [2, 1], not the first events sent ([1, 2])")
+
+
+def test_a_keyed_event_delivered_twice_is_flagged() -> None:
+    scene = EventsScene()
+    scene.db[keys.EVENTS].insert_one({"_id": "dup", "run_id": scene.run_id, "name": "paid",
+                                      "seq": 3, "payload": scene.payload(2), "key": "k",
+                                      "sent_ms": T0 + 400, "wake_ms": None})
+    report = scene.check()
+    assert flagged(report, "keyed event 'k' delivered more than once")
+    assert flagged(report, "one send kept twice")
+    scene.sent[-1]["seq"] = 3  # the second send with the key was given an event of its own
+    assert flagged(scene.check(), "returned seqs [2, 3]")
+
+
+def test_an_event_lost_or_never_sent_is_flagged() -> None:
+    scene = EventsScene()
+    scene.db[keys.EVENTS].delete_one({"run_id": scene.run_id, "seq": 1})
+    report = scene.check()
+    assert flagged(report, "the send of 'paid' n=1 returned seq 1, the store holds None")
+    assert flagged(report, "1 sends of 'paid' without a key returned, the store kept 0")
+    scene = EventsScene()
+    scene.sent = scene.sent[1:]  # the store holds an event the driver never sent
+    assert flagged(scene.check(), "event seq 1 (paid) was never sent")
+    scene = EventsScene()  # a retried send without a key may be kept twice: not flagged
+    scene.db[keys.EVENTS].insert_one({"_id": "again", "run_id": scene.run_id, "name": "paid",
+                                      "seq": 3, "payload": scene.payload(3), "key": None,
+                                      "sent_ms": T0 + 600, "wake_ms": None})
+    scene.sent.append({"run": scene.run_id, "name": "paid", "key": None, "n": 3, "seq": None,
+                       "ambiguous": True, "outcome": "gave up"})
+    assert scene.check().violations == []
+
+
+def test_a_timeout_wait_that_took_an_event_and_a_wrong_output_are_flagged() -> None:
+    scene = EventsScene()
+    scene.set_wait("__event:late", scene.taken(2, 2))
+    report = scene.check()
+    assert flagged(report, "though no event 'late' was sent")
+    assert flagged(report, "wait '__event:late' took seq 2")
+    assert flagged(report, "event seq 2 taken by two waits")
+    scene = EventsScene()
+    scene.db[keys.RUNS].update_one({"_id": scene.run_id},
+                                   {"$set": {"output": {"taken": [scene.payload(1)]}}})
+    assert flagged(scene.check(), "returned [{'n': 1, 'name': 'paid'}], its waits took")
+    scene = EventsScene()
+    scene.db[keys.STEPS].delete_one({"run_id": scene.run_id,
+                                     "step_name": "__publish:progress#3"})
+    assert flagged(scene.check(), "published progress 2 times, last 2, for 3 waits")
+
+
+SCHEDULE = {"name": "tick", "every_ms": 2_000, "paused_ms": T0 + 20_000}
+
+
+def _ticks(ticks: list[int], *, status: str = "completed") -> tuple[MongoWorkflowStore,
+                                                                     dict[str, Any]]:
+    store = _store()
+    specs = {}
+    for tick in ticks:
+        run_id = keys.scheduled_run_id("tick", tick)
+        store.create_run(NewRun(run_id, "chaos.ticked", None, schedule="tick",
+                                scheduled_ms=tick), tick)
+        if status != "running":
+            iso = keys.scheduled_for(run_id).isoformat()  # type: ignore[union-attr]
+            store.transition_run(run_id, ["running"], status, tick + 500,
+                                 output={"tick": iso})
+        specs[run_id] = {"kind": "ticked", "expect": "completed"}
+    return store, specs
+
+
+def test_a_schedule_s_ticks_one_run_each_pass_and_gaps_are_counted() -> None:
+    store, specs = _ticks([T0, T0 + 2_000, T0 + 8_000])
+    report = _check(store, specs, schedule=SCHEDULE)
+    assert report.violations == []
+    assert report.ticks["runs"] == 3 and report.ticks["ticks skipped (catch_up latest)"] == 2
+
+
+def test_a_tick_started_twice_or_under_another_id_is_flagged() -> None:
+    store, specs = _ticks([T0, T0 + 2_000])
+    twin = "not-a-tick-id"  # a second run for the tick T0, under an id it was not derived from
+    store.create_run(NewRun(twin, "chaos.ticked", None, schedule="tick", scheduled_ms=T0), T0)
+    store.transition_run(twin, ["running"], "completed", T0 + 500, output={"tick": None})
+    specs[twin] = {"kind": "ticked", "expect": "completed"}
+    report = _check(store, specs, schedule=SCHEDULE)
+    assert flagged(report, f"tick {T0} started 2 runs")
+    assert flagged(report, "run not-a-tick-id (tick")
+
+
+def test_a_tick_run_for_another_tick_unseen_or_after_the_pause_is_flagged() -> None:
+    store, specs = _ticks([T0, T0 + 30_000])
+    run_id = keys.scheduled_run_id("tick", T0)
+    store.db[keys.RUNS].update_one({"_id": run_id}, {"$set": {"output": {"tick": "x"}}})
+    store.db[keys.RUNS].update_one({"_id": run_id}, {"$set": {
+        "output": {"tick": "2023-11-14T22:13:22+00:00"}}})
+    del specs[keys.scheduled_run_id("tick", T0 + 30_000)]
+    report = _check(store, specs, schedule=SCHEDULE)
+    assert flagged(report, "ran for tick 2023-11-14T22:13:22+00:00")
+    assert flagged(report, "was never checked")
+    assert flagged(report, "10000 ms after the schedule was paused")
+
+
+def test_a_tick_run_that_never_ended_is_flagged() -> None:
+    store, specs = _ticks([T0], status="running")
+    assert flagged(_check(store, specs, schedule=SCHEDULE), "stuck running")
+
+
+class LimitedScene:
+    """Runs of ``chaos.limited`` (limit 1 per key), each one recorded step whose body's
+    ledger lines the test places in time."""
+
+    def __init__(self) -> None:
+        from pikku_celery.store._slots import slot_id
+
+        self.store = _store()
+        self.db = self.store.db
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.ledger: list[dict[str, Any]] = []
+        self.slot = slot_id("chaos.limited", "k0")
+
+    def run(self, name: str, created_ms: int, body: tuple[int, int], *,
+            status: str = "completed") -> str:
+        run_id = f"{name}-{uuid.uuid4().hex[:6]}"
+        self.store.create_run(NewRun(run_id, "chaos.limited", {"key": "k0"}, slot=self.slot),
+                              created_ms)
+        self.store.insert_step(NewStep(run_id=run_id, step_name="hold", function="chaos.work",
+                                       max_attempts=4), body[0])
+        self.store.claim_step(run_id, "hold", "chaos.work", body[0], LEASE, worker="h:102")
+        inv = keys.invocation_id(run_id, "hold")
+        self.store.set_result(run_id, "hold", 1, {"attempt": 1, "pid": FRESH,
+                                                  "invocation": inv}, body[1] + 5)
+        for event, at in (("start", body[0] + 1), ("end", body[1])):
+            self.ledger.append({"event": event, "t": mono(at), "pid": FRESH, "run": run_id,
+                                "step": "hold", "attempt": 1, "invocation": inv})
+        self.db[keys.RUNS].update_one({"_id": run_id}, {"$set": {"status": status}})
+        self.specs[run_id] = {"kind": "limited", "expect": "completed", "key": "k0"}
+        return run_id
+
+    def check(self) -> Report:
+        return _check(self.store, self.specs, self.ledger)
+
+
+def test_limited_runs_one_at_a_time_in_order_pass_and_queueing_is_counted() -> None:
+    scene = LimitedScene()
+    scene.run("a", T0, (T0 + 10, T0 + 1_000))
+    scene.run("b", T0 + 5, (T0 + 1_100, T0 + 2_000))  # created while a ran: it waited
+    report = scene.check()
+    assert report.violations == []
+    assert report.limited["runs"] == 2 and report.limited["waited for a slot"] == 1
+
+
+def test_two_runs_of_a_key_at_once_and_out_of_order_are_flagged() -> None:
+    scene = LimitedScene()
+    a = scene.run("a", T0, (T0 + 10, T0 + 1_000))
+    scene.run("b", T0 + 5, (T0 + 900, T0 + 2_000))
+    assert flagged(scene.check(), f"ran while ['{a}'] still ran (limit 1)")
+    scene = LimitedScene()
+    a = scene.run("a", T0 + 5, (T0 + 10, T0 + 1_000))
+    scene.run("b", T0, (T0 + 1_100, T0 + 2_000))  # created first, but admitted after a
+    assert flagged(scene.check(), f"started after ['{a}'], created after it")
+
+
+def test_a_run_left_queued_and_a_slot_held_by_an_ended_run_are_flagged() -> None:
+    scene = LimitedScene()
+    a = scene.run("a", T0, (T0 + 10, T0 + 1_000))
+    b = scene.run("b", T0 + 5, (T0 + 1_100, T0 + 2_000), status="queued")
+    scene.db[keys.SLOTS].insert_one({"_id": scene.slot, "workflow": "chaos.limited",
+                                     "key": "k0", "holders": [a], "held": 1})
+    report = scene.check()
+    assert flagged(report, f"limited run {b} (key k0) never left the queue")
+    assert flagged(report, "stuck queued")
+    assert flagged(report, f"still held by run {a}, which is completed")
+
+
+def test_a_cancelled_limited_run_s_late_body_is_not_held_against_the_next() -> None:
+    scene = LimitedScene()
+    scene.run("a", T0, (T0 + 10, T0 + 1_500), status="cancelled")  # freed at its cancel
+    scene.run("b", T0 + 5, (T0 + 1_100, T0 + 2_000))
+    scene.specs = {r: s for r, s in scene.specs.items()}
+    scene.specs[next(iter(scene.specs))]["expect"] = "cancelled"
+    assert not flagged(scene.check(), "still ran")
+
+
+def _booking_scene(attempts: list[int], status: str = "succeeded") -> Report:
+    store = _store()
+    run_id = str(uuid.uuid4())
+    store.create_run(NewRun(run_id, "chaos.limited", {"key": "k0"}), T0)
+    store.insert_step(NewStep(run_id=run_id, step_name="book", function="chaos.book",
+                              max_attempts=4), T0)
+    store.claim_step(run_id, "book", "chaos.book", T0, LEASE, worker="h:102")
+    store.claim_step(run_id, "book", "chaos.book", T0 + LEASE + 1, LEASE, worker="h:102")
+    inv = keys.invocation_id(run_id, "book")
+    if status == "succeeded":
+        store.set_result(run_id, "book", 2, {"attempt": 2}, T0 + LEASE + 100)
+    store.transition_run(run_id, ["running"], "completed" if status == "succeeded"
+                         else "cancelled", T0 + LEASE + 200)
+    for attempt in attempts:
+        store.db["chaos_bookings"].insert_one({"_id": f"{inv}:{attempt}", "run": run_id,
+                                               "attempt": attempt})
+    return _check(store, {run_id: {"kind": "limited-bookings", "expect": "completed"
+                                   if status == "succeeded" else "cancelled"}})
+
+
+def test_bookings_of_exactly_the_recorded_attempt_pass() -> None:
+    report = _booking_scene([2])
+    assert not flagged(report, "bookings of attempts")
+    assert report.bookings["steps"] == 1 and report.bookings["bookings"] == 1
+    assert not flagged(_booking_scene([], status="running"), "bookings of attempts")
+
+
+def test_a_booking_of_a_superseded_or_unrecorded_attempt_is_flagged() -> None:
+    assert flagged(_booking_scene([1, 2]), "bookings of attempts [1, 2], expected [2]")
+    assert flagged(_booking_scene([]), "bookings of attempts [], expected [2]")
+    assert flagged(_booking_scene([1], status="running"),
+                   "bookings of attempts [1], expected []")
