@@ -847,7 +847,7 @@ def _check_run_events(run_id: str, spec: dict[str, Any], run: Doc, kept: list[Do
 def _check_kept(where: str, kept: list[Doc], by_seq: dict[int, Doc],
                 sent: list[dict[str, Any]], report: Report) -> None:
     """What the store kept against what the driver sent."""
-    ns = [(d.get("payload") or {}).get("n") for d in kept]
+    ns: list[Any] = [(d.get("payload") or {}).get("n") for d in kept]
     if ns != sorted(ns) or len(set(ns)) != len(ns):
         report.violations.append(f"{where}: events kept out of the order sent, or one send "
                                  f"kept twice (payload n by seq: {ns})")
@@ -860,11 +860,11 @@ def _check_kept(where: str, kept: list[Doc], by_seq: dict[int, Doc],
     for record in sent:
         if record["seq"] is None:
             continue
-        doc = by_seq.get(record["seq"])
-        if doc is None or doc["name"] != record["name"] or (
-                doc.get("payload") or {}).get("n") != record["n"]:
+        held = by_seq.get(record["seq"])
+        if held is None or held["name"] != record["name"] or (
+                held.get("payload") or {}).get("n") != record["n"]:
             report.violations.append(f"{where}: the send of {record['name']!r} n={record['n']}"
-                                     f" returned seq {record['seq']}, the store holds {doc}")
+                                     f" returned seq {record['seq']}, the store holds {held}")
     for key in {r["key"] for r in sent if r["key"]}:
         seqs = {r["seq"] for r in sent if r["key"] == key and r["seq"] is not None}
         docs = [d for d in kept if d.get("key") == key]
@@ -886,13 +886,13 @@ def _check_waits(where: str, kept: list[Doc], by_seq: dict[int, Doc], steps: lis
     """What the waits took; the run's waits by name and reach."""
     waits: dict[str, dict[int, Doc]] = defaultdict(dict)
     for doc in steps:
-        reach = _reach(doc["step_name"], EVENT_WAIT)
-        if reach is not None:
-            waits[reach[0]][reach[1]] = doc
+        found = _reach(doc["step_name"], EVENT_WAIT)
+        if found is not None:
+            waits[found[0]][found[1]] = doc
     taken_by: dict[int, str] = {}
     for name, reached in waits.items():
         of_name = [d["seq"] for d in kept if d["name"] == name]
-        took = []
+        took: list[int] = []
         for reach in sorted(reached):
             doc = reached[reach]
             result = doc.get("result") if doc["status"] == "succeeded" else None
@@ -902,6 +902,10 @@ def _check_waits(where: str, kept: list[Doc], by_seq: dict[int, Doc], steps: lis
                 _timed_out(where, doc, [by_seq[q] for q in of_name[len(took):]], report)
                 continue
             seq = result.get("seq")
+            if not isinstance(seq, int):
+                report.violations.append(f"{where}: wait {doc['step_name']!r} settled with "
+                                         f"{result}: no event, no timeout")
+                continue
             if seq in taken_by:
                 report.violations.append(f"{where}: event seq {seq} taken by two waits "
                                          f"({taken_by[seq]!r} and {doc['step_name']!r})")

@@ -58,3 +58,17 @@ def test_short_chaos_profile_finds_no_violation(broker: str) -> None:
                      re.M), out[-3000:]
     # (the child is cancelled, or was never created when a fault stopped the paused pass)
     assert re.search(r"^children of cancelled runs: (?!none)", out, re.M), out[-3000:]
+    # Issue 26's primitives were in the mix and held to their invariants: events taken both
+    # ways (sent before the run waited, and while it waited), keyed sends repeated, timeouts
+    # that passed; the schedule's ticks ran; limited runs waited queued for their key's
+    # slot; transactional bookings were checked against the recorded attempts.
+    events = re.search(r"^events: (.*)$", out, re.M)
+    assert events, out[-3000:]
+    for figure in ("runs completed", "keyed sends repeated", "waits timed out",
+                   "taken, sent before the run waited", "taken, sent while the run waited"):
+        assert re.search(rf"\b{figure} [1-9]", events[1]), out[-3000:]
+    assert re.search(r"^schedule ticks: runs \d+, completed [1-9]", out, re.M), out[-3000:]
+    assert re.search(r"^concurrency-limited runs: .*waited for a slot [1-9]", out,
+                     re.M), out[-3000:]
+    assert re.search(r"^transactional bookings: steps [1-9]\d*, bookings [1-9]", out,
+                     re.M), out[-3000:]
