@@ -17,7 +17,7 @@ import pytest
 
 from pikku_celery import keys
 from tests.integration import scheduleapp
-from tests.integration.test_celery_workers import ROOT, Cluster, Worker, make_cluster
+from tests.integration.test_celery_workers import ROOT, Cluster, Worker, make_cluster, wait_for
 
 __all__ = ["make_cluster"]  # the fixture, imported for pytest
 
@@ -129,5 +129,11 @@ def test_ticks_missed_while_no_worker_ran_start_only_the_latest_after_a_restart(
     # After the one catch-up tick, every tick on time again, each once.
     assert resumed == list(range(resumed[0], resumed[-1] + 1, EVERY_MS)), resumed
     assert "skipped (catch_up='latest')" in second.log(), second.log()[-3000:]
-    lines = _started_lines(first) + _started_lines(second)
-    assert len(lines) == len(set(lines)) == len(after)
+    # Each run started once: the workers' "started run" lines (written after the run, so
+    # waited for) name every tick read above, none twice (later ticks may have fired since).
+    expected = {keys.scheduled_run_id(scheduleapp.SCHEDULE, t) for t in after}
+    def logged() -> list[str] | None:
+        found = _started_lines(first) + _started_lines(second)
+        return found if expected <= set(found) else None
+    lines = wait_for(logged, 10, "the workers to log every tick's run", c.diagnostics)
+    assert len(lines) == len(set(lines)), lines
