@@ -15,6 +15,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -155,6 +156,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     ended: set[str] = set()
     crashes: list[FaultEvent] = []
     mix = Mix(chaos, profile, random.Random(seed + 26))
+    mix.start_sender()
     begun = time.monotonic()
     # The fault period takes longer than faults x interval (a whole-set MongoDB restart
     # blocks the loop, a loaded machine slows it); twice that is the most it may take.
@@ -182,7 +184,6 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
         live += mix.start_due(specs, (len(injector.events) + 1) / (0.8 * profile.faults))
         time.sleep(rng.expovariate(1 / profile.fault_interval_s))
         _supervise(cluster, crashes)
-        mix.send_due()
         live += mix.collect_ticks(specs)
         live = live or list(specs)
         _maybe_cancel(chaos, rng, live, profile, cancelled)
@@ -206,6 +207,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
     mix.collect_ticks(specs)  # a tick fired by a round that read the schedule before the pause
     _drain(chaos, list(specs), drain_deadline, lambda: _supervise(cluster, crashes))
     _settle_down(injector)
+    cancelled.update(mix.cancelled)
     ledger = read_ledger(cluster.workdir / "ledger")
     time.sleep(1.0)  # a refusal is logged just after its body's ledger line
     logs = [w.log.read_text(errors="replace") for w in cluster.workers]
@@ -248,8 +250,14 @@ class Mix:
                 if events:
                     self.plan.append(events.pop(0))
         self.total = len(self.plan)
-        self.sends: list[tuple[float, str, str, str | None]] = []  # due, run, name, key
+        # due, run, event name (None: cancel the run), key; sent from a thread of their own,
+        # so sends land in the middle of faults (a MongoDB election, a Redis restart)
+        self.sends: list[tuple[float, str, str | None, str | None]] = []
         self.sent: list[dict[str, Any]] = []  # every send, as the checker reads it
+        self.cancelled: dict[str, tuple[int, int]] = {}  # runs the mix cancelled, as _drive's
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.sender = threading.Thread(target=self._sender, name="chaos-sender", daemon=True)
         self.counter = 0
         self.ticks_seen: set[str] = set()
         self.paused_ms: int | None = None
@@ -261,10 +269,25 @@ class Mix:
             waits.insert(self.rng.randint(0, len(waits)), ["late", 1.0])
         return {"kind": "events", "expect": "completed", "order": 2000 + n, "waits": waits}
 
+    def start_sender(self) -> None:
+        self.sender.start()
+
+    def _sender(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.send_due()
+            except Exception as exc:  # reported, never swallowed: its run may never end
+                print(f"chaos: the mix's sender failed: {exc!r}", flush=True)
+            self.stop.wait(0.05)
+
     def start_due(self, specs: dict[str, dict[str, Any]], progress: float) -> list[str]:
         started = []
         while self.plan and self.total - len(self.plan) < min(1.0, progress) * self.total + 1:
-            for spec in self.plan.pop(0):
+            burst = self.plan.pop(0)
+            if len(burst) > 1 and self.rng.random() < 0.5:  # one run of the burst cancelled,
+                burst[self.rng.randrange(len(burst))]["cancel_after_s"] = round(  # queued
+                    self.rng.uniform(0.0, 2.0), 2)                               # or not
+            for spec in burst:
                 workflow = "chaos.awaiter" if spec["kind"] == "events" else "chaos.limited"
                 run_id = str(uuid.uuid4())
                 _as_a_client(lambda w=workflow, s=spec, r=run_id: self.chaos.pikku.start(
@@ -273,8 +296,14 @@ class Mix:
                 started.append(run_id)
                 if spec["kind"] == "events":
                     self._plan_sends(run_id, spec)
-        self.send_due()
+                elif "cancel_after_s" in spec:
+                    self._queue(time.monotonic() + spec["cancel_after_s"], run_id, None, None)
         return started
+
+    def _queue(self, due: float, run_id: str, name: str | None, key: str | None) -> None:
+        with self.lock:
+            self.sends.append((due, run_id, name, key))
+            self.sends.sort(key=lambda s: s[0])
 
     def _plan_sends(self, run_id: str, spec: dict[str, Any]) -> None:
         """One event per wait that has no timeout, in the order of the waits: the first
@@ -288,23 +317,40 @@ class Mix:
             if i > 0 and self.rng.random() < 0.6:
                 due += self.rng.uniform(0.5, 4.0)
             key = f"{run_id[:8]}-{i}" if self.rng.random() < 0.4 else None
-            self.sends.append((due, run_id, name, key))
+            self._queue(due, run_id, name, key)
             if key is not None:  # the same key again, later: delivered once
-                self.sends.append((due + self.rng.uniform(0.0, 3.0), run_id, name, key))
-        self.sends.sort(key=lambda s: s[0])
+                self._queue(due + self.rng.uniform(0.0, 3.0), run_id, name, key)
+        if self.rng.random() < 0.15:  # cancelled while it waits: its later sends are refused
+            spec["cancel_after_s"] = round(self.rng.uniform(0.0, due - now + 1.0), 2)
+            self._queue(now + spec["cancel_after_s"], run_id, None, None)
 
     def send_due(self, everything: bool = False) -> None:
         now = time.monotonic()
-        while self.sends and (everything or self.sends[0][0] <= now):
-            _, run_id, name, key = self.sends.pop(0)
-            self.sent.append(self._send(run_id, name, key))
+        while True:
+            with self.lock:
+                if not self.sends or not (everything or self.sends[0][0] <= now):
+                    return
+                _, run_id, name, key = self.sends.pop(0)
+            if name is None:
+                self._cancel(run_id)
+                continue
+            record = self._send(run_id, name, key)
+            with self.lock:
+                self.sent.append(record)
+
+    def _cancel(self, run_id: str) -> None:
+        before = int(time.time() * 1000)
+        self.cancelled[run_id] = (before, 2**62)  # until it returns, in case it never does
+        _as_a_client(lambda: self.chaos.pikku.cancel(run_id, "chaos mix cancel"))
+        self.cancelled[run_id] = (before, int(time.time() * 1000))
 
     def _send(self, run_id: str, name: str, key: str | None) -> dict[str, Any]:
         """One send, as an application makes it: retried while the store or the broker does
         not answer (a retry of a send without a key may keep the event twice: the record
         says so, ``ambiguous``)."""
-        first = [sent for sent in self.sent if sent["run"] == run_id and sent["key"] == key
-                 and key is not None]
+        with self.lock:
+            first = [sent for sent in self.sent if sent["run"] == run_id and sent["key"] == key
+                     and key is not None]
         self.counter += 1
         record: dict[str, Any] = {
             "run": run_id, "name": name, "key": key,
@@ -341,6 +387,8 @@ class Mix:
         return new
 
     def finish(self, specs: dict[str, dict[str, Any]]) -> None:
+        self.stop.set()
+        self.sender.join()
         self.send_due(everything=True)
         _as_a_client(lambda: self.chaos.pikku.pause_schedule(self.chaos.TICK_SCHEDULE))
         self.paused_ms = int(time.time() * 1000)
