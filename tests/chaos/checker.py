@@ -26,7 +26,13 @@ What must hold:
   already running (claimed before the end) that settles before its step's fence, which
   the ender writes within its own round trips (``ENDED_WINDOW_MS``, plus any MongoDB fault
   in between); and no claim made after the run ended runs its body;
-* a cancelled run's children are cancelled (or had ended before the cancel reached them).
+* a cancelled run's children are cancelled (or had ended before the cancel reached them);
+* issue 26's primitives: every event kept once, in the order sent, a keyed one once; every
+  wait took the first event of its name not taken yet, no event taken by two waits, a
+  completed run's waits one each and its output their payloads; each schedule tick at most
+  one run, under its tick's id, none after the pause; no two runs of one key of the limited
+  workflow at once, admitted in creation order, none left queued, no slot held by an ended
+  run; the transactional step's app collection holds exactly the recorded attempts' writes.
 
 It also checks that the run exercised what it claims to: late writes refused, pauses
 applied, a stale write that landed while the newer attempt still ran.
