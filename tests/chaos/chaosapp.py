@@ -88,10 +88,11 @@ def _once(name: str) -> bool:
     return True
 
 
+STORE = ChaosStore.from_url(ENV.get("CHAOS_MONGO", "mongodb://127.0.0.1/chaos"),
+                           serverSelectionTimeoutMS=3000)
 pikku = PikkuCelery(
     app,
-    store=ChaosStore.from_url(ENV.get("CHAOS_MONGO", "mongodb://127.0.0.1/chaos"),
-                              serverSelectionTimeoutMS=3000),
+    store=STORE,
     leases=RedisLeaseService.from_url(ENV.get("CHAOS_REDIS", "redis://127.0.0.1:6379/0"),
                                       key_prefix=ENV.get("CHAOS_PREFIX", "chaos")),
     step_lease=float(ENV.get("CHAOS_LEASE_S", "2")),
@@ -268,10 +269,12 @@ def book(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
     in a new transaction) in an app collection, in the step's transaction: only the
     attempt whose outcome is recorded may leave its booking."""
     ledger("txn_start", ctx)
-    ctx.session.client[pikku.engine.store.db.name][BOOKINGS].insert_one(
+    session = ctx.session
+    assert session is not None  # a transactional step on MongoDB always has one
+    session.client[STORE.db.name][BOOKINGS].insert_one(
         {"_id": f"{ctx.invocation_id}:{ctx.attempt}", "run": ctx.run_id, "step": ctx.step_name,
          "attempt": ctx.attempt, "pid": os.getpid(), "key": data.get("key")},
-        session=ctx.session)
+        session=session)
     ledger("txn_end", ctx)
     return {"attempt": ctx.attempt, "pid": os.getpid(), "invocation": ctx.invocation_id}
 
