@@ -14,7 +14,7 @@ worker and every restart agree on them (and so on the run id each tick starts):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -82,26 +82,16 @@ class Timing:
 
 
 @dataclass(frozen=True)
-class ScheduleDefinition:
+class ScheduleDefinition(NewSchedule):
     """A schedule as declared (``pikku.schedule``): the same in every process that imports
-    the app module."""
-
-    name: str
-    workflow: str
-    cron: str | None
-    every_ms: int | None
-    tz: str
-    data: Any
-    catch_up: str
+    the app module; its fields are those the store keeps (``NewSchedule``)."""
 
     @property
     def timing(self) -> Timing:
         return Timing(self.cron, self.every_ms, self.tz)
 
     def stored(self) -> NewSchedule:
-        return NewSchedule(name=self.name, workflow=self.workflow, cron=self.cron,
-                           every_ms=self.every_ms, tz=self.tz, data=self.data,
-                           catch_up=self.catch_up)
+        return NewSchedule(**{f.name: getattr(self, f.name) for f in fields(NewSchedule)})
 
 
 def make_schedule(name: Any, workflow: str, *, cron: Any = None, every: Any = None,
