@@ -551,11 +551,11 @@ ROUTES = (
           lambda api, p, q, b: api.start(p["workflow"], b)),
     # Schedules (``_schedules_api``): each action is asked with run_id None.
     Route("schedules", "GET", "api/schedules", READ,
-          lambda api, p, q, b: schedules.list_schedules(api.pikku)),
+          lambda api, p, q, b: schedules.list_schedules(api.pikku, api.caller)),
     Route("pause_schedule", "POST", "api/schedules/<name>/pause", PAUSE_SCHEDULE,
-          lambda api, p, q, b: schedules.pause(api.pikku, p["name"], b)),
+          lambda api, p, q, b: schedules.pause(api.pikku, api.caller, p["name"], b)),
     Route("resume_schedule", "POST", "api/schedules/<name>/resume", RESUME_SCHEDULE,
-          lambda api, p, q, b: schedules.resume(api.pikku, p["name"], b)),
+          lambda api, p, q, b: schedules.resume(api.pikku, api.caller, p["name"], b)),
     Route("trigger_schedule", "POST", "api/schedules/<name>/trigger", TRIGGER_SCHEDULE,
-          lambda api, p, q, b: schedules.trigger(api.pikku, p["name"], b)),
+          lambda api, p, q, b: schedules.trigger(api.pikku, api.caller, p["name"], b)),
 )

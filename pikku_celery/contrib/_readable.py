@@ -1,7 +1,9 @@
 """What a caller may read, for the JSON API (``_api``) and the dashboard's pages
 (``pikku_celery.dashboard._pages``) alike: one run (unknown to a caller whose run filter
-does not keep it), a page of runs, a page narrowed by time and run id prefix, a count.
-Every listed run is also checked on its own with ``read`` (``_access``)."""
+does not keep it), a page of runs, a page narrowed by time and run id prefix, a count, and
+the schedules (those whose runs the caller's filter would keep: it is matched against the
+input a schedule's runs get, its ``data``). Every listed run is also checked on its own
+with ``read`` (``_access``)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from dataclasses import dataclass
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._access import READ, Caller
-from pikku_celery.errors import WorkflowRunNotFoundError
-from pikku_celery.records import WorkflowRun
+from pikku_celery.errors import InvalidInputError, WorkflowRunNotFoundError
+from pikku_celery.records import WorkflowRun, WorkflowSchedule
 from pikku_celery.store.base import run_matches
 
 
@@ -21,6 +23,23 @@ def readable_run(pikku: PikkuCelery, caller: Caller, run_id: str) -> WorkflowRun
     if match is not None and not run_matches(run.input, match):
         raise WorkflowRunNotFoundError(run_id)
     return run
+
+
+def readable_schedules(pikku: PikkuCelery, caller: Caller) -> list[WorkflowSchedule]:
+    """The schedules whose runs the caller's run filter keeps (all without a filter)."""
+    match = caller.match()
+    return [s for s in pikku.list_schedules()
+            if match is None or run_matches(s.data, match)]
+
+
+def readable_schedule(pikku: PikkuCelery, caller: Caller, name: str) -> WorkflowSchedule:
+    """The schedule ``name``; ``InvalidInputError`` ("no schedule named", a 404) for one
+    that is unknown, or whose runs the caller's filter does not keep."""
+    schedule = pikku.get_schedule(name)
+    match = caller.match()
+    if match is not None and not run_matches(schedule.data, match):
+        raise InvalidInputError(f"no schedule named {name!r}")
+    return schedule
 
 
 def readable_page(pikku: PikkuCelery, caller: Caller, *, workflow: str | None,

@@ -1,8 +1,10 @@
 """The JSON API's schedule routes (``_api.ROUTES``), free of any web framework:
 
-- ``GET api/schedules`` (action ``read``, asked with ``run_id`` ``None``): every schedule
-  in the store, by name (``pikku.list_schedules``), each as ``schedule_views.schedule_json``
-  serves it (its record, with ``timing``: ``cron ...`` or ``every ...``);
+- ``GET api/schedules`` (action ``read``, asked with ``run_id`` ``None``): the schedules
+  whose runs the caller's run filter keeps (``_readable``; an unknown name and a hidden one
+  are both a 404 below), by name (``pikku.list_schedules``), each as
+  ``schedule_views.schedule_json`` serves it (its record, with ``timing``: ``cron ...``
+  or ``every ...``);
 - ``POST api/schedules/<name>/pause``, ``/resume`` (``pikku.pause_schedule``,
   ``resume_schedule``): 200 with ``{"paused": bool}`` / ``{"resumed": bool}`` (``false``:
   it already was / was not paused) and the schedule as it is now;
@@ -21,7 +23,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.contrib._access import ApiError
+from pikku_celery.contrib._access import ApiError, Caller
+from pikku_celery.contrib._readable import readable_schedule, readable_schedules
 from pikku_celery.errors import InvalidInputError
 from pikku_celery.records import WorkflowSchedule
 from pikku_celery.schedule_views import schedule_json
@@ -29,14 +32,14 @@ from pikku_celery.schedule_views import schedule_json
 Response = tuple[int, Any]
 
 
-def list_schedules(pikku: PikkuCelery) -> Response:
-    return 200, {"schedules": [schedule_json(s) for s in pikku.list_schedules()]}
+def list_schedules(pikku: PikkuCelery, caller: Caller) -> Response:
+    return 200, {"schedules": [schedule_json(s) for s in readable_schedules(pikku, caller)]}
 
 
-def known(pikku: PikkuCelery, name: str) -> WorkflowSchedule:
-    """The schedule ``name``, or a 404."""
+def known(pikku: PikkuCelery, caller: Caller, name: str) -> WorkflowSchedule:
+    """The schedule ``name``, or a 404 (also for one the caller's run filter hides)."""
     try:
-        return pikku.get_schedule(name)
+        return readable_schedule(pikku, caller, name)
     except InvalidInputError:
         raise ApiError(404, "ScheduleNotFoundError", f"no schedule named {name!r}") from None
 
@@ -47,21 +50,21 @@ def _no_body(body: Any) -> None:
     raise InvalidInputError("the body must be empty or {}: this route takes nothing")
 
 
-def pause(pikku: PikkuCelery, name: str, body: Any) -> Response:
+def pause(pikku: PikkuCelery, caller: Caller, name: str, body: Any) -> Response:
     _no_body(body)
-    known(pikku, name)
+    known(pikku, caller, name)
     paused = pikku.pause_schedule(name)
     return 200, {"paused": paused, "schedule": schedule_json(pikku.get_schedule(name))}
 
 
-def resume(pikku: PikkuCelery, name: str, body: Any) -> Response:
+def resume(pikku: PikkuCelery, caller: Caller, name: str, body: Any) -> Response:
     _no_body(body)
-    known(pikku, name)
+    known(pikku, caller, name)
     resumed = pikku.resume_schedule(name)
     return 200, {"resumed": resumed, "schedule": schedule_json(pikku.get_schedule(name))}
 
 
-def trigger(pikku: PikkuCelery, name: str, body: Any) -> Response:
+def trigger(pikku: PikkuCelery, caller: Caller, name: str, body: Any) -> Response:
     _no_body(body)
-    known(pikku, name)
+    known(pikku, caller, name)
     return 202, {"run_id": pikku.trigger_schedule(name)}

@@ -25,6 +25,7 @@ from pikku_celery.contrib._access import (
     TRIGGER_SCHEDULE,
 )
 from pikku_celery.contrib._json import present
+from pikku_celery.contrib._readable import readable_schedule, readable_schedules
 from pikku_celery.dashboard._pages import ENV, Dashboard, Page, View, segment
 from pikku_celery.errors import InvalidInputError
 from pikku_celery.records import WorkflowSchedule
@@ -66,7 +67,7 @@ def act_on_schedule(board: Dashboard, view: View, name: str, action: str) -> Pag
         check_name("schedule name", name)
         pikku = board.pikku
         try:
-            pikku.get_schedule(name)
+            readable_schedule(pikku, view.caller, name)
         except InvalidInputError:
             return _render(board, view, ScheduleRefusal(name, f"no schedule named {name!r}"),
                            404)
@@ -90,7 +91,7 @@ def _render(board: Dashboard, view: View, refusal: ScheduleRefusal | None = None
             status: int = 200) -> Page:
     rows = [ScheduleRow(s, timing_text(s), state_text(s),
                         present({"data": s.data}, show_tracebacks=False)["data"])
-            for s in board.pikku.list_schedules()]
+            for s in readable_schedules(board.pikku, view.caller)]
     allowed = {action: view.csrf is not None and view.can(action, None)
                for action in SCHEDULE_ACTIONS}
     why_not = None

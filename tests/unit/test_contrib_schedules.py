@@ -107,3 +107,21 @@ def test_queued_runs_are_listed_and_filtered(web: Web) -> None:
     assert [(r["run_id"], r["status"]) for r in listed["runs"]] == [("q-1", "queued")]
     assert web.call("GET", PREFIX + "/runs/q-1")[1]["status"] == "queued"
     assert web.call("GET", PREFIX + "/runs?status=waiting")[0] == 400
+
+
+def test_a_run_filter_hides_the_schedules_whose_runs_it_would_hide(web: Web) -> None:
+    """A caller restricted by PIKKU_RUN_FILTER sees, pauses and triggers only the schedules
+    whose runs (their input, the schedule's data) the filter keeps; another is a 404, and
+    nothing is done to it."""
+    web.pikku.pause_schedule("nightly")  # saved: data {"a": 1, "b": 2}
+    web.pikku.resume_schedule("nightly")
+    with reconfigured(web, RUN_FILTER=lambda request: {"input.a": 2}):
+        assert web.call("GET", PREFIX + "/schedules") == (200, {"schedules": []})
+        for verb in ("pause", "trigger"):
+            status, body = web.call("POST", PREFIX + f"/schedules/nightly/{verb}", {})
+            assert (status, body["error"]) == (404, "ScheduleNotFoundError"), body
+    assert web.pikku.get_schedule("nightly").paused is False
+    assert web.pikku.list_runs() == []
+    with reconfigured(web, RUN_FILTER=lambda request: {"input.a": 1}):
+        status, listed = web.call("GET", PREFIX + "/schedules")
+        assert [s["name"] for s in listed["schedules"]] == ["nightly"]

@@ -190,3 +190,20 @@ def test_queued_runs_are_listed_counted_and_filtered(site: Site) -> None:
     filtered = site.get(f"{BASE}?status=queued")
     assert re.findall(r'<tr data-run-id="([^"]+)"', filtered.text) == ["q-1"]
     assert 'id="run-status">queued<' in site.get(f"{BASE}runs/q-1").text
+
+
+@pytest.mark.parametrize("framework", ["flask", "django"])
+def test_a_run_filter_hides_the_schedules_whose_runs_it_would_hide(framework: str) -> None:
+    """The page lists only the schedules whose runs (their input: the schedule's data) the
+    caller's PIKKU_RUN_FILTER keeps, as the JSON API does."""
+    pikku = with_schedule(make_pikku())  # nightly: data {"a": 1, "b": 2}
+    pikku.schedule("daily", "sum", cron="0 6 * * 1-5", data={"a": 5, "b": 5})
+    for name in ("nightly", "daily"):
+        pikku.get_schedule(name)
+    only_fives = {"PIKKU_RUN_FILTER": lambda request: {"input.a": 5}}
+    site = (flask_site(pikku, **only_fives) if framework == "flask"
+            else django_site(pikku, **only_fives))
+    page = site.get(SCHEDULES)
+    assert page.status == 200, page.text
+    assert 'id="schedule-daily"' in page.text
+    assert 'id="schedule-nightly"' not in page.text
