@@ -91,16 +91,22 @@ class WorkflowDefinition:
 MAX_CONCURRENCY = 10_000
 
 
+def check_concurrency(what: str, value: object) -> int:
+    """A concurrency limit: an int from 1 to ``MAX_CONCURRENCY``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_CONCURRENCY):
+        raise InvalidInputError(f"{what} must be an int from 1 to {MAX_CONCURRENCY}, got "
+                                f"{value!r}")
+    return value
+
+
 def make_workflow(fn: Callable[..., Any], name: str, *, source: str | None = None,
                   concurrency: int | None = None,
                   concurrency_key: Callable[[Any], Any] | None = None) -> WorkflowDefinition:
     """``source`` (default: the function's source) is what the version hash is taken of."""
     check_name("workflow name", name)
-    if concurrency is not None and (isinstance(concurrency, bool)
-                                    or not isinstance(concurrency, int)
-                                    or not 1 <= concurrency <= MAX_CONCURRENCY):
-        raise InvalidInputError(f"workflow {name!r}: concurrency must be an int from 1 to "
-                                f"{MAX_CONCURRENCY}, got {concurrency!r}")
+    if concurrency is not None:
+        check_concurrency(f"workflow {name!r}: concurrency", concurrency)
     if concurrency_key is not None and (concurrency is None or not callable(concurrency_key)):
         raise InvalidInputError(
             f"workflow {name!r}: concurrency_key must be a callable of the run's input, "
@@ -141,6 +147,12 @@ class Registry:
             raise InvalidInputError(f"a schedule named {schedule.name!r} is already "
                                     f"registered with another definition ({known})")
         self.schedules[schedule.name] = schedule
+
+    def concurrency_of(self, workflow: str) -> int | None:
+        """The concurrency limit of ``workflow``: ``None`` for a workflow without one, or
+        one this process does not know (its own workers admit its runs)."""
+        found = self.workflows.get(workflow)
+        return None if found is None else found.concurrency
 
     def workflow(self, name_or_fn: str | Callable[..., Any] | WorkflowDefinition
                  ) -> WorkflowDefinition:

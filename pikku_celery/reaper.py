@@ -56,9 +56,9 @@ class Reaper:
     def sweep(self, dispatcher: Dispatcher) -> dict[str, int]:
         store, s = self.store, self.settings
         now = self.leases.now_ms()
+        admission = Admission(store, self.registry.concurrency_of, self.leases.now_ms)
         counts = {"events": wake_lost_sends(store, dispatcher, now, s.sweep_limit),
-                  "slots": Admission(store, self._limit_of, self.leases.now_ms).sweep(
-                      dispatcher, s.sweep_limit),
+                  "slots": admission.sweep(dispatcher, s.sweep_limit),
                   "lapsed": 0, "due": 0, "stalled": 0}
         lapsed = store.find_lapsed_steps(now, s.sweep_limit,
                                                 after=self._cursor.get("lapsed"))
@@ -99,10 +99,6 @@ class Reaper:
                 dispatcher.wake_run(run_id)  # its wake-up message was lost
                 counts["stalled"] += 1
         return counts
-
-    def _limit_of(self, workflow: str) -> int | None:
-        found = self.registry.workflows.get(workflow)
-        return None if found is None else found.concurrency
 
     def _finish_opening(self, gate: StepState, now: int, dispatcher: Dispatcher) -> None:
         """A gate opened (a decision, an expiry, a resume) whose wake check is due: its

@@ -231,11 +231,7 @@ class Runs:
     @property
     def admission(self) -> Admission:
         """Slots of limited workflows on this store (``pikku_celery.concurrency``)."""
-        return Admission(self.store, self._limit_of, self.now_ms)
-
-    def _limit_of(self, workflow: str) -> int | None:
-        found = self.registry.workflows.get(workflow)
-        return None if found is None else found.concurrency
+        return Admission(self.store, self.registry.concurrency_of, self.now_ms)
 
     def fork(self, run_id: str, from_step: str, new_run_id: str | None = None) -> str:
         """A new run of ``run_id``'s workflow and input that replays the steps it recorded

@@ -13,13 +13,12 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol, runtime_checkable
 
-from pikku_celery.errors import InvalidInputError
+from pikku_celery.definitions import check_concurrency
 from pikku_celery.records import WorkflowRun
 from pikku_celery.validate import check_name
 
 Doc = dict[str, Any]
 _SLOT_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0007")
-MAX_LIMIT = 10_000
 
 
 class SlotField:
@@ -39,13 +38,12 @@ def slot_id(workflow: str, key: str | None) -> str:
     return str(uuid.uuid5(_SLOT_NAMESPACE, f"{len(workflow)}:{workflow}:{tail}"))
 
 
-def check_slot(slot: str, run_id: str, limit: int | None = None) -> None:
+def check_slot(slot: str, run_id: str | None = None, limit: int | None = None) -> None:
     check_name("slot", slot)
-    check_name("run id", run_id)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                              or not 1 <= limit <= MAX_LIMIT):
-        raise InvalidInputError(f"concurrency must be an int from 1 to {MAX_LIMIT}, got "
-                                f"{limit!r}")
+    if run_id is not None:
+        check_name("run id", run_id)
+    if limit is not None:
+        check_concurrency("concurrency", limit)
 
 
 @runtime_checkable

@@ -4,6 +4,8 @@ the in-memory store has no transactions (the test kit runs such a body with no s
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pikku_celery import InMemoryWorkflowStore, WorkflowStepSupersededError
@@ -13,15 +15,21 @@ from tests.contract.test_store import FN, LEASE, T0, add_step, new_run, store
 __all__ = ["store"]  # the fixture, parametrized over every store
 
 
+def _claimed_in_a_transaction(store: WorkflowStore) -> tuple[str, Any, Any]:
+    """A run whose step ``charge`` attempt 1 is claimed, the app's collection, and a
+    transaction open for the step's body."""
+    run_id = new_run(store)
+    add_step(store, run_id)
+    assert store.claim_step(run_id, "charge", FN, T0, LEASE).state is not None
+    return (run_id, store.db["txn_orders"],  # type: ignore[attr-defined]
+            store.step_transaction("charge"))  # type: ignore[attr-defined]
+
+
 def test_the_bodys_writes_commit_with_the_settle(store: WorkflowStore) -> None:
     if isinstance(store, InMemoryWorkflowStore):
         assert not hasattr(store, "step_transaction")
         return
-    run_id = new_run(store)
-    add_step(store, run_id)
-    assert store.claim_step(run_id, "charge", FN, T0, LEASE).state is not None
-    app = store.db["txn_orders"]  # type: ignore[attr-defined]
-    txn = store.step_transaction("charge")  # type: ignore[attr-defined]
+    run_id, app, txn = _claimed_in_a_transaction(store)
     try:
         app.insert_one({"_id": run_id}, session=txn.session)
         settled = txn.settle(run_id, "charge", 1, {"ok": True}, T0 + 1)
@@ -38,11 +46,7 @@ def test_the_bodys_writes_commit_with_the_settle(store: WorkflowStore) -> None:
 def test_a_refused_settle_leaves_no_write(store: WorkflowStore) -> None:
     if isinstance(store, InMemoryWorkflowStore):
         return  # no transactions: the test above says so
-    run_id = new_run(store)
-    add_step(store, run_id)
-    assert store.claim_step(run_id, "charge", FN, T0, LEASE).state is not None
-    app = store.db["txn_orders"]  # type: ignore[attr-defined]
-    txn = store.step_transaction("charge")  # type: ignore[attr-defined]
+    run_id, app, txn = _claimed_in_a_transaction(store)
     try:
         app.insert_one({"_id": run_id}, session=txn.session)
         with pytest.raises(WorkflowStepSupersededError):

@@ -149,8 +149,6 @@ def test_runs_and_show_show_a_scheduled_runs_schedule_and_tick(pikku: PikkuCeler
         "schedule"] == "nightly"
 
 
-@pytest.mark.skipif("queued" not in records.RUN_STATUSES,
-                    reason="the core's queued status (concurrency limits) has not landed")
 def test_a_queued_run_is_listed_and_filtered(pikku: PikkuCelery) -> None:
     store = pikku.engine.store
     store.create_run(NewRun("q-1", "sum", {"a": 1, "b": 1}), now_ms())

@@ -12,7 +12,6 @@ import json
 
 import pytest
 
-from pikku_celery import records
 from pikku_celery.contrib._access import ACTIONS
 from pikku_celery.store.base import NewRun
 from tests.support.operate import now_ms
@@ -95,8 +94,6 @@ def test_a_body_with_fields_is_400_and_a_big_one_413(web: Web, verb: str) -> Non
     assert not any(s.paused for s in web.pikku.list_schedules())
 
 
-@pytest.mark.skipif("queued" not in records.RUN_STATUSES,
-                    reason="the core's queued status (concurrency limits) has not landed")
 def test_queued_runs_are_listed_and_filtered(web: Web) -> None:
     store = web.pikku.engine.store
     store.create_run(NewRun("q-1", "sum", {"a": 1, "b": 1}), now_ms())

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from pikku_celery import records
 from pikku_celery.dashboard import _pages
 from pikku_celery.store.base import NewRun
 from tests.support.operate import now_ms
@@ -174,8 +173,6 @@ def test_csrf_size_and_cross_site_are_checked(site: Site) -> None:
     assert not site.pikku.get_schedule("nightly").paused and site.pikku.list_runs() == []
 
 
-@pytest.mark.skipif("queued" not in records.RUN_STATUSES,
-                    reason="the core's queued status (concurrency limits) has not landed")
 def test_queued_runs_are_listed_counted_and_filtered(site: Site) -> None:
     store = site.pikku.engine.store
     store.create_run(NewRun("q-1", "sum", {"a": 1, "b": 1}), now_ms())

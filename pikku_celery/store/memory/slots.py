@@ -41,7 +41,7 @@ class MemorySlots(MemoryStoreBase):
             return True
 
     def slot_holders(self, slot: str) -> list[str]:
-        check_slot(slot, "-")
+        check_slot(slot)
         with self._lock:
             doc = self._slots.get(slot)
             return list(doc[F.HOLDERS]) if doc else []
@@ -54,7 +54,7 @@ class MemorySlots(MemoryStoreBase):
                      "holders": list(d[F.HOLDERS])} for d in held]
 
     def next_queued(self, slot: str) -> WorkflowRun | None:
-        check_slot(slot, "-")
+        check_slot(slot)
         with self._lock:
             queued = [d for d in self._runs.values()
                       if d.get(R.SLOT) == slot and d[R.STATUS] == RUN_QUEUED]

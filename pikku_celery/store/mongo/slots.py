@@ -40,7 +40,7 @@ class MongoSlots(MongoStoreBase):
         return found.modified_count == 1
 
     def slot_holders(self, slot: str) -> list[str]:
-        check_slot(slot, "-")
+        check_slot(slot)
         doc = self._slots.find_one({F.ID: slot}, projection={F.HOLDERS: 1},
                                    session=self._session)
         return list(doc.get(F.HOLDERS) or []) if doc else []
@@ -53,7 +53,7 @@ class MongoSlots(MongoStoreBase):
                  "holders": list(d.get(F.HOLDERS) or [])} for d in found]
 
     def next_queued(self, slot: str) -> WorkflowRun | None:
-        check_slot(slot, "-")
+        check_slot(slot)
         # (slot, status, created_ms, run_id): the group's queued runs, oldest first.
         found = list(self._runs.find({R.SLOT: slot, R.STATUS: RUN_QUEUED},
                                      session=self._session).sort(
