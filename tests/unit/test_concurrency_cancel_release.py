@@ -53,7 +53,7 @@ def test_a_run_cancelled_while_admitted_frees_its_slot_for_the_next(
         run, _ = store.create_run(NewRun(run_id, "limited", {"i": i}, slot=GROUP), T0 + i)
         assert run.status == RUN_QUEUED
     recorder = Recorder()
-    admission = Admission(_CancelledWhileTaking(store, first),  # type: ignore[arg-type]
+    admission = Admission(_CancelledWhileTaking(store, first),
                           lambda workflow: 1, lambda: T0 + 2)
     assert admission.admit(GROUP, recorder) == [second]
     assert store.get_run(first).status == RUN_CANCELLED  # type: ignore[union-attr]
