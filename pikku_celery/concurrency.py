@@ -25,8 +25,10 @@ from typing import Any
 
 from pikku_celery.definitions import WorkflowDefinition
 from pikku_celery.errors import InvalidInputError
+from pikku_celery.leases.base import LeaseService
 from pikku_celery.protocols import Dispatcher
-from pikku_celery.records import RUN_QUEUED, RUN_RUNNING
+from pikku_celery.records import RUN_QUEUED
+from pikku_celery.reopen import send_reopened
 from pikku_celery.store._slots import slot_id
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.validate import check_name
@@ -40,10 +42,22 @@ class Admission:
     the workflow's limit in this process (``None``: unknown here, or not limited)."""
 
     def __init__(self, store: WorkflowStore, limit_of: Callable[[str], int | None],
-                 now_ms: Callable[[], int]) -> None:
+                 now_ms: Callable[[], int], *, leases: LeaseService | None = None) -> None:
         self.store = store
         self.limit_of = limit_of
         self.now_ms = now_ms
+        self.leases = leases  # frees a reopened step's stale lease (``reopen``)
+
+    def _start(self, run_id: str, dispatcher: Dispatcher) -> bool:
+        """Move the queued run ``run_id``, which holds a slot now, to ``running`` and wake
+        it; a run a retry queued has its steps reopened and sent by the same move."""
+        reopened = self.store.admit_run(run_id, self.now_ms())
+        if reopened is None:
+            return False
+        if reopened and self.leases is not None:
+            send_reopened(self.leases, dispatcher, run_id, reopened)
+        dispatcher.wake_run(run_id)
+        return True
 
     def admit(self, slot: str, dispatcher: Dispatcher) -> list[str]:
         """Take free slots of ``slot`` for its oldest queued runs, move them to
@@ -58,9 +72,7 @@ class Admission:
                 break
             if not self.store.take_slot(slot, run.run_id, limit, workflow=run.workflow):
                 break  # full
-            if self.store.transition_run(run.run_id, [RUN_QUEUED], RUN_RUNNING,
-                                         self.now_ms()):
-                dispatcher.wake_run(run.run_id)
+            if self._start(run.run_id, dispatcher):
                 admitted.append(run.run_id)
             else:
                 # Cancelled while queued (its slot goes back, the next one is tried), or
@@ -91,9 +103,7 @@ class Admission:
                                     "(%s)", group.get("workflow"), holder,
                                     "it never started" if run is None else "it had ended")
                         mended += 1
-                elif run.status == RUN_QUEUED and self.store.transition_run(
-                        holder, [RUN_QUEUED], RUN_RUNNING, self.now_ms()):
-                    dispatcher.wake_run(holder)
+                elif run.status == RUN_QUEUED and self._start(holder, dispatcher):
                     mended += 1
         for slot in self.store.queued_slots(limit):
             mended += len(self.admit(slot, dispatcher))

@@ -47,11 +47,13 @@ def keyed_event_id(run_id: str, key: str) -> str:
     return _derived(EVENT_KEY_NAMESPACE, _FRAMED_EVENT_KEY_NAMESPACE, run_id, f"k:{key}")
 
 
-def event_id(run_id: str, seq: int) -> str:
-    """The ``_id`` of an event sent without a key: its run and its place in the run's
-    order (``seq`` is given out once per run, so no two sends share it; a keyed id is
-    derived from ``k:<key>``, never ``#``)."""
-    return _derived(EVENT_KEY_NAMESPACE, _FRAMED_EVENT_KEY_NAMESPACE, run_id, f"#{seq}")
+def sent_event_id(run_id: str, send_id: str) -> str:
+    """The ``_id`` of an event sent without a key: its run and the id of the one
+    ``send_event`` call that sends it, so the call's retries of its writes (through a
+    primary election, say) land on one document: one event per call (issue 31). Derived
+    from ``s:<send id>``; a keyed id from ``k:<key>``, and the events earlier versions
+    kept without a key from ``#<seq>``: the three never meet."""
+    return _derived(EVENT_KEY_NAMESPACE, _FRAMED_EVENT_KEY_NAMESPACE, run_id, f"s:{send_id}")
 
 
 RUN_END_MARK_PREFIX = "$end:"
@@ -188,9 +190,15 @@ class RunField:
     STATE_VERSION = "state_version"  # how many writes the state map has had
     STATE_WRITERS = "state_writers"  # who made each write, in order: write N is [N - 1]
     EVENTS_SENT = "events_sent"  # how many events were sent to the run: the last ``seq``
+    # The ``_id`` of the event given the last ``seq`` (whose own document may not carry it
+    # yet): written with the counter, in one guarded write (``store.mongo.events``).
+    EVENT_PENDING = "event_pending"
     SCHEDULE = "schedule"  # the schedule whose tick started the run (absent otherwise)
     SCHEDULED = "scheduled_ms"  # that tick
     SLOT = "slot"  # its concurrency slot group (absent for a workflow without a limit)
+    FORKED_FROM = "forked_from"  # the run a fork copied it from (absent otherwise)
+    LINEAGE = "lineage"  # its forks and retries: [{op, at, by, from_step, run_id}, ...]
+    REOPEN = "reopen_on_admit"  # a run a retry queued for a slot: its admission reopens it
 
 
 class StepField:
@@ -221,6 +229,7 @@ class StepField:
     # The run-lease token of the pass that recorded the step (tokens rise with every pass,
     # so a pass finds the steps recorded since its own with ``seq > token``).
     SEQ = "seq"
+    FORKED_FROM = "forked_from"  # a step a fork copied: the run it was copied from
     CREATED = "created_ms"
     UPDATED = "updated_ms"
 
@@ -242,6 +251,9 @@ class HistoryField:
     ENDED = "ended_ms"
     WORKER = "worker"
     TASK_ID = "task_id"
+    # The step's max_attempts while this attempt ran, written into the last attempt before a
+    # retry gives a new budget (the attempts after it ran under the step's current one).
+    MAX_ATTEMPTS = "max_attempts"
 
 
 class VersionField:
@@ -256,12 +268,13 @@ class VersionField:
 
 class EventField:
     """Fields of a ``workflow_events`` document (``_id``: ``keyed_event_id`` or
-    ``event_id``)."""
+    ``sent_event_id``)."""
 
     ID = "_id"
     RUN = "run_id"
     NAME = "name"
-    SEQ = "seq"
+    SEQ = "seq"  # its place in the run's order; null until its send has a place for it
+    SEND = "send_id"  # the call that kept it (a key's repeats are other calls)
     PAYLOAD = "payload"
     KEY = "key"
     SENT = "sent_ms"

@@ -56,7 +56,8 @@ class Reaper:
     def sweep(self, dispatcher: Dispatcher) -> dict[str, int]:
         store, s = self.store, self.settings
         now = self.leases.now_ms()
-        admission = Admission(store, self.registry.concurrency_of, self.leases.now_ms)
+        admission = Admission(store, self.registry.concurrency_of, self.leases.now_ms,
+                              leases=self.leases)
         counts = {"events": wake_lost_sends(store, dispatcher, now, s.sweep_limit),
                   "slots": admission.sweep(dispatcher, s.sweep_limit),
                   "lapsed": 0, "due": 0, "stalled": 0}

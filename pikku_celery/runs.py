@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pikku_celery import keys
@@ -28,10 +29,10 @@ from pikku_celery.records import (
     RUN_SUSPENDED,
     STEP_FAILED,
     STEP_RUNNING,
-    STEP_SUCCEEDED,
     WorkflowRun,
 )
 from pikku_celery.redaction import redact_error
+from pikku_celery.reopen import send_reopened
 from pikku_celery.store.base import NewRun, WorkflowStore
 from pikku_celery.validate import as_stored, check_run_id
 from pikku_celery.views import ALL
@@ -68,10 +69,16 @@ class Runs:
 
     def create_run(self, workflow: Any, data: Any, *, run_id: str | None = None,
                    parent: tuple[str, str] | None = None,
-                   scheduled: tuple[str, int] | None = None) -> tuple[WorkflowRun, bool]:
+                   scheduled: tuple[str, int] | None = None,
+                   forked: tuple[str, Mapping[str, Any]] | None = None,
+                   on_created: Callable[[WorkflowRun], None] | None = None,
+                   ) -> tuple[WorkflowRun, bool]:
         """Create the run (idempotent by ``run_id``). ``parent``: the parent run and step
         of a child run; ``scheduled``: the schedule and tick (epoch ms) that start it,
-        whose run id is derived from them (``keys.scheduled_run_id``), not chosen."""
+        whose run id is derived from them (``keys.scheduled_run_id``), not chosen;
+        ``forked``: a fork's source run and lineage entry (``forks``), written with the
+        run; ``on_created``: called with the run this call inserted, before anything can
+        wake it (a fork copies its steps there)."""
         definition = self.registry.workflow(workflow)
         slot = slot_of(definition, data)
         if scheduled is not None:
@@ -87,7 +94,11 @@ class Runs:
             parent_run_id=parent[0] if parent else None,
             parent_step_name=parent[1] if parent else None,
             schedule=scheduled[0] if scheduled else None,
-            scheduled_ms=scheduled[1] if scheduled else None, slot=slot), now)
+            scheduled_ms=scheduled[1] if scheduled else None, slot=slot,
+            forked_from=forked[0] if forked else None,
+            lineage=(forked[1],) if forked else ()), now)
+        if created and on_created is not None:
+            on_created(run)
         if created:
             self.store.record_version(definition.name, definition.version, definition.source,
                                       now)
@@ -138,7 +149,7 @@ class Runs:
         self.store.cancel_steps(run_id, {
             "type": "WorkflowRunEnded",
             "message": f"run {run_id} ended {status} before this step settled"},
-            self.now_ms())
+            self.now_ms(), while_ended=True)
 
     def _emit_finished(self, run: WorkflowRun, status: str, *, output: Any = None,
                        error: dict[str, Any] | None = None) -> None:
@@ -173,7 +184,7 @@ class Runs:
             self.dispatcher.wake_run(run_id)
         children = [s.child_run_id for s in self.store.list_steps(run_id)
                     if s.child_run_id and s.status == STEP_RUNNING]
-        self.store.cancel_steps(run_id, error, self.now_ms())
+        self.store.cancel_steps(run_id, error, self.now_ms(), while_ended=True)
         for child_run_id in children:
             child = self.store.get_run(child_run_id)
             if child is not None and not child.is_terminal:
@@ -186,85 +197,48 @@ class Runs:
 
     # --- children -------------------------------------------------------------------------
 
-    def retry(self, run_id: str) -> bool:
+    def retry(self, run_id: str, *, by: str | None = None) -> bool:
         """Run a failed or cancelled run again from where it stopped: ``False`` (nothing
         done) for a run in any other status. Its child runs that failed or were cancelled
         are retried first, so each is live again before its parent's step waits on it (a
         child that ends meanwhile is heard by the parent's next pass, ``ensure_child``);
-        then the run itself (``store.retry_run``), the message of every reopened step of a
-        function, and a pass."""
+        then the run itself (``store.retry_run``, which records the retry and ``by`` in its
+        lineage), the message of every reopened step of a function, and a pass.
+
+        A run of a limited workflow goes back to ``queued`` and is admitted like a start:
+        at once when its group has a free slot, else first in, first out (it is older
+        than the runs queued since). Its slot is taken only once it is queued, never while
+        it is still ended: a reaper's sweep between the two would give back a slot held by
+        an ended run, and the run would then run holding none beside another (issue 31,
+        defect 3). Its admission reopens its steps (``store.admit_run``)."""
         run = get_run(self.store, run_id)
         if run.status not in (RUN_FAILED, RUN_CANCELLED):
             return False
         for state in self.store.list_steps(run_id):
             if (state.child_run_id is not None and state.status == STEP_FAILED
                     and state.due_at is None):
-                self.retry(state.child_run_id)
-        if not self._retry_slot(run):
-            return False
-        reopened = self.store.retry_run(run_id, self.now_ms())
+                self.retry(state.child_run_id, by=by)
+        if run.slot is not None:
+            if self.store.retry_run(run_id, self.now_ms(), queued=True, by=by) is None:
+                return False  # it changed meanwhile (retried, or resumed, by someone else)
+            admitted = run_id in self.admission.admit(run.slot, self.dispatcher)
+            log.info("pikku: run %s of %s retried: %s", run_id, run.workflow,
+                     "admitted" if admitted else "queued for a slot of its group")
+            return True
+        reopened = self.store.retry_run(run_id, self.now_ms(), by=by)
         if reopened is None:
-            if run.slot is not None:
-                self.store.give_slot(run.slot, run_id)
             return False  # it changed meanwhile (retried, or resumed, by someone else)
-        for state in reopened:
-            if state.function is not None and state.child_run_id is None:
-                self._free_step_lease(run_id, state.step_name)
-                self.dispatcher.dispatch_step(state.function, run_id, state.step_name)
+        send_reopened(self.leases, self.dispatcher, run_id, reopened)
         self.dispatcher.wake_run(run_id)
         log.info("pikku: run %s of %s retried: %d step(s) reopened", run_id, run.workflow,
                  len(reopened))
         return True
 
-    def _retry_slot(self, run: WorkflowRun) -> bool:
-        """A retried run of a limited workflow runs again only with a slot of its group
-        (taken now, ahead of the queue: it was admitted once); ``False`` when full."""
-        limit = self.admission.limit_of(run.workflow)
-        if run.slot is None or limit is None:
-            return True
-        if self.store.take_slot(run.slot, run.run_id, limit, workflow=run.workflow):
-            return True
-        log.info("pikku: run %s of %s not retried: its concurrency group is full (%d "
-                 "running); retry it again later", run.run_id, run.workflow, limit)
-        return False
-
     @property
     def admission(self) -> Admission:
         """Slots of limited workflows on this store (``pikku_celery.concurrency``)."""
-        return Admission(self.store, self.registry.concurrency_of, self.now_ms)
-
-    def fork(self, run_id: str, from_step: str, new_run_id: str | None = None) -> str:
-        """A new run of ``run_id``'s workflow and input that replays the steps it recorded
-        before ``from_step`` (those that succeeded: their results are copied) and runs the
-        rest afresh, ``from_step`` included; ``new_run_id``: its id (idempotent, as
-        ``start``'s). Returns the new run's id. ``InvalidInputError`` naming the run's
-        steps when it recorded no ``from_step``."""
-        source = get_run(self.store, run_id)
-        steps = self.store.list_steps(run_id)  # in the order they were recorded
-        names = [s.step_name for s in steps]
-        if from_step not in names:
-            shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
-            raise InvalidInputError(f"run {run_id} recorded no step {from_step!r} to fork "
-                                    f"from; its steps: {shown or 'none'}")
-        kept = [s for s in steps[:names.index(from_step)] if s.status == STEP_SUCCEEDED]
-        run, _ = self.create_run(source.workflow, source.input, run_id=new_run_id)
-        # Copied before the run's first pass is asked for (a repeated fork copies nothing
-        # twice: a step the run has is kept).
-        self.store.insert_replayed_steps(run.run_id, kept, self.now_ms(), source_run_id=run_id)
-        if not run.is_terminal:
-            self.dispatcher.wake_run(run.run_id)
-        log.info("pikku: run %s forked from %s at step %r (%d step(s) replayed)", run.run_id,
-                 run_id, from_step, len(kept))
-        return run.run_id
-
-    def _free_step_lease(self, run_id: str, step_name: str) -> None:
-        """A step settled for good keeps its Redis lease until it lapses (a command saved
-        per step, ``claims``): a reopened step's claim would find it held. Freed by its
-        own holder and token; a body still running under it (fenced by a cancel) is told
-        at its next renewal, and its writes are refused as ever."""
-        current = self.leases.get(keys.step_lease_key(run_id, step_name))
-        if current is not None:
-            self.leases.release(current)
+        return Admission(self.store, self.registry.concurrency_of, self.now_ms,
+                         leases=self.leases)
 
     def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
         """Settle the parent's step with a finished child's outcome, and wake the parent."""

@@ -48,6 +48,10 @@ class NewRun:
     scheduled_ms: int | None = None
     # A limited workflow's slot group: the run is created ``queued`` in it (``concurrency``).
     slot: str | None = None
+    # A fork's source run and its lineage entry (``forks``): written in the insert that
+    # creates the run, so a repeat of the fork recognizes its own run exactly.
+    forked_from: str | None = None
+    lineage: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,14 +114,17 @@ class EventStore(Protocol):
     """The events part of the store contract (``store._events``)."""
 
     def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
-                   key: str | None = None, wake_check_ms: int | None = None
-                   ) -> tuple[WorkflowEvent, bool]:
+                   key: str | None = None, wake_check_ms: int | None = None,
+                   send_id: str | None = None) -> tuple[WorkflowEvent, bool]:
         """Keep an event for the live run ``run_id``, next in the run's order; returns it
-        and whether this call wrote it (``False``: an event with the same ``key`` was sent
+        and whether this send wrote it (``False``: an event with the same ``key`` was sent
         before, and that one is returned). ``WorkflowRunNotFoundError`` for an unknown run,
-        ``WorkflowEventError`` for an ended one: nothing is written. ``wake_check_ms``: when
+        ``WorkflowEventError`` for an ended one: no event is kept. ``wake_check_ms``: when
         the reaper should wake the run (``find_event_wakes``) unless the sender does first
-        and says so (``clear_event_wake``)."""
+        and says so (``clear_event_wake``). ``send_id``: the sender's id of this one send
+        (a new one per call when not given); a call repeated with it after an error
+        keeps the event once, as a repeated ``key`` does. A transient error says what the
+        store knew of the event (``_events.mark_unsent``)."""
         ...
 
     def next_event(self, run_id: str, name: str, taken: Collection[int] = ()
@@ -172,13 +179,28 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, Protocol):
         status as of that write (``None`` for an unknown run): one round trip."""
         ...
 
-    def retry_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+    def retry_run(self, run_id: str, now_ms: int, *, queued: bool = False,
+                  by: str | None = None) -> list[StepState] | None:
         """Bring a ``failed`` or ``cancelled`` run back to ``running`` (its output, error and
-        cancel reason cleared), then reopen every step its end left failed for good
+        cancel reason cleared, the retry appended to its ``lineage`` with ``by``), then
+        remove MongoDB's end mark, then reopen every step its end left failed for good
         (``store._retry``): the run goes live *before* any of its steps can be claimed
-        again (``store._ended``), and MongoDB's end mark goes after that. Returns the
-        steps reopened; ``None`` (nothing written) when the run is not failed or
-        cancelled."""
+        again, and the mark goes before any step is reopened, so a fence of the end that
+        lands later refuses itself (``cancel_steps(while_ended=True)``, ``store._ended``).
+        Returns the steps reopened; ``None`` (nothing written) when the run is not failed
+        or cancelled.
+
+        ``queued``: a run of a limited workflow goes back to ``queued`` instead, holding
+        no slot and with its steps left as they are: its admission (``admit_run``)
+        reopens them. A slot is never taken for a run that is not live, so no sweep can
+        see it held by an ended run and give it back (issue 31, defect 3)."""
+        ...
+
+    def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        """Move a ``queued`` run to ``running`` (its admission, once a slot is held for it)
+        and, for a run a retry queued, reopen its steps as ``retry_run`` does. Returns the
+        steps reopened (none for a run never started); ``None`` (nothing written) when the
+        run is not queued (cancelled meanwhile, or admitted by another)."""
         ...
 
     def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
@@ -204,6 +226,12 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, Protocol):
         page starts after ``(created_before_ms, before_run_id)`` of the last run seen.
         ``match`` keeps only the runs whose input has those values (``check_run_match``):
         part of the query, so a page holds ``limit`` matching runs."""
+        ...
+
+    def list_forks(self, run_id: str, limit: int = 50) -> list[WorkflowRun]:
+        """The runs forked from ``run_id`` (``WorkflowRun.forked_from``), oldest first, at
+        most ``limit`` (1 to 1000): a run's page links to its forks as a fork's links to
+        its source."""
         ...
 
     # --- steps ------------------------------------------------------------------------
@@ -362,13 +390,20 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, Protocol):
         the check being the one read, so a newer one is kept."""
         ...
 
-    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
+    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int, *,
+                     while_ended: bool = False) -> int:
         """Fence every unsettled step of an ended run (cancelled, or completed/failed with
         steps left behind): fail it with ``error`` and spend its attempts, so in-flight
         writes and renewals of its attempt are refused (its body is told at its next
         heartbeat). Callers write the run's end *first*: a step claimed after this read
         its steps fences itself (``claim_step``). Each step is one write guarded on what
-        was read: a step that settled since keeps its outcome."""
+        was read: a step that settled since keeps its outcome.
+
+        ``while_ended``: each write is also guarded on the end still standing (MongoDB:
+        the end's mark, in the same ordered command; the in-memory store: the run's
+        status, under its lock). A retry that revived the run between the end and its
+        fence removed the mark before it reopened a step, so the fence never fails for
+        good what the retry reopened (issue 31, defect 4). The engine always passes it."""
         ...
 
     # --- history ----------------------------------------------------------------------

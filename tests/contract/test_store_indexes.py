@@ -164,6 +164,10 @@ def _exercise(store: MongoWorkflowStore) -> None:
                          LEASE, seq=99, worker="w")
     # A retry of a failed run (run-0002 failed; see _populate): its failed steps reopened.
     store.retry_run("run-0002", late)
+    # A retry of a limited run: queued first, then admitted (its steps reopened then).
+    store.transition_run("run-0002", ["running"], "failed", late)
+    store.retry_run("run-0002", late, queued=True)
+    store.admit_run("run-0002", late)
     # Its settle and the next step's claim, one command.
     store.settle_and_claim_new("run-0001", "c", 1, {"ok": 1}, late + 1,
                                NewStep(run_id="run-0001", step_name="d", function="f"), LEASE,
@@ -184,6 +188,8 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.settle_waiting_step("run-0013", "gate", late, result={"ok": 1}, gate=True, by="x")
     store.clear_wake_check("run-0003", "gate", T0 + 30 + 60_000)
     store.cancel_steps("run-0053", {"type": "Cancelled", "message": "c"}, late)
+    store.cancel_steps("run-0053", {"type": "Cancelled", "message": "c"}, late,
+                       while_ended=True)
     # Events: sends (with a key, and its retry), a wait's next event, a run's events, the
     # wake sweep and its end.
     sent, _ = store.send_event(one, "paid", {"n": 1}, late, wake_check_ms=late)

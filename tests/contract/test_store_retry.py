@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pikku_celery import keys
+from pikku_celery.errors import InvalidInputError
 from pikku_celery.records import RUN_CANCELLED, RUN_FAILED, RUN_RUNNING
 from pikku_celery.store.base import NewStep, WorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
@@ -105,6 +106,64 @@ def test_the_end_mark_goes_with_a_retry(store: WorkflowStore) -> None:
     claimed = store.claim_new_step(NewStep(run_id=run_id, step_name="after", function=FN),
                                    T0 + 3, LEASE)
     assert claimed.state is not None and claimed.run_status is None
+
+
+def test_a_retry_is_recorded_in_the_runs_lineage(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_FAILED, T0 + 1)
+    assert store.retry_run(run_id, T0 + 2, by="ops@example.com") == []
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_CANCELLED, T0 + 3)
+    assert store.retry_run(run_id, T0 + 4) == []
+    doc_lineage = [(e.op, e.by) for e in store.get_run(run_id).lineage]  # type: ignore[union-attr]
+    assert doc_lineage == [("retry", "ops@example.com"), ("retry", None)]
+    with pytest.raises(InvalidInputError, match="retried by"):
+        store.retry_run(run_id, T0 + 5, by="x" * 201)
+
+
+def test_a_queued_retry_touches_no_step_until_its_admission(store: WorkflowStore) -> None:
+    """A run of a limited workflow retried: ``queued`` first, holding no slot and with its
+    steps as its end left them (nothing can be claimed: the end's mark stays); its admission
+    moves it to ``running`` and reopens them as a retry does (issue 31, defect 3)."""
+    run_id = new_run(store)
+    add_step(store, run_id, "boom", retries=0)
+    assert store.claim_step(run_id, "boom", FN, T0, LEASE).state is not None
+    store.set_error(run_id, "boom", 1, {"type": "E", "message": "m"}, T0 + 1, final=True)
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_FAILED, T0 + 2)
+    before = store.list_steps(run_id)
+
+    assert store.retry_run(run_id, T0 + 3, queued=True) == []
+    assert store.get_run(run_id).status == "queued"  # type: ignore[union-attr]
+    assert store.list_steps(run_id) == before
+    assert store.claim_step(run_id, "boom", FN, T0 + 4, LEASE).state is None
+    assert store.retry_run(run_id, T0 + 4, queued=True) is None  # not ended now
+
+    reopened = store.admit_run(run_id, T0 + 5)
+    assert reopened is not None and [s.step_name for s in reopened] == ["boom"]
+    assert store.get_run(run_id).status == RUN_RUNNING  # type: ignore[union-attr]
+    assert store.admit_run(run_id, T0 + 6) is None  # not queued: nothing written
+    assert store.claim_step(run_id, "boom", FN, T0 + 7, LEASE).state.attempt == 2  # type: ignore[union-attr]
+
+
+def test_admitting_a_run_never_started_reopens_nothing(store: WorkflowStore) -> None:
+    run_id = new_run(store)
+    assert store.transition_run(run_id, [RUN_RUNNING], "queued", T0 + 1)
+    assert store.admit_run(run_id, T0 + 2) == []
+    assert store.get_run(run_id).status == RUN_RUNNING  # type: ignore[union-attr]
+
+
+def test_a_fence_while_ended_leaves_what_a_retry_reopened(store: WorkflowStore) -> None:
+    """``cancel_steps(while_ended=True)`` fences only while the end stands: after a retry
+    revived the run it fences nothing (issue 31, defect 4); before, it fences as ever."""
+    run_id = new_run(store)
+    add_step(store, run_id, "waiting")
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_CANCELLED, T0 + 1)
+    error = {"type": "WorkflowCancelledError", "message": "x"}
+    assert store.cancel_steps(run_id, error, T0 + 2, while_ended=True) == 1
+    assert store.retry_run(run_id, T0 + 3) is not None
+    reopened = store.get_step(run_id, "waiting")
+    assert reopened is not None and reopened.due_at is not None  # due again
+    assert store.cancel_steps(run_id, error, T0 + 4, while_ended=True) == 0
+    assert store.get_step(run_id, "waiting") == reopened
 
 
 def test_replayed_steps_are_copied_as_succeeded_once(store: WorkflowStore) -> None:

@@ -91,13 +91,23 @@ def test_a_failed_or_cancelled_run_frees_its_slot(pikku: PikkuCelery, kit: Inlin
 
 
 def test_a_retried_run_takes_a_slot_or_waits(pikku: PikkuCelery, kit: InlineKit) -> None:
+    """A retry queues the run like a start: admitted at once with a free slot, else first
+    in, first out (it is older than the runs queued after it), never holding a slot
+    while it is still failed (issue 31, defect 3)."""
     failed = pikku.start("two_at_once", {"order": "f", "fail": True})
     running = [pikku.start("two_at_once", {"order": str(i)}) for i in range(2)]
-    assert not pikku.retry(failed)  # both slots taken: not retried, nothing changed
-    assert _status(pikku, failed) == "failed"
-    pikku.send_event(running[0], "done")
-    assert pikku.retry(failed) and _status(pikku, failed) == "failed"  # it fails again
-    assert pikku.engine.store.slot_holders(slot_id("two_at_once", None)) == [running[1]]
+    later = pikku.start("two_at_once", {"order": "later"})
+    assert _status(pikku, later) == "queued"
+    assert pikku.retry(failed)  # both slots taken: it waits for one, queued
+    assert _status(pikku, failed) == "queued"
+    slot = slot_id("two_at_once", None)
+    assert sorted(pikku.engine.store.slot_holders(slot)) == sorted(running)
+    pikku.send_event(running[0], "done")  # a slot frees: the retried run, created first
+    assert _status(pikku, failed) == "failed"  # admitted, ran again, failed again
+    assert _status(pikku, later) == "suspended"  # its end freed the slot for the next
+    assert sorted(pikku.engine.store.slot_holders(slot)) == sorted([running[1], later])
+    history = [(h.step_name, h.attempt) for h in pikku.get_history(failed)]
+    assert history == []  # the body failed before any step: nothing recorded twice
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -13,7 +13,9 @@ from pikku_celery.keys import StepField as S
 from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_FAILED,
+    RUN_QUEUED,
     RUN_RUNNING,
+    RUN_TERMINAL,
     STEP_FAILED,
     STEP_RUNNING,
     StepState,
@@ -80,20 +82,36 @@ class MemoryRuns(MemoryStoreBase):
                 doc[R.CANCEL_REASON] = cancel_reason
             return True
 
-    def retry_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+    def retry_run(self, run_id: str, now_ms: int, *, queued: bool = False,
+                  by: str | None = None) -> list[StepState] | None:
         check_name("run id", run_id)
+        entry = _retry.retry_entry(now_ms, by)
         with self._lock:
             doc = self._runs.get(run_id)
             if doc is None or doc[R.STATUS] not in (RUN_FAILED, RUN_CANCELLED):
                 return None
-            doc.update({R.STATUS: RUN_RUNNING, R.OUTPUT: None, R.ERROR: None,
-                        R.CANCEL_REASON: None, R.UPDATED: now_ms})
-            reopened = []
-            for step in self._run_steps(run_id):
-                if step[S.STATUS] == STEP_FAILED and step[S.DUE] is None:
-                    _docs.apply_set(step, copy.deepcopy(_retry.reopened(step, now_ms)["$set"]))
-                    reopened.append(_docs.step_from_doc(copy.deepcopy(step)))
-            return reopened
+            doc.update(_retry.revived_fields(now_ms, queued=queued))
+            doc[R.LINEAGE] = [*(doc.get(R.LINEAGE) or ()), entry]
+            return [] if queued else self._reopen_steps(run_id, now_ms)
+
+    def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        check_name("run id", run_id)
+        with self._lock:
+            doc = self._runs.get(run_id)
+            if doc is None or doc[R.STATUS] != RUN_QUEUED:
+                return None
+            doc.update({R.STATUS: RUN_RUNNING, R.UPDATED: now_ms})
+            return self._reopen_steps(run_id, now_ms) if doc.pop(R.REOPEN, None) else []
+
+    def _reopen_steps(self, run_id: str, now_ms: int) -> list[StepState]:
+        """Under the lock: the steps of a run just made live again that its end left
+        failed for good."""
+        reopened = []
+        for step in self._run_steps(run_id):
+            if step[S.STATUS] == STEP_FAILED and step[S.DUE] is None:
+                _docs.apply_set(step, copy.deepcopy(_retry.reopened(step, now_ms)["$set"]))
+                reopened.append(_docs.step_from_doc(copy.deepcopy(step)))
+        return reopened
 
     def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
                         version: int, now_ms: int) -> WorkflowRun | None:
@@ -118,9 +136,13 @@ class MemoryRuns(MemoryStoreBase):
             doc[R.UPDATED] = max(doc[R.UPDATED], now_ms)
             return str(doc[R.STATUS])
 
-    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
+    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int, *,
+                     while_ended: bool = False) -> int:
         check_name("run id", run_id)
         with self._lock:
+            run = self._runs.get(run_id)
+            if while_ended and (run is None or run[R.STATUS] not in RUN_TERMINAL):
+                return 0  # the end was undone (a retry) before its fence: nothing to fence
             docs = [d for d in self._run_steps(run_id) if _ended.is_unsettled(d)]
             for doc in docs:
                 # A running attempt's entry is closed; a failed attempt waiting for its

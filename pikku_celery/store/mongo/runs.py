@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from pymongo import ReturnDocument
-from pymongo.errors import DuplicateKeyError
+from pymongo import ReturnDocument, UpdateOne
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from pikku_celery import keys
 from pikku_celery.keys import RunField as R
@@ -16,6 +16,7 @@ from pikku_celery.keys import VersionField as V
 from pikku_celery.records import (
     RUN_CANCELLED,
     RUN_FAILED,
+    RUN_QUEUED,
     RUN_RUNNING,
     RUN_TERMINAL,
     STEP_FAILED,
@@ -28,7 +29,7 @@ from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_run, check_run_end, run_conflict
 from pikku_celery.store.base import NewRun, RunRead
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
-from pikku_celery.store.mongo.errors import storable
+from pikku_celery.store.mongo.errors import IMMUTABLE_FIELD, storable
 from pikku_celery.validate import check_name, check_state_write
 
 
@@ -95,16 +96,32 @@ class MongoRuns(MongoStoreBase):
                 session=self._session)
         return found.matched_count == 1
 
-    def retry_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+    def retry_run(self, run_id: str, now_ms: int, *, queued: bool = False,
+                  by: str | None = None) -> list[StepState] | None:
         check_name("run id", run_id)
         found = self._runs.update_one(
             {R.ID: run_id, R.STATUS: {"$in": [RUN_FAILED, RUN_CANCELLED]}},
-            {"$set": {R.STATUS: RUN_RUNNING, R.OUTPUT: None, R.ERROR: None,
-                      R.CANCEL_REASON: None, R.UPDATED: now_ms}}, session=self._session)
+            {"$set": _retry.revived_fields(now_ms, queued=queued),
+             "$push": {R.LINEAGE: _retry.retry_entry(now_ms, by)}}, session=self._session)
         if found.matched_count == 0:
             return None
+        return [] if queued else self._reopen_steps(run_id, now_ms)
+
+    def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        check_name("run id", run_id)
+        before = self._runs.find_one_and_update(
+            {R.ID: run_id, R.STATUS: RUN_QUEUED},
+            {"$set": {R.STATUS: RUN_RUNNING, R.UPDATED: now_ms}, "$unset": {R.REOPEN: ""}},
+            projection={R.REOPEN: 1}, session=self._session)
+        if before is None:
+            return None
+        return self._reopen_steps(run_id, now_ms) if before.get(R.REOPEN) else []
+
+    def _reopen_steps(self, run_id: str, now_ms: int) -> list[StepState]:
+        """The steps of a run just made live again that its end left failed for good."""
         # Live first, then the end's mark goes: a step run in place meanwhile saw the mark
-        # and read the run (live), or sees neither.
+        # and read the run (live), or sees neither. The mark goes before any step is
+        # reopened: a fence of the end that lands after this refuses itself.
         self._steps.delete_one({S.ID: keys.run_end_mark_id(run_id)}, session=self._session)
         reopened = []
         for doc in self._steps.find({S.RUN: run_id, S.STATUS: STEP_FAILED, S.DUE: None},
@@ -144,9 +161,16 @@ class MongoRuns(MongoStoreBase):
                                              session=self._session)
         return None if doc is None else str(doc[R.STATUS])
 
-    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int) -> int:
+    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int, *,
+                     while_ended: bool = False) -> int:
         check_name("run id", run_id)
         fenced = 0
+        # With ``while_ended``, each fence is the second statement of an ordered command
+        # whose first matches the end's mark and fails without it (an upsert that would
+        # change ``_id``): a retry that removed the mark stops the fence before it writes.
+        end_standing = [UpdateOne({S.ID: keys.run_end_mark_id(run_id)},
+                                  {"$setOnInsert": {S.ID: {"never": "inserted"}}},
+                                  upsert=True)] if while_ended else []
         # Only what the guard repeats (a projection built per call: drivers may keep it).
         read = {S.ATTEMPT: 1, S.STATUS: 1, S.DUE: 1}
         for doc in self._steps.find({S.RUN: run_id, **_ended.UNSETTLED}, read,
@@ -162,8 +186,19 @@ class MongoRuns(MongoStoreBase):
                           S.DUE: doc.get(S.DUE)}
             fields = _ended.fence_fields(doc[S.ATTEMPT], error, now_ms,
                                          running=doc[S.STATUS] == STEP_RUNNING)
-            fenced += self._steps.update_one(guard, {"$set": fields},
-                                             session=self._session).matched_count
+            if not end_standing:
+                fenced += self._steps.update_one(guard, {"$set": fields},
+                                                 session=self._session).matched_count
+                continue
+            try:
+                fenced += self._steps.bulk_write(
+                    [*end_standing, UpdateOne(guard, {"$set": fields})], ordered=True,
+                    session=self._session).matched_count - 1
+            except BulkWriteError as exc:
+                codes = [e.get("code") for e in exc.details.get("writeErrors") or ()]
+                if codes != [IMMUTABLE_FIELD]:
+                    raise
+                return fenced  # the end was undone (a retry): nothing more is fenced
         return fenced
 
     # --- versions ---------------------------------------------------------------------
