@@ -56,3 +56,28 @@ def test_a_refused_settle_leaves_no_write(store: WorkflowStore) -> None:
     assert app.find_one({"_id": run_id}) is None
     step = store.get_step(run_id, "charge")
     assert step is not None and (step.status, step.attempt) == ("running", 1)
+
+
+def test_the_settle_is_the_transactions_own_write(store: WorkflowStore) -> None:
+    """The settle is written in the transaction's session (issue 31, a surviving mutant):
+    nobody sees it before the commit, and an aborted transaction takes it back with the
+    body's writes. Written beside the session, it would commit alone: a commit that then
+    failed would leave a recorded success without the writes it stands for."""
+    if isinstance(store, InMemoryWorkflowStore):
+        return  # no transactions: the first test says so
+    run_id, app, txn = _claimed_in_a_transaction(store)
+    try:
+        app.insert_one({"_id": run_id}, session=txn.session)
+        settled = txn.settle(run_id, "charge", 1, {"ok": True}, T0 + 1)
+        assert settled.status == "succeeded"  # as the transaction sees it
+        outside = store.get_step(run_id, "charge")
+        assert outside is not None and (outside.status, outside.result) == ("running", None)
+        txn.abort()
+    finally:
+        txn.close()
+    assert app.find_one({"_id": run_id}) is None
+    step = store.get_step(run_id, "charge")
+    assert step is not None and (step.status, step.attempt) == ("running", 1)
+    # The attempt still owns its step: its settle, made again, lands.
+    again = store.set_result(run_id, "charge", 1, {"ok": True}, T0 + 2)
+    assert (again.status, again.attempt) == ("succeeded", 1)

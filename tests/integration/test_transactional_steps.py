@@ -1,15 +1,14 @@
-"""Transactional steps on the real MongoDB replica set (issue 26, item 4), run by the inline
-engine: the body's writes with ``ctx.session`` commit with the step's settle; a body that
-fails leaves no write, and its retry's writes stand; an attempt superseded or cancelled
-while its body runs leaves none of its writes; a transient transaction error runs the body
-again; a standalone server is refused by name. (The SIGSTOP case on real workers is in
-test_transactional_workers.py.)"""
+"""Transactional steps on a MongoDB of their own (issue 26, item 4): a standalone server is
+refused by name, and the docs example runs as written on the replica set and Redis. The
+inline engine's cases on the session's replica set (the body's writes commit with the
+settle; a failed body, a superseded or cancelled attempt, a failed or unknown commit leave
+no write) are in the fast tier, tests/unit/test_transactional_fast.py; the SIGSTOP case on
+real workers is in test_transactional_workers.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,14 +18,11 @@ from typing import Any
 import pymongo
 import pytest
 from celery import Celery
-from pymongo.errors import OperationFailure
 
 from pikku_celery import (
     InMemoryLeaseService,
-    InvalidInputError,
     MongoWorkflowStore,
     PikkuCelery,
-    WorkflowStepSupersededError,
 )
 from pikku_celery.inline import run_inline
 from tests.conftest import REDIS_URL
@@ -79,94 +75,6 @@ class Shop:
 
     def close(self) -> None:
         self.store.db.client.close()
-
-
-@pytest.fixture
-def shop(database: tuple[str, str]) -> Iterator[Shop]:
-    made = Shop(*database)
-    yield made
-    made.close()
-
-
-def test_the_bodys_writes_commit_with_the_settle(shop: Shop) -> None:
-    run = run_inline(shop.pikku.engine, shop.start("o-1"))
-    assert run.status == "completed" and run.output == {"placed": "o-1", "attempt": 1}
-    assert shop.written() == [("o-1", 1)]
-
-
-def test_a_failed_body_leaves_no_write_and_its_retry_commits(shop: Shop) -> None:
-    def fail_first(ctx: Any) -> None:
-        if ctx.attempt == 1:
-            raise ConnectionError("the card service is down")
-    shop.during = fail_first
-    run = run_inline(shop.pikku.engine, shop.start("o-2"))
-    assert run.status == "completed", run
-    assert shop.written() == [("o-2", 2)]  # attempt 1's insert rolled back
-    statuses = [(a.attempt, a.status) for a in shop.pikku.get_history(run.run_id)]
-    assert statuses == [(1, "failed"), (2, "succeeded")]
-
-
-def test_an_attempt_superseded_while_its_body_runs_leaves_no_write(shop: Shop) -> None:
-    seen: list[str] = []
-
-    def reclaimed_meanwhile(ctx: Any) -> None:
-        if ctx.attempt != 1:
-            return
-        # Another worker reclaims the step (its lease "lapsed"): a write outside the
-        # transaction, from another thread, as another process's would be.
-        def reclaim() -> None:
-            later = shop.pikku.engine.now_ms() + 10 * 60_000
-            claimed = shop.store.claim_step(ctx.run_id, ctx.step_name, "txn.place", later,
-                                            60_000)
-            seen.append(f"reclaimed as {claimed.state.attempt}" if claimed.state else "no")
-        thread = threading.Thread(target=reclaim)
-        thread.start()
-        thread.join(30)
-    shop.during = reclaimed_meanwhile
-    run_id = shop.start("o-3")
-    with pytest.raises(WorkflowStepSupersededError, match=r"superseded by attempt 2"):
-        run_inline(shop.pikku.engine, run_id)
-    assert seen == ["reclaimed as 2"]
-    assert shop.written() == []  # attempt 1's insert rolled back; attempt 2 has not run
-    step = shop.pikku.get_steps(run_id)[0]
-    assert (step.status, step.attempt) == ("running", 2)
-
-
-def test_an_attempt_cancelled_while_its_body_runs_leaves_no_write(shop: Shop) -> None:
-    def cancelled_meanwhile(ctx: Any) -> None:
-        thread = threading.Thread(target=lambda: shop.pikku.cancel(ctx.run_id, "no"))
-        thread.start()
-        thread.join(30)
-    shop.during = cancelled_meanwhile
-    run_id = shop.start("o-4")
-    with pytest.raises(WorkflowStepSupersededError, match=r"attempt 1 was fenced"):
-        run_inline(shop.pikku.engine, run_id)
-    assert shop.written() == []
-    assert shop.pikku.get_run(run_id).status == "cancelled"
-
-
-def test_a_transient_transaction_error_runs_the_body_again(shop: Shop) -> None:
-    tries: list[int] = []
-
-    def conflict_once(ctx: Any) -> None:
-        tries.append(ctx.attempt)
-        if len(tries) == 1:
-            raise OperationFailure("WriteConflict", code=112,
-                                   details={"errorLabels": ["TransientTransactionError"],
-                                            "code": 112, "errmsg": "WriteConflict"})
-    shop.during = conflict_once
-    run = run_inline(shop.pikku.engine, shop.start("o-5"))
-    assert run.status == "completed", run
-    assert tries == [1, 1]  # the same attempt, twice: no attempt spent on a conflict
-    assert shop.written() == [("o-5", 1)]
-
-
-def test_transactional_needs_bind() -> None:
-    pikku = PikkuCelery(Celery(f"txn-{uuid.uuid4().hex[:8]}", broker="memory://"))
-    with pytest.raises(InvalidInputError, match="transactional=True needs bind=True"):
-        @pikku.step(name="txn.unbound", transactional=True)
-        def unbound(data: Any) -> None:
-            return None
 
 
 def test_a_standalone_server_is_refused_by_name(tmp_path: Path) -> None:
