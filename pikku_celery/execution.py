@@ -285,6 +285,13 @@ class StepExecution:
         delivery itself, whose task already reported) is ``not_claimed``: nothing runs and
         nothing is reported. One read, on this rare path only."""
         state = self.store.get_step(run_id, step_name)
+        if state is not None and state.status == STEP_FAILED and state.due_at is not None:
+            # A retry not due yet on the lease service's clock, which the claim reads
+            # exactly: its timer fired on this process's estimate of that clock, which a
+            # stalled round trip can put ahead. Arm it again, or only a reaper sweep would
+            # send the retry (an inline run has none: it waited forever).
+            dispatcher.arm_timer(run_id, step_name, round(state.due_at.timestamp() * 1000))
+            return StepOutcome("not_claimed")
         settled = state is not None and (state.status == STEP_SUCCEEDED or (
             state.status == STEP_FAILED and state.due_at is None))
         if (settled and state is not None and task_id is not None
