@@ -11,6 +11,7 @@ import logging
 import time
 
 from pikku_celery.definitions import Registry, StepDefinition
+from pikku_celery.leases.hold import HeldLease
 from pikku_celery.protocols import Dispatcher, PendingSettle, StepRunner
 from pikku_celery.records import STEP_PENDING, StepState
 from pikku_celery.store._concerns import restart_deadline
@@ -36,6 +37,17 @@ class InPlace:
         # The last step run in place, when it succeeded: its settle goes with the next
         # step's claim, or alone before any other write (``settle``).
         self.pending: PendingSettle | None = None
+        # The run lease the passes hold (set once it is held): a streak stops at the next
+        # step once it is known lost (``lease_lost``).
+        self.lease: HeldLease | None = None
+
+    @property
+    def lease_lost(self) -> bool:
+        """Whether the run lease is known lost: a renewal was refused, or none was
+        confirmed before its local deadline. Another pass may hold the run then, so no
+        further step runs here (its body would run beside that pass's); without this
+        check a streak went on until it handed the lease back."""
+        return self.lease is not None and self.lease.is_lost
 
     def allows(self) -> bool:
         return self._left > 0 and time.monotonic() < self._until

@@ -152,6 +152,8 @@ class Passes:
         """Pass until no mark is left (``advance``), holding the lease ``got``."""
         ttl_ms = self.settings.run_lease_ms
         with hold_granted(self.leases, got, ttl_ms, requested) as held:
+            if in_place is not None:
+                in_place.lease = held
             while True:
                 # Every MongoDB call of a pass ends within the run lease: the lease is
                 # renewed while the pass runs, so a call stuck on a primary that stopped
@@ -429,6 +431,8 @@ class _PassHost(EventWrites):
                 self._pending, step_name, self._passes.registry, self._dispatcher)) is None:
             return None
         step, definition = chosen
+        if in_place.lease_lost:  # the streak stops here: the pass ends, its caller wakes
+            raise PassInterrupted() from LeaseLostError(keys.run_lease_key(step.run_id))
         self._pending = []
         try:
             ran = in_place.run(definition, step, self._token, self._dispatcher)

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import pytest
 from celery import Celery
 
-from pikku_celery import InMemoryLeaseService, PikkuCelery
+from pikku_celery import InMemoryLeaseService, LeaseLostError, PikkuCelery, keys
+from pikku_celery.leases.hold import _RENEWALS
 from pikku_celery.store.memory import InMemoryWorkflowStore
 
 FAR = 10 ** 13  # a time past every lease: a claim then reclaims as the reaper would
@@ -168,3 +170,42 @@ def test_in_place_steps_bounds_a_streak() -> None:
     assert pikku.get_run(run_id).output == 21
     # s0-s2 in the start's pass, s3 sent; its task runs it and s4-s6 in place.
     assert worker.sent == ["s3"]
+
+
+def test_a_streak_stops_at_the_next_step_once_its_run_lease_is_known_lost() -> None:
+    """Issue 31 (d): while ``s0`` runs in place, another holder takes the run lease and the
+    pass's renewal is refused. No later step of the streak runs here (its body would run
+    beside the new holder's pass): the call ends with ``LeaseLostError`` after writing
+    ``s0``'s settle, and the run goes on from it once the run is free."""
+    pikku, _, worker = _app()
+    leases = pikku.engine.leases
+    key = keys.run_lease_key("ip-lost")
+    ran: list[str] = []
+
+    @pikku.step(name="ip.note")
+    def note(name: str) -> str:
+        ran.append(name)
+        if name == "s0":
+            held = leases.get(key)
+            assert held is not None and leases.release(held)
+            assert leases.acquire(key, "another-pass", 60_000) is not None
+            renewing = [h for h in _RENEWALS._held.values() if h.key == key]
+            assert len(renewing) == 1
+            renewing[0].renew_once()  # the renewal thread's next turn: refused
+            assert renewing[0].lost.is_set()
+        return name
+
+    @pikku.workflow("ip.notes")
+    def notes(wf: Any, data: Any) -> list[str]:
+        return [wf.do(f"s{i}", note, f"s{i}") for i in range(3)]
+
+    run_id = pikku.start("ip.notes", None, run_id="ip-lost")
+    with pytest.raises(LeaseLostError):
+        worker.drain()
+    assert ran == ["s0"]  # s1 was reached, never run here
+    assert [(s.step_name, s.status) for s in pikku.get_steps(run_id)] == [("s0", "succeeded")]
+    thief = leases.get(key)
+    assert thief is not None and leases.release(thief)
+    worker.queue.append(("run", run_id, None))
+    worker.drain()
+    assert pikku.get_run(run_id).output == ["s0", "s1", "s2"] and ran == ["s0", "s1", "s2"]
