@@ -159,6 +159,25 @@ class WorkflowEventError(PikkuError):
         self._message = f"event {name!r} for run {run_id} refused: {reason}"
 
 
+class WorkflowEventNotSentError(PikkuError):
+    """A send could not reach the store: its writes kept failing (a MongoDB primary
+    election that outlasted the send's retries, an outage) until its deadline passed.
+
+    ``may_be_kept`` says what the caller can do: ``False``, none of the send's writes
+    reached the store, and sending again delivers the event once; ``True``, one may have
+    (its answer was lost), and the event may be in the run: an unkeyed send repeated can
+    then deliver it twice, a keyed one never does (send it again with the same key)."""
+
+    def __init__(self, run_id: str, name: str, may_be_kept: bool, reason: str):
+        self.run_id = run_id
+        self.name = name
+        self.may_be_kept = may_be_kept
+        self.reason = reason
+        super().__init__(run_id, name, may_be_kept, reason)
+        kept = ("it may have been kept" if may_be_kept else "nothing was kept")
+        self._message = f"event {name!r} for run {run_id} not sent ({kept}): {reason}"
+
+
 class WorkflowReplayError(PikkuError):
     """A replay met a recorded step that the workflow code no longer reaches the same way."""
 

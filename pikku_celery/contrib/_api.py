@@ -84,6 +84,7 @@ from pikku_celery.errors import (
     PikkuConfigurationError,
     WorkflowApprovalError,
     WorkflowEventError,
+    WorkflowEventNotSentError,
     WorkflowNotFoundError,
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
@@ -247,6 +248,11 @@ def handle(call: Callable[[], Response]) -> Response:
         # approver does not fit the gate), or an event sent to a run that has ended;
         # nothing was recorded.
         return 409, {"error": type(exc).__name__, "message": str(exc)}
+    except WorkflowEventNotSentError as exc:
+        # The store kept failing through the send's retries; the message says whether the
+        # event may have been kept (it names the run and the event, never the server).
+        return 503, {"error": type(exc).__name__, "message": str(exc),
+                     "may_be_kept": exc.may_be_kept}
     except InvalidInputError as exc:
         # Only pikku's own: the message describes the caller's input. Any other ValueError
         # (a driver refusing a configured URL, a bad setting) is the server's, and its
@@ -440,7 +446,8 @@ class RunsApi:
 
     def send_event(self, run_id: str, name: str, body: Any) -> Response:
         """``pikku.send_event``: the body's ``payload`` (default ``null``) under the
-        optional idempotency ``key``; 409 for a run that has ended."""
+        optional idempotency ``key``; 409 for a run that has ended, 503 when the store
+        kept failing (``may_be_kept`` says whether the event may be in the run)."""
         what = "an optional 'payload' and an optional 'key'"
         fields = _fields(body, allowed=("payload", "key"), what=what)
         key = fields.get("key")

@@ -91,6 +91,7 @@ from pikku_celery.errors import (
     PikkuConfigurationError,
     WorkflowApprovalError,
     WorkflowEventError,
+    WorkflowEventNotSentError,
     WorkflowNotFoundError,
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
@@ -292,7 +293,8 @@ class Dashboard:
     def send_event(self, view: View, run_id: str, form: Mapping[str, str]) -> Page:
         """The Send event form's POST (authorized for ``send_event`` and CSRF-checked by
         the adapter): ``pikku.send_event``; a refusal (a payload that is not JSON, a bad
-        name or key, a run that has ended) re-renders the run page with the reason."""
+        name or key, a run that has ended, a store that kept failing) re-renders the run
+        page with the reason."""
         def send() -> Page:
             check_name("run id", run_id)
             readable_run(self.pikku, view.caller, run_id)
@@ -300,8 +302,11 @@ class Dashboard:
             try:
                 self.pikku.send_event(run_id, typed.name, typed.value(),
                                       key=typed.key or None)
-            except (InvalidInputError, WorkflowEventError) as exc:
-                status = 409 if isinstance(exc, WorkflowEventError) else 400
+            except (InvalidInputError, WorkflowEventError, WorkflowEventNotSentError) as exc:
+                # Not sent: the store kept failing, and the reason says whether the event
+                # may have been kept (a key makes sending it again safe).
+                status = (409 if isinstance(exc, WorkflowEventError) else
+                          503 if isinstance(exc, WorkflowEventNotSentError) else 400)
                 return self._run(view, run_id, status=status,
                                  event_refusal=EventRefusal(str(exc), typed))
             return _back(view, run_id, "event-sent")

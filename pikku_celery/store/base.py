@@ -116,15 +116,12 @@ class EventStore(Protocol):
     def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
                    key: str | None = None, wake_check_ms: int | None = None,
                    send_id: str | None = None) -> tuple[WorkflowEvent, bool]:
-        """Keep an event for the live run ``run_id``, next in the run's order; returns it
-        and whether this send wrote it (``False``: an event with the same ``key`` was sent
-        before, and that one is returned). ``WorkflowRunNotFoundError`` for an unknown run,
-        ``WorkflowEventError`` for an ended one: no event is kept. ``wake_check_ms``: when
-        the reaper should wake the run (``find_event_wakes``) unless the sender does first
-        and says so (``clear_event_wake``). ``send_id``: the sender's id of this one send
-        (a new one per call when not given); a call repeated with it after an error
-        keeps the event once, as a repeated ``key`` does. A transient error says what the
-        store knew of the event (``_events.mark_unsent``)."""
+        """Keep an event for the live run ``run_id``, next in its order; returns it and
+        whether this send wrote it (``False``: ``key``'s earlier send did). Unknown run:
+        ``WorkflowRunNotFoundError``, ended: ``WorkflowEventError``, nothing kept.
+        ``wake_check_ms``: when the reaper wakes the run (``find_event_wakes``) unless the
+        sender does (``clear_event_wake``). ``send_id`` names the one send (a call repeated
+        with it keeps one event; ``store._events``)."""
         ...
 
     def next_event(self, run_id: str, name: str, taken: Collection[int] = ()

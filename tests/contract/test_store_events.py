@@ -1,7 +1,8 @@
 """Events on every store (issue 26, item 1): a send keeps an event next in its run's order
-only while the run is live; a key makes a send idempotent; ``next_event`` gives the first
-event of a name not taken yet; a send's wake check is found when due and ended once; a
-purge deletes a run's events with it."""
+only while the run is live; a key makes a send idempotent, and so does a send's own
+``send_id`` for its retries (issue 31); ``next_event`` gives the first event of a name not
+taken yet; a send's wake check is found when due and ended once; a purge deletes a run's
+events with it. Sends racing each other and the run's end: ``test_store_event_order``."""
 
 from __future__ import annotations
 
@@ -48,6 +49,23 @@ def test_a_key_lands_a_retried_send_on_the_first(store: WorkflowStore) -> None:
     # The same key on another run is another event.
     elsewhere, created_elsewhere = store.send_event(new_run(store), "paid", 9, T0, key="pay-1")
     assert created_elsewhere and elsewhere.payload == 9
+
+
+def test_a_send_repeated_with_its_send_id_keeps_one_event(store: WorkflowStore) -> None:
+    """A call's retry after an error whose outcome it could not know (issue 31)."""
+    run_id = new_run(store)
+    first, created = store.send_event(run_id, "paid", 1, T0, send_id="call-1")
+    again, created_again = store.send_event(run_id, "paid", 1, T0 + 5, send_id="call-1")
+    assert created and created_again  # the same send: it wrote it
+    assert again == first and first.seq == 1
+    other, _ = store.send_event(run_id, "paid", 1, T0 + 6)  # another call: another event
+    assert other.seq == 2 and other.event_id != first.event_id
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_COMPLETED, T0 + 7)
+    # Kept while the run was live: its retry after the end returns it, and keeps nothing.
+    assert store.send_event(run_id, "paid", 1, T0 + 8, send_id="call-1")[0] == first
+    with pytest.raises(WorkflowEventError):
+        store.send_event(run_id, "paid", 1, T0 + 8, send_id="call-2")
+    assert [e.seq for e in store.list_events(run_id)] == [1, 2]
 
 
 def test_an_unknown_or_ended_run_keeps_nothing(store: WorkflowStore) -> None:

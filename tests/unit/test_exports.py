@@ -17,6 +17,7 @@ EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "Workflow
           "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku",
           "hold_lease", "PikkuConfigurationError", "WorkflowApprovalError", "with_state",
           "WorkflowEvent", "WorkflowEventError",  # issue 26: events
+          "WorkflowEventNotSentError",  # issue 31: a send that could not reach the store
           "WorkflowSchedule",  # issue 26: schedules
           "internal_task_names"}  # issue 25: pikku's own task names, per app
 

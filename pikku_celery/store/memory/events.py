@@ -7,7 +7,6 @@ import copy
 from collections.abc import Collection
 from typing import Any
 
-from pikku_celery import keys
 from pikku_celery.errors import WorkflowEventError, WorkflowRunNotFoundError
 from pikku_celery.keys import EventField as E
 from pikku_celery.keys import RunField as R
@@ -19,21 +18,25 @@ from pikku_celery.validate import as_stored, check_name
 
 class MemoryEvents(MemoryStoreBase):
     def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
-                   key: str | None = None, wake_check_ms: int | None = None
-                   ) -> tuple[WorkflowEvent, bool]:
-        _events.check_send(run_id, name, payload, key)
+                   key: str | None = None, wake_check_ms: int | None = None,
+                   send_id: str | None = None) -> tuple[WorkflowEvent, bool]:
+        # Under the lock, the run's counter and the event's document are one write: the
+        # reference for the MongoDB store's three (``store.mongo.events``).
+        _events.check_send(run_id, name, payload, key, send_id)
+        send_id = send_id or _events.new_send_id()
         with self._lock:
-            if key is not None and (sent := self._events.get(
-                    keys.keyed_event_id(run_id, key))) is not None:
-                return _events.event_from_doc(copy.deepcopy(sent)), False
+            sent = self._events.get(_events.event_doc_id(run_id, key, send_id))
+            if sent is not None:  # this call's earlier try, or its key's first send
+                return (_events.event_from_doc(copy.deepcopy(sent)),
+                        _events.created_by(sent, send_id))
             run = self._runs.get(run_id)
             if run is None:
                 raise WorkflowRunNotFoundError(run_id)
             if run[R.STATUS] not in RUN_LIVE:
                 raise WorkflowEventError(run_id, name, f"the run has ended ({run[R.STATUS]})")
-            run[R.EVENTS_SENT] = seq = run.get(R.EVENTS_SENT, 0) + 1
-            doc = _events.new_event_doc(run_id, name, as_stored(payload), key, seq, now_ms,
-                                        wake_check_ms)
+            run[R.EVENTS_SENT] = seq = (run.get(R.EVENTS_SENT) or 0) + 1
+            doc = _events.new_event_doc(run_id, name, as_stored(payload), key, send_id,
+                                        now_ms, wake_check_ms, seq)
             self._events[doc[E.ID]] = doc
             return _events.event_from_doc(copy.deepcopy(doc)), True
 

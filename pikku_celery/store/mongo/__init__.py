@@ -42,8 +42,10 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
 ``workflow_versions``  ``_id`` ``<workflow>:<version>``, ``workflow``, ``version``,
                     ``source``, ``created_ms``; first writer wins (insert, duplicate ignored).
 ``workflow_events``  ``_id`` (derived from the run and the sender's key, or the run and the
-                    event's ``seq``: ``keys.keyed_event_id``, ``keys.event_id``), ``run_id``,
-                    ``name``, ``seq`` (the run's ``events_sent`` counter when it was sent),
+                    sending call's id: ``keys.keyed_event_id``, ``keys.sent_event_id``),
+                    ``run_id``, ``name``, ``seq`` (the run's ``events_sent`` counter when it
+                    was kept; null until then: the run's ``event_pending`` names the event
+                    given the latest, ``store.mongo.events``), ``send_id``,
                     ``payload``, ``key``, ``sent_ms``, ``wake_ms`` (when the reaper wakes the
                     run should the sender stop before it did; null once it has). Indexes:
                     ``(run_id, name, seq)`` for the next event a wait takes, ``(run_id, seq)``
