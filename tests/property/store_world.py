@@ -21,12 +21,14 @@ changes nothing, a live owner is never robbed, nothing records an outcome on an 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery
+from pymongo.errors import BulkWriteError
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery, keys
 from pikku_celery.claims import Claimed, Claimer, NotClaimed
@@ -107,6 +109,14 @@ class Steps:
         self.captured.append((guard, update))
         return _NotYet()
 
+    def bulk_write(self, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        """A fence guarded on the end still standing is an ordered command of two
+        statements (``cancel_steps(while_ended=True)``): captured whole, sent later whole."""
+        if not self.capturing:
+            return self._inner.bulk_write(requests, *args, **kwargs)
+        self.captured.append((list(requests), None))
+        return _NotYetBulk()
+
     def find_one(self, *args: Any, **kwargs: Any) -> Any:
         doc = self._inner.find_one(*args, **kwargs)
         hook, self.after_read = self.after_read, None
@@ -117,6 +127,10 @@ class Steps:
 
 class _NotYet:
     matched_count = 0  # what ``cancel_steps`` counts; the write is sent later
+
+
+class _NotYetBulk:
+    matched_count = 1  # the end's mark matched; the fence itself is sent later
 
 
 class Violation(AssertionError):
@@ -144,11 +158,12 @@ class World:
             store._steps = self.steps_seam  # type: ignore[assignment]
             original = store.cancel_steps
 
-            def cancel_steps(run_id: str, error: dict[str, Any], now_ms: int) -> int:
+            def cancel_steps(run_id: str, error: dict[str, Any], now_ms: int,
+                             **options: Any) -> int:
                 assert self.steps_seam is not None
                 self.steps_seam.capturing = True
                 try:
-                    return original(run_id, error, now_ms)
+                    return original(run_id, error, now_ms, **options)
                 finally:
                     self.steps_seam.capturing = False
 
@@ -387,7 +402,13 @@ class World:
         if self.steps_seam is not None:
             captured, self.steps_seam.captured = self.steps_seam.captured, []
             for guard, update in captured:
-                self.steps_seam._inner.update_one(guard, update)
+                if update is not None:
+                    self.steps_seam._inner.update_one(guard, update)
+                    continue
+                # The fence and the end's mark it is guarded on, in order; without the
+                # mark (the end was undone meanwhile) the fence writes nothing.
+                with contextlib.suppress(BulkWriteError):
+                    self.steps_seam._inner.bulk_write(guard, ordered=True)
         self._ended_if_done()
 
     def _ended_if_done(self) -> None:
