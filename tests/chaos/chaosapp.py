@@ -296,3 +296,21 @@ def limited(wf: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
 
 pikku.schedule(TICK_SCHEDULE, "chaos.ticked", every=ENV.get("CHAOS_TICK_EVERY", "2s"),
                catch_up="latest")
+
+
+# --- issue 31: retry and fork in the mix ------------------------------------------------------
+
+
+@pikku.workflow("chaos.approver")
+def approver(wf: WorkflowContext, spec: dict[str, Any]) -> dict[str, Any]:
+    """Waits for an approval the driver gives during the faults (some runs are cancelled
+    while they wait, then retried: the reopened gate must wait for the driver's decision
+    again); returns the decision."""
+    ledger("pass", None, run=wf.run_id)
+    try:
+        wf.do("before", work, {"kind": "ok", "order": spec.get("order", -1)})
+        decision = wf.approval("go")
+        wf.do("after", work, {"kind": "ok", "order": spec.get("order", -1)})
+        return {"decision": decision}
+    finally:
+        ledger("pass_end", None, run=wf.run_id)

@@ -32,7 +32,14 @@ What must hold:
   completed run's waits one each and its output their payloads; each schedule tick at most
   one run, under its tick's id, none after the pause; no two runs of one key of the limited
   workflow at once, admitted in creation order, none left queued, no slot held by an ended
-  run; the transactional step's app collection holds exactly the recorded attempts' writes.
+  run; the transactional step's app collection holds exactly the recorded attempts' writes;
+* issue 31's operations (``tests.chaos.composed``): each send kept exactly once, key or no
+  key; a retried run's history intact, nothing run between an end and its retry, no fence
+  of an undone end failing what the retry reopened; a reopened wait waited (an event wait
+  until its own expiry, an approval for the driver's decision); no key over its limit at
+  any sampled moment, a retried limited run's lives apart from the others'; a fork a new
+  run that names its source, copied only what it may, changed neither its source nor any
+  other run, and its waits took its own first events.
 
 It also checks that the run exercised what it claims to: late writes refused, pauses
 applied, a stale write that landed while the newer attempt still ran.
@@ -50,6 +57,7 @@ from typing import Any
 
 from pikku_celery import keys
 from pikku_celery.store._docs import written_entries
+from tests.chaos.composed import Operations, check_operations, revived
 from tests.chaos.faults import FaultEvent
 
 WORKER_FUNCTIONS = ("chaos.work", "chaos.compensate", "chaos.big")
@@ -118,6 +126,8 @@ class Report:
     ticks: Counter[str] = field(default_factory=Counter)
     limited: Counter[str] = field(default_factory=Counter)
     bookings: Counter[str] = field(default_factory=Counter)
+    # issue 31: retries, forks and approvals (``tests.chaos.composed``)
+    operations: Counter[str] = field(default_factory=Counter)
 
     def recovery_summary(self, values: list[float] | None = None) -> str:
         values = sorted(self.recovery_s if values is None else values)
@@ -167,6 +177,7 @@ class Report:
             "schedule ticks: " + _counts(self.ticks),
             "concurrency-limited runs: " + _counts(self.limited),
             "transactional bookings: " + _counts(self.bookings),
+            "retries and forks: " + _counts(self.operations),
             f"mongod rollbacks {self.rollbacks} (unacknowledged operations undone: "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.rolled_back.items())) or "none")
             + ")",
@@ -196,6 +207,9 @@ class Evidence:
     skew_ms: dict[int, int] = field(default_factory=dict)
     # run id -> the driver's wall clock (epoch ms) just before and after it cancelled it
     cancels: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # run id -> (the driver's wall clock before each retry that ran it again, the run's
+    # end that retry undid), epoch ms
+    retried: dict[str, list[tuple[int, int | None]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         by_invocation: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -242,13 +256,19 @@ def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
           require_fence: bool = False,
           cancel_times: dict[str, tuple[int, int]] | None = None,
           sent_events: list[dict[str, Any]] | None = None,
-          schedule: dict[str, Any] | None = None) -> Report:
+          schedule: dict[str, Any] | None = None,
+          operations: Operations | None = None) -> Report:
     report = Report(runs=len(specs), executions=sum(e["event"] == "start" for e in ledger))
+    # A run retried after its last cancel must end as its spec says.
+    cancelled = {r for r in cancelled if not revived(r, cancel_times or {}, operations)}
     report.faults_not_applied = list(not_applied or [])
     db = pikku.engine.store.db
     steps, history = load_raw(db, specs)
     evidence = Evidence(steps, history, ledger, refused_writes(logs), faults, alive_pids,
-                        wall_offset_s, cancels=dict(cancel_times or {}))
+                        wall_offset_s, cancels=dict(cancel_times or {}),
+                        retried={r: [(c["before"], c.get("end_ms"))
+                                     for c in operations.done_retries(r)]
+                                 for r in operations.retries} if operations else {})
     by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry in ledger:
         if "run" in entry:
@@ -261,6 +281,8 @@ def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
         _check_schedule(db, specs, schedule, report)
     _check_limited(db, specs, evidence, report)
     _check_bookings(db, specs, evidence, report)
+    if operations is not None:
+        check_operations(db, specs, operations, dict(cancel_times or {}), evidence, report)
     _ran_twice(ledger, report)
     _recovery(ledger, faults, recovery_bound_s, report)
     _pass_recovery(ledger, faults, pass_bound_s, report)
@@ -398,6 +420,8 @@ def _check_step(doc: Doc, entries: dict[int, Doc], ev: Evidence, report: Report)
     if len(succeeded) > 1:
         report.double_recorded += 1
         report.violations.append(f"{where}: attempts {succeeded} all recorded succeeded")
+    if doc.get("forked_from"):  # a fork's copy: no body of this run made it (composed.py)
+        return
     if doc.get("function") in WORKER_FUNCTIONS:
         _check_bodies(doc, entries, ev, where, report)
         if status == "succeeded":
@@ -439,6 +463,9 @@ def _check_reason(doc: Doc, attempt: int, entries: dict[int, Doc], ev: Evidence,
     if previous is None:
         return  # reported as a missing entry
     error = previous.get("error") or {}
+    if error.get("type") in CANCEL_ERRORS and ev.retried.get(doc["run_id"]):
+        report.attempts_by_reason["the run's end, then a retry"] += 1
+        return
     if error.get("type") != LEASE_EXPIRED:
         report.attempts_by_reason["body failed"] += 1
         return
@@ -877,14 +904,18 @@ def _check_kept(where: str, kept: list[Doc], by_seq: dict[int, Doc],
         if len(seqs) > 1 or len(docs) > 1:
             report.violations.append(f"{where}: keyed event {key!r} delivered more than once "
                                      f"(sends returned seqs {sorted(seqs)}, kept {len(docs)})")
-    for name in {r["name"] for r in sent}:
-        unkeyed = [r for r in sent if r["name"] == name and not r["key"]]
-        sent_ok = sum(r["seq"] is not None for r in unkeyed)
-        leeway = sum(r["ambiguous"] for r in unkeyed)
-        n_kept = sum(d["name"] == name and not d.get("key") for d in kept)
-        if not sent_ok <= n_kept <= sent_ok + leeway:
-            report.violations.append(f"{where}: {sent_ok} sends of {name!r} without a key "
-                                     f"returned, the store kept {n_kept}")
+    # Kept once, strictly, key or no key: a send is one event per call (its retries inside
+    # the call), and the driver re-sends after a failed call only what was not kept.
+    kept_n = Counter((d.get("payload") or {}).get("n") for d in kept)
+    for n in {r["n"] for r in sent}:
+        mine = [r for r in sent if r["n"] == n]
+        returned = any(r["seq"] is not None for r in mine)
+        unknown = not returned and any(r["outcome"].startswith("gave up") for r in mine)
+        if kept_n[n] > 1 or (returned and kept_n[n] != 1) or (
+                not returned and not unknown and kept_n[n]):
+            report.violations.append(
+                f"{where}: the send n={n} ({mine[0]['name']!r}, key {mine[0]['key']!r}; "
+                f"{', '.join(r['outcome'] for r in mine)}) was kept {kept_n[n]} times")
 
 
 def _check_waits(where: str, kept: list[Doc], by_seq: dict[int, Doc], steps: list[Doc],
@@ -901,17 +932,13 @@ def _check_waits(where: str, kept: list[Doc], by_seq: dict[int, Doc], steps: lis
         took: list[int] = []
         for reach in sorted(reached):
             doc = reached[reach]
-            result = doc.get("result") if doc["status"] == "succeeded" else None
-            if not isinstance(result, dict):
+            result = _wait_result(where, doc, report)
+            if result is None:
                 continue
             if result.get("timed_out"):
                 _timed_out(where, doc, [by_seq[q] for q in of_name[len(took):]], report)
                 continue
-            seq = result.get("seq")
-            if not isinstance(seq, int):
-                report.violations.append(f"{where}: wait {doc['step_name']!r} settled with "
-                                         f"{result}: no event, no timeout")
-                continue
+            seq = result["seq"]
             if seq in taken_by:
                 report.violations.append(f"{where}: event seq {seq} taken by two waits "
                                          f"({taken_by[seq]!r} and {doc['step_name']!r})")
@@ -931,6 +958,21 @@ def _check_waits(where: str, kept: list[Doc], by_seq: dict[int, Doc], steps: lis
             report.violations.append(f"{where}: the waits of {name!r} took seqs {took}, not "
                                      f"the first events sent ({of_name})")
     return waits
+
+
+def _wait_result(where: str, doc: Doc, report: Report) -> dict[str, Any] | None:
+    """A settled wait's result when it is the run's own (a fork's copy is its source's
+    event, checked there) and names an event or a timeout; ``None`` otherwise (a wait
+    that settled with neither is flagged: a default taken with no timeout passed)."""
+    result = doc.get("result")
+    if doc["status"] != "succeeded" or doc.get("forked_from"):
+        return None
+    if not isinstance(result, dict) or not (
+            result.get("timed_out") or isinstance(result.get("seq"), int)):
+        report.violations.append(f"{where}: wait {doc['step_name']!r} settled with "
+                                 f"{result!r}: no event, no timeout")
+        return None
+    return result
 
 
 def _timed_out(where: str, doc: Doc, untaken: list[Doc], report: Report) -> None:
@@ -1032,7 +1074,10 @@ def _check_limited(db: Any, specs: dict[str, dict[str, Any]], ev: Evidence,
     outcomes were recorded of two runs of a key never overlap (the runs that were not
     cancelled: a cancel frees the slot while a body may still run, in the window the
     ended-run check bounds); a key's runs started in the order they were created; no run
-    of a key was left queued, and at the end no slot is held by a run that ended."""
+    of a key was left queued, and at the end no slot is held by a run that ended. A run
+    retried after its end lives again (``_lives``): each life holds a slot from its first
+    body to its last (the end of a life its retry undid: no later), and a life after a
+    retry takes its slot ahead of runs created after it (it was admitted once)."""
     from pikku_celery.store._slots import slot_id
 
     ids = [r for r, spec in specs.items() if spec.get("kind") == "limited"]
@@ -1055,10 +1100,10 @@ def _check_limited(db: Any, specs: dict[str, dict[str, Any]], ev: Evidence,
         if doc.get("status") not in ("completed", "failed"):
             continue
         found = [s for d in ev.steps.get(run_id, []) if (s := _recorded_span(d, ev))]
-        if found:
-            spans[spec["key"]].append((min(s[0] for s in found), max(s[1] for s in found),
-                                       int(doc["created_ms"]) / 1000 - ev.wall_offset_s,
-                                       run_id))
+        created = int(doc["created_ms"]) / 1000 - ev.wall_offset_s
+        for life, (first, last) in _lives(found, ev.retried.get(run_id, []), ev):
+            # a life after a retry: created (for the queue's order) when it was retried
+            spans[spec["key"]].append((first, last, created if not life else -1.0, run_id))
     for key, intervals in spans.items():
         intervals.sort()
         for i, (start, _end, created, run_id) in enumerate(intervals):
@@ -1067,13 +1112,32 @@ def _check_limited(db: Any, specs: dict[str, dict[str, Any]], ev: Evidence,
                 report.violations.append(
                     f"key {key}: run {run_id} ran while {running} still ran (limit "
                     f"{LIMITED_CONCURRENCY})")
-            later_created = [r for _, _, c, r in intervals[:i] if c > created]
+            later_created = [r for _, _, c, r in intervals[:i] if c > created >= 0]
             if later_created:
                 report.violations.append(f"key {key}: run {run_id} started after "
                                          f"{later_created}, created after it")
-            if any(c < created and e > created for _, e, c, _ in intervals[:i]):
+            if created >= 0 and any(0 <= c < created < e for _, e, c, _ in intervals[:i]):
                 report.limited["waited for a slot"] += 1
     _check_slots(db, report)
+
+
+def _lives(spans: list[tuple[float, float]], retries: list[tuple[int, int | None]],
+           ev: Evidence) -> list[tuple[int, tuple[float, float]]]:
+    """A run's recorded bodies (monotonic s), by life: life k began with its k-th retry
+    (``retries``: the retry's moment and the end it undid, epoch ms); a life a retry
+    ended holds its slot until that end at the latest (its slot was given back there)."""
+    bounds = [((before / 1000 - ev.wall_offset_s),
+               None if end is None else end / 1000 - ev.wall_offset_s)
+              for before, end in retries]
+    lives: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for first, last in spans:
+        lives[sum(first >= b for b, _ in bounds)].append((first, last))
+    out = []
+    for life, found in sorted(lives.items()):
+        first, last = min(s[0] for s in found), max(s[1] for s in found)
+        ended = bounds[life][1] if life < len(bounds) else None
+        out.append((life, (first, last if ended is None else max(first, min(last, ended)))))
+    return out
 
 
 def _check_slots(db: Any, report: Report) -> None:

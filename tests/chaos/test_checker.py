@@ -28,6 +28,12 @@ from tests.chaos.checker import (
     _recovery,
     check,
 )
+from tests.chaos.composed import (
+    Operations,
+    event_fingerprints,
+    limit_breaches,
+    step_fingerprints,
+)
 from tests.chaos.faults import FaultEvent
 
 T0 = 1_700_000_000_000
@@ -556,17 +562,42 @@ def test_an_event_lost_or_never_sent_is_flagged() -> None:
     scene.db[keys.EVENTS].delete_one({"run_id": scene.run_id, "seq": 1})
     report = scene.check()
     assert flagged(report, "the send of 'paid' n=1 returned seq 1, the store holds None")
-    assert flagged(report, "1 sends of 'paid' without a key returned, the store kept 0")
+    assert flagged(report, "the send n=1 ('paid', key None; sent) was kept 0 times")
     scene = EventsScene()
     scene.sent = scene.sent[1:]  # the store holds an event the driver never sent
     assert flagged(scene.check(), "event seq 1 (paid) was never sent")
-    scene = EventsScene()  # a retried send without a key may be kept twice: not flagged
+    scene = EventsScene()  # a send whose outcome the driver never learnt: kept at most once
     scene.db[keys.EVENTS].insert_one({"_id": "again", "run_id": scene.run_id, "name": "paid",
                                       "seq": 3, "payload": scene.payload(3), "key": None,
                                       "sent_ms": T0 + 600, "wake_ms": None})
     scene.sent.append({"run": scene.run_id, "name": "paid", "key": None, "n": 3, "seq": None,
                        "ambiguous": True, "outcome": "gave up"})
     assert scene.check().violations == []
+
+
+def test_a_send_without_a_key_kept_twice_is_flagged_even_when_its_call_was_retried() -> None:
+    """Issue 31: a send is one event per call, key or no key (its retries are inside the
+    call, and the driver re-sends a failed call only when the event was not kept): an
+    event kept twice is a violation, whatever failed on the way."""
+    scene = EventsScene()
+    scene.sent[0]["ambiguous"] = True  # the driver's call failed once before it returned
+    scene.db[keys.EVENTS].insert_one({"_id": "again", "run_id": scene.run_id, "name": "paid",
+                                      "seq": 3, "payload": scene.payload(1), "key": None,
+                                      "sent_ms": T0 + 600, "wake_ms": None})
+    report = scene.check()
+    assert flagged(report, "the send n=1 ('paid', key None; sent) was kept 2 times")
+    assert flagged(report, "one send kept twice (payload n by seq: [1, 2, 1])")
+
+
+def test_a_refused_send_that_was_kept_is_flagged() -> None:
+    scene = EventsScene()
+    scene.sent.append({"run": scene.run_id, "name": "paid", "key": None, "n": 3, "seq": None,
+                       "ambiguous": False, "outcome": "refused: the run has ended"})
+    scene.db[keys.EVENTS].insert_one({"_id": "late", "run_id": scene.run_id, "name": "paid",
+                                      "seq": 3, "payload": scene.payload(3), "key": None,
+                                      "sent_ms": T0 + 600, "wake_ms": None})
+    assert flagged(scene.check(), "the send n=3 ('paid', key None; refused: the run has "
+                                  "ended) was kept 1 times")
 
 
 def test_a_timeout_wait_that_took_an_event_and_a_wrong_output_are_flagged() -> None:
@@ -749,3 +780,301 @@ def test_a_booking_of_a_superseded_or_unrecorded_attempt_is_flagged() -> None:
     assert flagged(_booking_scene([]), "bookings of attempts [], expected [2]")
     assert flagged(_booking_scene([1], status="running"),
                    "bookings of attempts [1], expected []")
+
+
+# --- issue 31: retry and fork in the mix (tests/chaos/composed.py) -----------------------------
+
+RETRY_MS = T0 + 10_000  # when the driver retried a run its cancel ended at T0 + 1_000
+CANCELLED = {"type": "WorkflowCancelledError", "message": "run cancelled"}
+
+
+def _raw_step(store: MongoWorkflowStore, run_id: str, name: str, at_ms: int,
+              **fields: Any) -> str:
+    """A step as a store leaves it, every field written raw (``function`` None: no body)."""
+    store.insert_step(NewStep(run_id=run_id, step_name=name, function=None), at_ms)
+    step_id = keys.invocation_id(run_id, name)
+    store.db[keys.STEPS].update_one({"_id": step_id}, {"$set": fields})
+    return step_id
+
+
+def _entry(status: str, started: int, ended: int | None, error: Any = None) -> dict[str, Any]:
+    return {"status": status, "started_ms": started, "ended_ms": ended, "error": error,
+            "worker": f"h:{FRESH}", "task_id": None}
+
+
+class RetriedScene:
+    """An order run whose step 'reserve' ran attempt 1 when the driver cancelled the run
+    (T0 + 1 s: the cancel's fence failed it); the driver retried the run (T0 + 10 s), its
+    attempt 2 succeeded and the run completed."""
+
+    def __init__(self) -> None:
+        self.store = _store()
+        self.db = self.store.db
+        self.run_id = str(uuid.uuid4())
+        self.store.create_run(NewRun(self.run_id, "chaos.order", {"order": 1}), T0)
+        self.inv = keys.invocation_id(self.run_id, "reserve")
+        self.store.insert_step(NewStep(run_id=self.run_id, step_name="reserve",
+                                       function="chaos.work", max_attempts=4), T0)
+        self.db[keys.STEPS].update_one({"_id": self.inv}, {"$set": {
+            "status": "succeeded", "attempt": 2, "max_attempts": 8, "worker": f"h:{FRESH}",
+            "started_ms": RETRY_MS + 100, "updated_ms": RETRY_MS + 500,
+            "result": {"attempt": 2, "pid": FRESH, "invocation": self.inv},
+            "attempts": {"1": _entry("failed", T0 + 10, T0 + 1_000, CANCELLED),
+                         "2": _entry("succeeded", RETRY_MS + 100, RETRY_MS + 500)}}})
+        self.set_run("completed", RETRY_MS + 1_000)
+        self.ledger = [{"event": event, "t": mono(at), "pid": FRESH, "run": self.run_id,
+                        "step": "reserve", "attempt": attempt, "invocation": self.inv}
+                       for event, attempt, at in (("start", 1, T0 + 20),
+                                                  ("start", 2, RETRY_MS + 110),
+                                                  ("end", 2, RETRY_MS + 490))]
+        self.ops = Operations(retries={self.run_id: [
+            {"before": RETRY_MS, "after": RETRY_MS + 10, "done": True, "status": "cancelled",
+             "end_ms": T0 + 1_000}]})
+        self.cancels = {self.run_id: (T0 + 990, T0 + 1_000)}
+
+    def set_run(self, status: str, at_ms: int) -> None:
+        self.db[keys.RUNS].update_one({"_id": self.run_id}, {"$set": {
+            "status": status, "updated_ms": at_ms}})
+
+    def check(self) -> Report:
+        pikku = SimpleNamespace(engine=SimpleNamespace(store=self.store),
+                                get_run=self.store.get_run)
+        return check(pikku, {self.run_id: {"order": 1, "fatal": False}}, {self.run_id},
+                     self.ledger, [], [], 30.0, 30.0, alive_pids={FRESH},
+                     wall_offset_s=OFFSET_S, cancel_times=self.cancels, operations=self.ops)
+
+
+def test_a_run_retried_after_its_cancel_passes_and_its_new_attempt_is_explained() -> None:
+    report = RetriedScene().check()
+    assert report.violations == []
+    assert report.attempts_by_reason == {"the run's end, then a retry": 1}
+    assert report.operations["runs retried"] == 1
+    assert report.operations["order runs retried after cancelled, then completed"] == 1
+
+
+def test_a_run_retried_after_its_cancel_that_ends_cancelled_is_flagged() -> None:
+    scene = RetriedScene()  # the retry ran it again: nothing but its own end may stop it
+    scene.set_run("cancelled", RETRY_MS + 1_000)
+    assert flagged(scene.check(), "ended cancelled, expected ['completed']")
+    scene.cancels[scene.run_id] = (RETRY_MS + 900, RETRY_MS + 1_000)  # cancelled again
+    assert scene.check().violations == []
+
+
+def test_a_step_failed_by_the_fence_of_the_end_a_retry_undid_is_flagged() -> None:
+    scene = RetriedScene()  # issue 31, defect 4: the cancel's fence landed after the retry
+    scene.db[keys.STEPS].update_one({"_id": scene.inv}, {"$set": {
+        "status": "failed", "error": CANCELLED, "result": None,
+        "attempts.2": _entry("failed", RETRY_MS + 100, RETRY_MS + 500, CANCELLED)}})
+    scene.ledger = scene.ledger[:2]
+    scene.set_run("failed", RETRY_MS + 1_000)
+    report = scene.check()
+    assert flagged(report, "failed by a cancel (run cancelled) though no cancel came after "
+                           "the retry")
+
+
+def test_a_step_claimed_between_a_run_s_end_and_its_retry_is_flagged() -> None:
+    scene = RetriedScene()  # a claim after the cancel ran its body before the retry
+    step_id = _raw_step(scene.store, scene.run_id, "charge", T0, status="succeeded",
+                        attempt=1, result={}, started_ms=T0 + 5_000,
+                        attempts={"1": _entry("succeeded", T0 + 5_000, T0 + 5_100)})
+    scene.ledger.append({"event": "start", "t": mono(T0 + 5_001), "pid": FRESH,
+                         "run": scene.run_id, "step": "charge", "attempt": 1,
+                         "invocation": step_id})
+    report = scene.check()
+    assert flagged(report, "step 'charge' attempt 1 was claimed 4000 ms after the run ended, "
+                           "before its retry")
+
+
+def test_event_waits_a_retry_ended_at_once_are_flagged() -> None:
+    """Issue 31, defect 1: a reopened wait waits again, until its own deadline."""
+    scene = EventsScene()  # 'late' timed out at T0 + 500, its expiry T0 + 5_000
+    scene.db[keys.STEPS].update_one({"run_id": scene.run_id, "step_name": "__event:late"},
+                                    {"$set": {"data": {"event": "late",
+                                                       "expires_at_ms": T0 + 5_000}}})
+    scene.db[keys.STEPS].update_one({"run_id": scene.run_id, "step_name": "__event:paid#2"},
+                                    {"$set": {"data": {"event": "paid", "expires_at_ms": None},
+                                              "result": {"event": "paid", "timed_out": True}}})
+    specs = {scene.run_id: {"kind": "events", "expect": "completed", "waits": scene.WAITS}}
+    report = _check(scene.store, specs, sent_events=scene.sent, operations=Operations())
+    assert flagged(report, "wait '__event:late' of events run")
+    assert flagged(report, "timed out 4500 ms before its own expiry")
+    assert flagged(report, "wait '__event:paid#2' of events run")
+    assert flagged(report, "has no timeout, yet it timed out")
+    scene = EventsScene()  # the default of a wait without a timeout: no event, no timeout
+    scene.set_wait("__event:paid#2", None)
+    assert flagged(scene.check(), "wait '__event:paid#2' settled with None: no event")
+
+
+def _approval_scene(gate_result: Any, approved_ms: int) -> tuple[Report, str]:
+    store = _store()
+    run_id = str(uuid.uuid4())
+    store.create_run(NewRun(run_id, "chaos.approver", {}), T0)
+    _raw_step(store, run_id, "__approval:go", T0, status="succeeded", result=gate_result,
+              updated_ms=T0 + 3_000)
+    store.transition_run(run_id, ["running"], "completed", T0 + 4_000,
+                         output={"decision": gate_result})
+    ops = Operations(approvals={run_id: [{"decision": {"n": 5}, "before": approved_ms,
+                                          "after": approved_ms + 50, "outcome": "recorded"}]})
+    return _check(store, {run_id: {"kind": "approver", "expect": "completed"}},
+                  operations=ops), run_id
+
+
+def test_an_approval_holds_a_decision_the_driver_gave_after_it_gave_it() -> None:
+    report, _ = _approval_scene({"n": 5}, T0 + 2_900)
+    assert report.violations == []
+    assert report.operations["approvals given"] == 1
+    report, _ = _approval_scene({"expired": True}, T0 + 2_900)  # decided by nobody
+    assert flagged(report, "its gate holds {'expired': True}, a decision the driver never "
+                           "gave")
+    report, _ = _approval_scene({"n": 5}, T0 + 6_000)  # decided before it was given
+    assert flagged(report, "its gate was decided 3000 ms before the driver gave the decision")
+
+
+def test_limit_breaches_at_one_moment_are_named() -> None:
+    slots = [{"_id": "g", "holders": ["a"]}]
+    assert limit_breaches([{"_id": "a", "slot": "g", "status": "running"}], slots, 1,
+                          "t+1s") == []
+    found = limit_breaches([{"_id": "a", "slot": "g", "status": "running"},
+                            {"_id": "b", "slot": "g", "status": "suspended"}], slots, 1, "t+1s")
+    assert found == ["t+1s: run b is suspended holding no slot of its group g (holders ['a'])",
+                     "t+1s: group g has 2 live runs ['a', 'b'], limit 1"]
+    report = _check(_store(), {}, operations=Operations(breaches=found, samples=3))
+    assert flagged(report, "limit breached: t+1s: group g has 2 live runs")
+    assert report.operations["limit samples"] == 3
+
+
+def test_a_retried_limited_run_s_lives_are_each_held_to_the_limit() -> None:
+    scene = LimitedScene()  # a: cancelled at T0 + 1 s (its body settled in the window),
+    a = scene.run("a", T0, (T0 + 10, T0 + 1_500))  # retried at T0 + 2.5 s; b ran between
+    scene.run("b", T0 + 5, (T0 + 1_100, T0 + 2_000))
+    inv = keys.invocation_id(a, "book")
+    _raw_step(scene.store, a, "book", T0 + 2_600, status="succeeded", attempt=1,
+              result={"attempt": 1, "pid": FRESH, "invocation": inv},
+              attempts={"1": _entry("succeeded", T0 + 2_600, T0 + 2_900)})
+    scene.ledger += [{"event": e, "t": mono(at), "pid": FRESH, "run": a, "step": "book",
+                      "attempt": 1, "invocation": inv}
+                     for e, at in (("start", T0 + 2_601), ("end", T0 + 2_890))]
+    retry = {"before": T0 + 2_500, "after": T0 + 2_510, "done": True, "status": "cancelled",
+             "end_ms": T0 + 1_000}
+    ops = Operations(retries={a: [retry]})
+    cancels = {a: (T0 + 990, T0 + 1_000)}
+    report = _check(scene.store, scene.specs, scene.ledger, operations=ops,
+                    cancel_times=cancels)
+    assert not flagged(report, "still ran"), report.violations
+    retry["before"] = T0 + 1_700  # its second life began while b still ran
+    ledger = [e if e["step"] != "book" or e["event"] != "start" else {**e, "t": mono(T0 + 1_800)}
+              for e in scene.ledger]
+    report = _check(scene.store, scene.specs, ledger, operations=ops, cancel_times=cancels)
+    assert flagged(report, f"key k0: run {a} ran while")
+
+
+class ForkScene:
+    """Run ``src`` recorded 'reserve', took event seq 1 ('__event:paid') and recorded
+    'charge'; the driver forked it from 'charge' without keeping decisions: the fork copied
+    'reserve' alone, with its result."""
+
+    def __init__(self) -> None:
+        self.store = _store()
+        self.db = self.store.db
+        self.src, self.fork = str(uuid.uuid4()), str(uuid.uuid4())
+        for run_id in (self.src, self.fork):
+            self.store.create_run(NewRun(run_id, "chaos.order", {"order": 1}), T0)
+        self.store.send_event(self.src, "paid", {"n": 1}, T0)
+        for i, (name, result) in enumerate((("reserve", {"r": 1}),
+                                            ("__event:paid", {"seq": 1, "payload": {"n": 1}}),
+                                            ("charge", {"c": 1}))):
+            _raw_step(self.store, self.src, name, T0 + i, status="succeeded", result=result)
+        self.copy("reserve", {"r": 1})
+        self.db[keys.RUNS].update_one({"_id": self.fork}, {"$set": {"forked_from": self.src}})
+        self.record: dict[str, Any] = {
+            "source": self.src, "from_step": "charge", "keep": False, "returned": self.fork,
+            "source_order": ["reserve", "__event:paid", "charge"],
+            "source_steps": step_fingerprints(self.db, self.src),
+            "source_events": event_fingerprints(self.db, self.src)}
+        self.ops = Operations(forks={self.fork: self.record})
+        for run_id in (self.src, self.fork):
+            self.store.transition_run(run_id, ["running"], "completed", T0 + 5_000)
+
+    def copy(self, name: str, result: Any) -> None:
+        _raw_step(self.store, self.fork, name, T0 + 100, status="succeeded", result=result,
+                  forked_from=self.src)
+
+    def check(self) -> Report:
+        spec = {"kind": "forked", "expect": "completed"}
+        return _check(self.store, {self.src: spec, self.fork: spec}, operations=self.ops)
+
+
+def test_a_fork_that_copied_what_it_may_from_its_unchanged_source_passes() -> None:
+    report = ForkScene().check()
+    assert report.violations == []
+    assert report.operations["forks"] == 1 and report.operations["steps copied by forks"] == 1
+
+
+def test_a_fork_copying_a_decision_a_later_step_or_another_result_is_flagged() -> None:
+    """Issue 31, defect 6: without keep_decisions, decided gates and taken events are
+    asked again; and a fork copies only succeeded steps recorded before its step."""
+    scene = ForkScene()
+    scene.copy("__event:paid", {"seq": 1, "payload": {"n": 1}})
+    scene.copy("charge", {"c": 1})
+    scene.db[keys.STEPS].update_one({"run_id": scene.fork, "step_name": "reserve"},
+                                    {"$set": {"result": {"r": 2}}})
+    report = scene.check()
+    assert flagged(report, "the decided gate '__event:paid' was copied, though the fork did "
+                           "not keep decisions")
+    assert flagged(report, "step 'charge' copied from")
+    assert flagged(report, "step 'reserve' copied as {'r': 2}, the source's is succeeded")
+    scene = ForkScene()
+    scene.record["keep"] = True
+    scene.copy("__event:paid", {"seq": 1, "payload": {"n": 1}})
+    assert scene.check().violations == []
+
+
+def test_a_fork_that_changed_its_source_or_names_none_is_flagged() -> None:
+    """A fork shares nothing mutable with its source, and names it."""
+    scene = ForkScene()
+    scene.db[keys.STEPS].update_one({"run_id": scene.src, "step_name": "reserve"},
+                                    {"$set": {"result": {"r": 9}}})
+    scene.db[keys.EVENTS].insert_one({"_id": "after", "run_id": scene.src, "name": "paid",
+                                      "seq": 2, "payload": {"n": 2}, "key": None,
+                                      "sent_ms": T0 + 6_000})
+    scene.db[keys.RUNS].update_one({"_id": scene.fork}, {"$unset": {"forked_from": ""}})
+    scene.record["repeat"] = "another"
+    report = scene.check()
+    assert flagged(report, "the fork changed its source's steps ['reserve']")
+    assert flagged(report, "the fork changed its source's events")
+    assert flagged(report, "the run names None as its source")
+    assert flagged(report, "its repeat returned another")
+
+
+def test_a_fork_that_wrote_into_another_run_is_flagged() -> None:
+    """Issue 31, defect 5: a fork under another run's id must be refused, that run left as
+    it was; no run but a fork holds a copied step."""
+    scene = ForkScene()
+    scene.ops.probes.append({"source": scene.src, "from_step": "__event:paid",
+                             "target": scene.fork, "outcome": f"returned {scene.fork}",
+                             "target_steps": step_fingerprints(scene.db, scene.fork)})
+    scene.copy("__event:paid", {"seq": 1, "payload": {"n": 1}})
+    scene.db[keys.STEPS].update_one({"run_id": scene.src, "step_name": "charge"},
+                                    {"$set": {"forked_from": scene.fork}})
+    report = scene.check()
+    assert flagged(report, f"returned {scene.fork}, not WorkflowRunConflictError")
+    assert flagged(report, "wrote into that run (steps ['__event:paid'])")
+    assert flagged(report, f"step 'charge' of run {scene.src}, which is no fork, was copied "
+                           f"from {scene.fork}")
+
+
+def test_a_fork_s_own_waits_take_its_first_events_whatever_it_copied() -> None:
+    """Issue 31, defect 2: a wait the fork copied holds its source's seq 1; the fork's own
+    wait must still take the fork's own seq 1 first."""
+    scene = EventsScene()
+    scene.db[keys.STEPS].update_one({"run_id": scene.run_id, "step_name": "__event:paid"},
+                                    {"$set": {"forked_from": "source-run"}})
+    scene.db[keys.STEPS].update_one({"run_id": scene.run_id, "step_name": "__event:paid#2"},
+                                    {"$set": {"result": scene.taken(1, 1)}})
+    scene.output["taken"][1] = scene.payload(1)
+    scene.db[keys.RUNS].update_one({"_id": scene.run_id},
+                                   {"$set": {"output": scene.output}})
+    assert scene.check().violations == []  # the copy's seq 1 is its source's, not the fork's
+    scene.set_wait("__event:paid#2", scene.taken(2, 2))  # its seq 1 hidden by the copy
+    assert flagged(scene.check(), "the waits of 'paid' took seqs [2], not the first events "
+                                  "sent ([1, 2])")
