@@ -6,6 +6,7 @@ The parts, each over a narrow interface (``protocols.py``), imports pointing one
     protocols   Dispatcher, Emit, Settings, RunEnds, Advancer: the interfaces
     reads       get a run, its steps, its history; wait for its end
     runs        create, finish, fence leftovers, cancel; children and their parents
+    forks       fork a run into a new one (uses runs)
     gates       resume, approve, timers
     passes      advance a run by replay under its run lease (uses runs through RunEnds)
     execution   one step delivery: claim, body, settle once, continue (uses passes)
@@ -23,6 +24,7 @@ from pikku_celery.claims import Claimer
 from pikku_celery.clock import Clock, ServerClock
 from pikku_celery.definitions import Registry, StepDefinition
 from pikku_celery.execution import RecordedStepError, StepExecution, StepOutcome
+from pikku_celery.forks import Forks, check_by
 from pikku_celery.gates import Gates
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.leases.base import LeaseService
@@ -88,6 +90,7 @@ class Engine:
         self.claimer = Claimer(store, leases, clock, self.heartbeat, host=worker)
         self.reads = Reads(store)
         self.runs = Runs(store, leases, registry, settings, clock, dispatcher, self.emit)
+        self.forks = Forks(self.runs)  # reads the runs' store, clock and dispatcher
         self.gates = Gates(store, settings, clock, dispatcher)
         self.passes = Passes(store, leases, registry, settings, clock, self.runs)
         self.execution = StepExecution(store, self.claimer, self.passes, settings, clock,
@@ -170,11 +173,14 @@ class Engine:
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         return self.runs.cancel(run_id, reason)
 
-    def retry(self, run_id: str) -> bool:
-        return self.runs.retry(run_id)
+    def retry(self, run_id: str, *, by: str | None = None) -> bool:
+        check_by(by)
+        return self.runs.retry(run_id, by=by)
 
-    def fork(self, run_id: str, from_step: str, new_run_id: str | None = None) -> str:
-        return self.runs.fork(run_id, from_step, new_run_id)
+    def fork(self, run_id: str, from_step: str, new_run_id: str | None = None, *,
+             keep_decisions: bool = False, by: str | None = None) -> str:
+        return self.forks.fork(run_id, from_step, new_run_id, keep_decisions=keep_decisions,
+                               by=by)
 
     def notify_parent(self, child_run_id: str, dispatcher: Dispatcher) -> None:
         self.runs.notify_parent(child_run_id, dispatcher)

@@ -130,21 +130,36 @@ class RunOperations(ScheduleOperations):
         context. Returns ``False`` if the run had already ended."""
         return self.engine.cancel(run_id, reason)
 
-    def retry(self, run_id: str) -> bool:
+    def retry(self, run_id: str, *, by: str | None = None) -> bool:
         """Run a failed or cancelled run again from where it stopped: its succeeded steps
         are replayed, each step its end left failed (a body's error, a cancel's fence) gets
         a fresh attempt budget, and every earlier attempt stays in its history; its failed
         or cancelled child runs are retried too. ``False`` (nothing done) for a run in any
-        other status. ``WorkflowRunNotFoundError`` for an unknown run."""
-        return self.engine.retry(run_id)
+        other status. ``WorkflowRunNotFoundError`` for an unknown run. ``by``: who retries,
+        recorded in the run's ``lineage`` with the time of the retry."""
+        return self.engine.retry(run_id, by=by)
 
-    def fork(self, run_id: str, *, from_step: str, new_run_id: str | None = None) -> str:
+    def fork(self, run_id: str, *, from_step: str, new_run_id: str | None = None,
+             keep_decisions: bool = False, by: str | None = None) -> str:
         """Start a new run of ``run_id``'s workflow and input that replays the steps it
         recorded before ``from_step`` (their results copied) and runs the rest afresh,
         ``from_step`` included, whatever the old run's status (Temporal's reset, DBOS's
-        fork). ``new_run_id``: the new run's id (idempotent, as ``start``'s; the contract's
-        second ``run_id``, which Python cannot name twice). Returns it."""
-        return self.engine.fork(run_id, from_step, new_run_id)
+        fork). Returns the new run's id; the new run names its source
+        (``WorkflowRun.forked_from``) and the fork (its first ``lineage`` entry, with
+        ``by``: who forks).
+
+        Approvals and event waits are not copied: the new run asks each again (its own
+        approver decides, its own events are taken), unless ``keep_decisions=True``.
+        ``new_run_id``: the new run's id (the contract's second ``run_id``, which Python
+        cannot name twice): the same fork repeated returns that run again; any other run
+        under that id is ``WorkflowRunConflictError`` (a fork never writes into a run it
+        did not create). ``InvalidInputError`` when the run recorded no ``from_step``."""
+        return self.engine.fork(run_id, from_step, new_run_id, keep_decisions=keep_decisions,
+                                by=by)
+
+    def list_forks(self, run_id: str, limit: int = 50) -> list[WorkflowRun]:
+        """The runs forked from ``run_id``, oldest first, at most ``limit`` (1 to 1000)."""
+        return self.engine.store.list_forks(run_id, limit)
 
     def list_runs(self, *, workflow: str | None = None, status: str | None = None,
                   limit: int = 50, created_before: WorkflowRun | None = None,

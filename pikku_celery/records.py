@@ -26,6 +26,27 @@ STEP_FAILED = "failed"
 STEP_STATUSES = (STEP_PENDING, STEP_SCHEDULED, STEP_RUNNING, STEP_SUCCEEDED, STEP_FAILED)
 
 
+LINEAGE_RETRY = "retry"
+LINEAGE_FORK = "fork"
+
+
+@dataclass(frozen=True)
+class RunLineage:
+    """One operation on a run's record (``WorkflowRun.lineage``): a retry of the run
+    (``op`` ``"retry"``) or the fork that made it (``"fork"``: ``run_id`` is the source
+    run, ``from_step`` the step the fork ran afresh from, ``keep_decisions`` whether it
+    copied the source's decided gates and taken events). ``by`` is who asked (``None``:
+    not said); ``at`` when the operation was written. Kept so that a person reading a run
+    learns why it ran again and where it came from, never only what it did."""
+
+    op: str
+    at: datetime
+    by: str | None = None
+    from_step: str | None = None
+    run_id: str | None = None
+    keep_decisions: bool = False
+
+
 @dataclass(frozen=True)
 class WorkflowRun:
     """One execution of a workflow. Times are aware UTC datetimes."""
@@ -54,6 +75,10 @@ class WorkflowRun:
     # The slot group of a workflow with a concurrency limit (``pikku_celery.concurrency``):
     # the run waits ``queued`` until it holds one of the group's slots.
     slot: str | None = None
+    # The run a fork copied this one from (``pikku.fork``), ``None`` for a run started any
+    # other way; ``lineage``: the forks and retries of this run, oldest first.
+    forked_from: str | None = None
+    lineage: tuple[RunLineage, ...] = ()
 
     @property
     def is_terminal(self) -> bool:
@@ -82,6 +107,9 @@ class StepState:
     retry_delay_ms: int = 0
     on_error: str | None = None
     task_id: str | None = None  # the Celery task id of the delivery that claimed ``attempt``
+    # The run a fork copied this step's outcome from (``pikku.fork``); ``None`` for a step
+    # this run recorded itself.
+    forked_from: str | None = None
 
     @property
     def attempts_left(self) -> int:
@@ -103,6 +131,9 @@ class StepAttempt:
     ended_at: datetime | None
     worker: str | None = None
     task_id: str | None = None
+    # The attempts the step had when this attempt ran (``2`` in "attempt 1/2"): a retry
+    # gives the step a fresh budget, and an earlier attempt keeps the total it ran under.
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,7 @@ class WorkflowContext:
             return _payload(state, default)
         if state.status == STEP_FAILED:  # fenced by a cancel: the run is ending
             raise Pause
-        received = self._host.receive_event(self.run_id, gate, name, self._events_taken())
+        received = self._host.receive_event(self.run_id, gate, name, events_taken(self._steps))
         if received is not None:
             return _payload(received, default)
         if (state.due_at is not None
@@ -346,13 +346,6 @@ class WorkflowContext:
         self._check_same_function(state, None)
         if state.status == STEP_SCHEDULED:
             self._host.publish(self.run_id, step, value)
-
-    def _events_taken(self) -> list[int]:
-        """The seqs of the events this run's waits took: a run's seqs are unique over all
-        its events, so one list serves every name."""
-        return [s.result["seq"] for name, s in self._steps.items()
-                if name.startswith(EVENT_PREFIX) and s.status == STEP_SUCCEEDED
-                and isinstance(s.result, dict) and isinstance(s.result.get("seq"), int)]
 
     # --- run state ------------------------------------------------------------------------
 
@@ -470,3 +463,15 @@ def _copied(value: Any) -> Any:
     if kind is list:
         return [_copied(item) for item in value]
     return value
+
+
+def events_taken(steps: Mapping[str, StepState]) -> list[int]:
+    """The seqs of the events a run's waits took (``steps``: the run's, by name): a run's
+    seqs are unique over all its events, so one list serves every name. Only waits the run
+    settled count: a wait a fork copied (``forked_from``) holds an event of the source
+    run, whose seq would hide the run's own event of that seq (issue 31, defect 2; a fork
+    made before copies dropped the seq still has it in its result)."""
+    return [s.result["seq"] for name, s in steps.items()
+            if name.startswith(EVENT_PREFIX) and s.status == STEP_SUCCEEDED
+            and s.forked_from is None
+            and isinstance(s.result, dict) and isinstance(s.result.get("seq"), int)]

@@ -20,6 +20,7 @@ from pikku_celery.records import (
     STEP_PENDING,
     STEP_RUNNING,
     STEP_SUCCEEDED,
+    RunLineage,
     StepAttempt,
     StepState,
     WorkflowRun,
@@ -59,6 +60,9 @@ def new_run_doc(run: NewRun, now_ms: int) -> Doc:
         **({R.SCHEDULE: run.schedule, R.SCHEDULED: run.scheduled_ms}
            if run.schedule is not None else {}),
         **({R.SLOT: run.slot} if run.slot is not None else {}),
+        # Only on a fork: other runs' documents stay as they were (a retry pushes its entry).
+        **({R.FORKED_FROM: run.forked_from} if run.forked_from is not None else {}),
+        **({R.LINEAGE: [dict(entry) for entry in run.lineage]} if run.lineage else {}),
     }
 
 
@@ -113,7 +117,30 @@ def run_from_doc(doc: Doc) -> WorkflowRun:
         schedule=doc.get(R.SCHEDULE),
         scheduled_for=to_datetime(doc.get(R.SCHEDULED)),
         slot=doc.get(R.SLOT),
+        forked_from=doc.get(R.FORKED_FROM),
+        lineage=tuple(lineage_from_doc(e) for e in doc.get(R.LINEAGE) or ()
+                      if isinstance(e, dict)),
     )
+
+
+def lineage_entry(op: str, now_ms: int, *, by: str | None = None,
+                  from_step: str | None = None, run_id: str | None = None,
+                  keep_decisions: bool = False) -> Doc:
+    """One entry of a run's ``lineage`` as stored: ``{"op", "at", "by", "from_step",
+    "run_id"}`` (plus ``keep_decisions`` for a fork that kept them)."""
+    entry: Doc = {"op": op, "at": now_ms, "by": by, "from_step": from_step, "run_id": run_id}
+    if keep_decisions:
+        entry["keep_decisions"] = True
+    return entry
+
+
+def lineage_from_doc(entry: Doc) -> RunLineage:
+    at = entry.get("at")
+    return RunLineage(op=str(entry.get("op")),
+                      at=_dt(at if isinstance(at, int) else 0),
+                      by=entry.get("by"), from_step=entry.get("from_step"),
+                      run_id=entry.get("run_id"),
+                      keep_decisions=bool(entry.get("keep_decisions")))
 
 
 def step_from_doc(doc: Doc) -> StepState:
@@ -136,6 +163,7 @@ def step_from_doc(doc: Doc) -> StepState:
         retry_delay_ms=doc.get(S.RETRY_DELAY) or 0,
         on_error=doc.get(S.ON_ERROR),
         task_id=doc.get(S.TASK_ID),
+        forked_from=doc.get(S.FORKED_FROM),
     )
 
 
@@ -248,11 +276,32 @@ def merge_history(steps: list[Doc], legacy: list[Doc] | None = None) -> list[Ste
         entries = (written_entries(step) if S.ATTEMPTS in step
                    else by_step.get(step[S.ID], {}))
         current = step[S.ATTEMPT]
+        totals = attempt_totals(step, current)
         for attempt in range(1, current):
-            out.append(_attempt_from_entry(_earlier_entry(step, attempt, entries.get(attempt))))
+            out.append(_attempt_from_entry(_earlier_entry(step, attempt, entries.get(attempt)),
+                                           totals[attempt]))
         if step.get(S.STARTED) is not None or step[S.STATUS] in (STEP_SUCCEEDED, STEP_FAILED):
-            out.append(_attempt_from_entry(_current_entry(step, entries.get(current))))
+            out.append(_attempt_from_entry(_current_entry(step, entries.get(current)),
+                                           totals[current]))
     return out
+
+
+def attempt_totals(step: Doc, current: int) -> dict[int, int]:
+    """The total of attempts each attempt ``1..current`` ran under. A step's
+    ``max_attempts`` changes only when a retry gives it a new budget, and the retry writes
+    the total it replaces into the last attempt's entry (``HistoryField.MAX_ATTEMPTS``,
+    ``store._retry.reopened``): an attempt's total is the one written in its own entry or
+    the first later entry that has one, else the step's current one. So "attempt 1/2"
+    stays 1/2 after a retry, where it would otherwise read 1/4, then 1/6."""
+    written = step.get(S.ATTEMPTS) or {}
+    totals: dict[int, int] = {}
+    total = step[S.MAX_ATTEMPTS]
+    for attempt in range(current, 0, -1):
+        entry = written.get(str(attempt))
+        if isinstance(entry, dict) and isinstance(entry.get(H.MAX_ATTEMPTS), int):
+            total = entry[H.MAX_ATTEMPTS]
+        totals[attempt] = total
+    return totals
 
 
 def lease_lost_error(run_id: str, step_name: str, attempt: int) -> dict[str, Any]:
@@ -289,7 +338,7 @@ def _current_entry(step: Doc, recorded: Doc | None) -> Doc:
     return entry
 
 
-def _attempt_from_entry(entry: Doc) -> StepAttempt:
+def _attempt_from_entry(entry: Doc, total: int | None = None) -> StepAttempt:
     return StepAttempt(
         run_id=entry[H.RUN],
         step_name=entry[H.NAME],
@@ -301,6 +350,7 @@ def _attempt_from_entry(entry: Doc) -> StepAttempt:
         ended_at=to_datetime(entry.get(H.ENDED)),
         worker=entry.get(H.WORKER),
         task_id=entry.get(H.TASK_ID),
+        max_attempts=total,
     )
 
 

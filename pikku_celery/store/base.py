@@ -145,7 +145,18 @@ class EventStore(Protocol):
 
 
 @runtime_checkable
-class WorkflowStore(EventStore, ScheduleStore, SlotStore, Protocol):
+class ForkStore(Protocol):
+    """The runs a fork made (``pikku_celery.forks``): listed from the run they name."""
+
+    def list_forks(self, run_id: str, limit: int = 50) -> list[WorkflowRun]:
+        """The runs forked from ``run_id`` (``WorkflowRun.forked_from``), oldest first, at
+        most ``limit`` (1 to 1000): a run's page links to its forks as a fork's links to
+        its source."""
+        ...
+
+
+@runtime_checkable
+class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, Protocol):
     # --- runs -------------------------------------------------------------------------
 
     def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:
@@ -223,12 +234,6 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, Protocol):
         page starts after ``(created_before_ms, before_run_id)`` of the last run seen.
         ``match`` keeps only the runs whose input has those values (``check_run_match``):
         part of the query, so a page holds ``limit`` matching runs."""
-        ...
-
-    def list_forks(self, run_id: str, limit: int = 50) -> list[WorkflowRun]:
-        """The runs forked from ``run_id`` (``WorkflowRun.forked_from``), oldest first, at
-        most ``limit`` (1 to 1000): a run's page links to its forks as a fork's links to
-        its source."""
         ...
 
     # --- steps ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from pikku_celery.store import _docs, _ended
 from pikku_celery.store._decide import is_due, lease_lapsed
 from pikku_celery.store.base import RunMatch, check_run_match, due_sweep_key, run_matches
 from pikku_celery.store.memory.base import Doc, MemoryStoreBase
-from pikku_celery.validate import check_listing
+from pikku_celery.validate import check_listing, check_name
 
 
 class MemoryListing(MemoryStoreBase):
@@ -41,6 +41,14 @@ class MemoryListing(MemoryStoreBase):
                     and (cursor is None or _before(d, cursor))
                     and run_matches(d.get(R.INPUT), wanted)]
             docs.sort(key=lambda d: (d[R.CREATED], d[R.ID]), reverse=True)
+            return [_docs.run_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
+
+    def list_forks(self, run_id: str, limit: int = 50) -> list[WorkflowRun]:
+        check_name("run id", run_id)
+        check_listing(None, None, limit, RUN_STATUSES)
+        with self._lock:
+            docs = sorted((d for d in self._runs.values() if d.get(R.FORKED_FROM) == run_id),
+                          key=lambda d: (d[R.CREATED], d[R.ID]))
             return [_docs.run_from_doc(copy.deepcopy(d)) for d in docs[:limit]]
 
     def find_lapsed_steps(self, now_ms: int, limit: int,

@@ -6,8 +6,11 @@ Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease
 ``workflow_runs``   ``_id`` run id, ``run_id`` (the same id again: see below), ``workflow``,
                     ``status``, ``input``, ``output``, ``error``, ``version``,
                     ``parent_run_id``, ``parent_step_name``, ``cancel_reason``,
-                    ``created_ms``, ``updated_ms``.
+                    ``created_ms``, ``updated_ms``; a fork's ``forked_from`` (its source
+                    run); ``lineage`` (its forks and retries: ``[{op, at, by, from_step,
+                    run_id}]``).
                     Indexes: ``(status, updated_ms)`` for the stalled sweep and purges;
+                    ``(forked_from, created_ms, run_id)`` for a run's forks;
                     ``(status, created_ms desc, run_id desc)`` and ``(workflow, status,
                     created_ms desc, run_id desc)`` for listing newest first (a listing
                     without a status filter names every status, and MongoDB merges one

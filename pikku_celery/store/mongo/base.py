@@ -34,7 +34,9 @@ INDEXES: dict[str, list[list[tuple[str, int]]]] = {
                 [(R.STATUS, ASCENDING), *_NEWEST_FIRST],
                 [(R.WORKFLOW, ASCENDING), (R.STATUS, ASCENDING), *_NEWEST_FIRST],
                 [(R.SLOT, ASCENDING), (R.STATUS, ASCENDING), (R.CREATED, ASCENDING),
-                 (R.RUN, ASCENDING)]],
+                 (R.RUN, ASCENDING)],
+                # A run's forks (``list_forks``), in the order they were made.
+                [(R.FORKED_FROM, ASCENDING), (R.CREATED, ASCENDING), (R.RUN, ASCENDING)]],
     keys.STEPS: [[(S.RUN, ASCENDING), (S.CREATED, ASCENDING), (S.NAME, ASCENDING)],
                  [(S.RUN, ASCENDING), (S.STATUS, ASCENDING), (S.SEQ, ASCENDING)],
                  *([(S.STATUS, ASCENDING), (field, ASCENDING), (S.ID, ASCENDING)]

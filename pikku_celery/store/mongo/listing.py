@@ -57,6 +57,13 @@ class MongoListing(MongoStoreBase):
             [(R.CREATED, DESCENDING), (R.RUN, DESCENDING)])
         return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
 
+    def list_forks(self, run_id: str, limit: int = 50) -> list[WorkflowRun]:
+        check_name("run id", run_id)
+        check_listing(None, None, limit, RUN_STATUSES)
+        cursor = self._runs.find({R.FORKED_FROM: run_id}, session=self._session).sort(
+            [(R.CREATED, ASCENDING), (R.RUN, ASCENDING)])
+        return [_docs.run_from_doc(d) for d in cursor.limit(limit)]
+
     def find_lapsed_steps(self, now_ms: int, limit: int,
                           after: tuple[int, str] | None = None) -> list[StepState]:
         # (status, lease_expires_ms, _id) serves the range and the order: no sort in memory.
