@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pikku_celery.records import WorkflowRun, WorkflowSchedule
+from pikku_celery.records import LINEAGE_FORK, WorkflowRun, WorkflowSchedule
 from pikku_celery.schedule_views import NOT_DECLARED, PAUSED, state_text, timing_text
 from pikku_celery.timeline import (
     SELF_NAMED,
@@ -117,7 +118,29 @@ def schedules_table(schedules: list[WorkflowSchedule]) -> Table:
     return table
 
 
-def run_header(timeline: Timeline, *, tracebacks: bool = False) -> Table:
+def lineage_rows(run: WorkflowRun, forks: Sequence[WorkflowRun] = ()
+                 ) -> list[tuple[str, Text | str]]:
+    """Where the run came from and what was done to it: the fork that made it (its
+    source, step, who and when), each retry (who and when), and the runs forked from it."""
+    rows: list[tuple[str, Text | str]] = []
+    for entry in run.lineage:
+        who = f" by {entry.by}" if entry.by else ""
+        when = entry.at.strftime("%Y-%m-%d %H:%M:%S")
+        if entry.op == LINEAGE_FORK:
+            kept = ", decisions kept" if entry.keep_decisions else ""
+            rows.append(("forked from", Text(f"{entry.run_id} at step {entry.from_step!r} "
+                                             f"({when}{who}{kept})")))
+        else:
+            rows.append(("retried", Text(f"{when}{who}")))
+    if run.forked_from is not None and not any(e.op == LINEAGE_FORK for e in run.lineage):
+        rows.append(("forked from", Text(run.forked_from)))
+    if forks:
+        rows.append(("forks", Text(", ".join(f.run_id for f in forks))))
+    return rows
+
+
+def run_header(timeline: Timeline, *, tracebacks: bool = False,
+               forks: Sequence[WorkflowRun] = ()) -> Table:
     run = timeline.run
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
@@ -139,6 +162,7 @@ def run_header(timeline: Timeline, *, tracebacks: bool = False) -> Table:
         rows.append(("scheduled for", format_time(run.scheduled_for)))
     if run.cancel_reason:
         rows.append(("cancel reason", Text(run.cancel_reason)))
+    rows.extend(lineage_rows(run, forks))
     rows.append(("input", Text(value_text(run.input))))
     if run.state_version:
         rows.append((f"state (v{run.state_version})", Text(value_text(dict(run.state)))))
@@ -166,7 +190,9 @@ def attempts_table(timeline: Timeline, *, tracebacks: bool = False) -> Table:
         if not step.attempts:
             table.add_row(label, "-", status_text(_step_status(step)), "", "", "", "")
         for attempt in step.attempts:
-            table.add_row(label, f"{attempt.attempt}/{step.state.max_attempts}",
+            # The total the attempt ran under: a retry raises the step's, not its past.
+            total = attempt.max_attempts or step.state.max_attempts
+            table.add_row(label, f"{attempt.attempt}/{total}",
                           _outcome(attempt), Text(attempt.worker or "-"),
                           format_time(attempt.started_at),
                           format_duration(attempt.duration),

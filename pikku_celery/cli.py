@@ -154,14 +154,17 @@ def runs(ctx: click.Context, workflow: str | None, status: str | None, limit: in
 @operator_command
 def show(ctx: click.Context, run_id: str, as_json: bool, tracebacks: bool) -> None:
     """Show a run and its per-attempt timeline (superseded attempts marked)."""
-    timeline = timeline_of(resolve(ctx), run_id)
+    app = resolve(ctx)
+    timeline = timeline_of(app, run_id)
+    forks = app.list_forks(run_id)
     if as_json:
-        click.echo(json.dumps(timeline_json(timeline), indent=2, sort_keys=True, default=str))
+        found = {**timeline_json(timeline), "forks": [f.run_id for f in forks]}
+        click.echo(json.dumps(found, indent=2, sort_keys=True, default=str))
         return
     from pikku_celery import _terminal
 
     out = _terminal.console()
-    out.print(_terminal.run_header(timeline, tracebacks=tracebacks))
+    out.print(_terminal.run_header(timeline, tracebacks=tracebacks, forks=forks))
     out.print()
     for table in (_terminal.gates_table(timeline), _terminal.event_waits_table(timeline),
                   _terminal.compensations_table(timeline)):
@@ -277,15 +280,19 @@ def cancel(ctx: click.Context, run_id: str, reason: str | None) -> None:
     click.echo(f"cancelled run {run_id}")
 
 
+BY_HELP = "Who asks (your name), kept in the run's lineage."
+
+
 @pikku.command("retry")
 @click.argument("run_id")
+@click.option("--by", help=BY_HELP)
 @click.pass_context
 @operator_command
-def retry(ctx: click.Context, run_id: str) -> None:
+def retry(ctx: click.Context, run_id: str, by: str | None) -> None:
     """Run a failed or cancelled run again from where it stopped (its failed steps get a
     fresh attempt budget; earlier attempts stay in its history)."""
     app = resolve(ctx)
-    if not app.retry(run_id):
+    if not app.retry(run_id, by=by):
         raise CommandFailed(f"run {run_id} is {app.get_run(run_id).status}, not failed or "
                             "cancelled: nothing to retry")
     click.echo(f"retrying run {run_id}")
@@ -295,13 +302,23 @@ def retry(ctx: click.Context, run_id: str) -> None:
 @click.argument("run_id")
 @click.option("--from", "from_step", required=True,
               help="The step to run afresh; the steps recorded before it are replayed.")
-@click.option("--run-id", "new_run_id", help="The new run's id (default: a fresh one).")
+@click.option("--run-id", "new_run_id",
+              help="The new run's id (default: a fresh one). The same fork again returns "
+                   "it; another run's id is refused.")
+@click.option("--keep-decisions", is_flag=True,
+              help="Copy the approvals and event waits decided before --from (default: "
+                   "the new run asks each again).")
+@click.option("--by", help=BY_HELP)
 @click.pass_context
 @operator_command
-def fork(ctx: click.Context, run_id: str, from_step: str, new_run_id: str | None) -> None:
-    """Start a new run of RUN_ID's workflow and input, replaying its steps before --from."""
-    forked = resolve(ctx).fork(run_id, from_step=from_step, new_run_id=new_run_id)
-    click.echo(f"forked run {forked} from run {run_id} at step {from_step!r}")
+def fork(ctx: click.Context, run_id: str, from_step: str, new_run_id: str | None,
+         keep_decisions: bool, by: str | None) -> None:
+    """Start a new run of RUN_ID's workflow and input, replaying its steps before --from
+    (approvals and event waits are asked again unless --keep-decisions)."""
+    forked = resolve(ctx).fork(run_id, from_step=from_step, new_run_id=new_run_id,
+                               keep_decisions=keep_decisions, by=by)
+    kept = ", decisions kept" if keep_decisions else ""
+    click.echo(f"forked run {forked} from run {run_id} at step {from_step!r}{kept}")
 
 
 @pikku.command("resume")

@@ -87,6 +87,7 @@ class AttemptView:
     task_id: str | None
     error: dict[str, Any] | None
     result: Any = None
+    max_attempts: int | None = None  # the total it ran under (``StepAttempt.max_attempts``)
 
     @property
     def superseded(self) -> bool:
@@ -508,7 +509,7 @@ def _step_view(step: StepState, entries: list[StepAttempt], end: datetime) -> St
             step_name=step.step_name, attempt=entry.attempt, status=entry.status,
             outcome=outcome, started_at=entry.started_at, ended_at=ended,
             worker=entry.worker, task_id=entry.task_id, error=entry.error,
-            result=entry.result))
+            result=entry.result, max_attempts=entry.max_attempts))
     return StepView(state=step, kind=kind, attempts=attempts,
                     waits=_waits(step, kind, attempts, end),
                     gate=gate_of(step, attempts, end) if kind == APPROVAL else None,
