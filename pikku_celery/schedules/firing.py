@@ -19,9 +19,17 @@ reach the store). ``catch_up`` decides what missed ticks start:
 
 Pausing stops a schedule's ticks; resuming it goes on from the first tick after the resume.
 The ticks that fell due while it was paused start nothing, whatever ``catch_up`` says:
-``catch_up`` is for ticks nobody chose to miss, a pause is a choice. A tick being fired as
-the pause lands may still start its run (the run is created before the schedule moves on).
+``catch_up`` is for ticks nobody chose to miss, a pause is a choice. A tick fired as the
+pause lands still starts its run (it was claimed before the pause; should its firer stop
+before creating the run, the next round of any worker creates it, paused or not).
 ``trigger`` starts a run now, outside the ticks (paused or not), as a tick of this instant.
+
+Firers disagree near the catch-up boundary: one that read the time (or the schedule)
+earlier finds the next tick on time and fires it, one that read it later finds it missed
+and fires only the latest. Each fires what it decided only after winning the tick's claim
+(the advance past it, ``store._schedules``), and no claim is possible while a tick fired
+before has no run yet. So one run per tick, and the ticks' runs are created oldest first:
+a tick that a ``catch_up`` decision skipped never starts a run after the tick it fired.
 """
 
 from __future__ import annotations
@@ -129,15 +137,18 @@ class Scheduler:
         if not declared:
             return None
         now = self.host.now_ms()
-        found = {s.name: s for s in self.host.store.list_schedules(sorted(declared))}
+        found = {s.name: (s, firing)
+                 for s, firing in self.host.store.schedules_firing(sorted(declared))}
         for name in sorted(set(declared) - set(found)):  # new, or deleted by hand
-            found[name] = self._save(declared[name], now)
+            found[name] = (self._save(declared[name], now), None)
         earliest: int | None = None
         for name in sorted(found):
-            state = found[name]
-            if state.paused:
-                continue
+            state, firing = found[name]
             try:
+                if firing is not None:  # claimed, its run maybe not created (paused or not)
+                    self._started(state, firing, now)
+                if state.paused:
+                    continue
                 next_ms = self._fire_schedule(state, now, every_tick)
             except (WorkflowNotFoundError, InvalidInputError) as exc:
                 # This process cannot start the run (a workflow it does not have, data a
@@ -151,25 +162,49 @@ class Scheduler:
 
     def _fire_schedule(self, state: WorkflowSchedule, now: int, every_tick: bool
                        ) -> int | None:
-        """Fire ``state``'s due ticks (at most ``PER_ROUND``); return its next tick."""
+        """Fire ``state``'s due ticks (at most ``PER_ROUND``); return its next tick.
+
+        A tick is claimed before its run is created: the advance past it (one firer wins)
+        records it as being started, and no advance is possible until ``started_tick``
+        says its run exists. Creating the run first let a firer whose decision was stale
+        (the module's docstring) start a tick that another had skipped, after the run of
+        the latest tick that other one fired."""
+        self.host.registry.workflow(state.workflow)  # one this process lacks: claim nothing
         timing, next_ms = timing_of(state), _ms(state)
         for _ in range(PER_ROUND):
             if next_ms > now:
                 break
             tick, to_ms = self._decide(state, timing, next_ms, now, every_tick)
-            if tick is not None:
-                self._start(state, tick, now)
-            # Only once the run exists: a crash before this fires the same tick again,
-            # which starts nothing new. Of several firers, one moves the schedule.
             if self.host.store.advance_schedule(state.name, next_ms, to_ms, now,
                                                 fired_ms=tick):
+                if tick is not None:
+                    self._started(state, tick, now)
                 next_ms = to_ms
                 continue
-            current = self.host.store.get_schedule(state.name)
+            # Moved or paused by another writer, or a tick fired before still has no run.
+            current = self._finish_firing(state.name, now)
             if current is None or current.paused:
                 return None
             state, timing, next_ms = current, timing_of(current), _ms(current)
         return next_ms
+
+    def _started(self, state: WorkflowSchedule, tick: int, now: int) -> None:
+        """Create the claimed ``tick``'s run, then record that it exists. A firer stopping
+        in between leaves the tick claimed: the next firer creates its run (once)."""
+        self._start(state, tick, now)
+        self.host.store.started_tick(state.name, tick, now)
+
+    def _finish_firing(self, name: str, now: int) -> WorkflowSchedule | None:
+        """Start the tick still being started, if any (its firer stopped, or is slow:
+        the run is created once either way); the schedule as it stands then."""
+        read = self.host.store.schedules_firing([name])
+        if not read:
+            return None
+        current, firing = read[0]
+        if firing is None:
+            return current
+        self._started(current, firing, now)
+        return self.host.store.get_schedule(name)
 
     def _decide(self, state: WorkflowSchedule, timing: Timing, next_ms: int, now: int,
                 every_tick: bool) -> tuple[int | None, int]:

@@ -3,13 +3,21 @@ them, the document a schedule is kept as, and its read model.
 
 A schedule is one document of ``workflow_schedules`` (``_id``: its name) holding its
 definition (workflow, cron or every, tz, data, catch_up), ``paused``, ``next_ms`` (the next
-tick not yet started) and ``last_ms`` (the latest tick fired). Every write that moves a
-schedule on is guarded on what its writer read: a tick advance on the ``next_ms`` it read
-(so of two workers firing one tick, one moves the schedule and the other's write does
-nothing), a pause on the schedule being live, a resume on it being paused, a change of
-timing on the timing read. What a tick *starts* is decided elsewhere: its run's id is
-derived from the tick (``keys.scheduled_run_id``), so the run is created once however many
-workers fire the tick (``pikku_celery.schedules``).
+tick not yet started), ``last_ms`` (the latest tick fired) and ``firing_ms`` (a tick fired
+whose run may not exist yet, ``FIRING``). Every write that moves a schedule on is guarded
+on what its writer read: a tick advance on the ``next_ms`` it read and on no tick being
+started (so of two workers firing one tick, one moves the schedule and the other's write
+does nothing), a pause on the schedule being live, a resume on it being paused, a change of
+timing on the timing read. The run a tick starts has an id derived from the tick
+(``keys.scheduled_run_id``), so it is created once however many workers start it
+(``pikku_celery.schedules``).
+
+A tick is fired in three writes: the advance that moves the schedule past it records it
+in ``firing_ms`` (the claim: one firer wins it), then its run is created, then
+``started_tick`` clears ``firing_ms``. While it is set no advance is possible: whoever
+finds it set creates that tick's run first (``schedules_firing``). So the runs of a schedule's
+ticks are created in the order of its ticks, and a tick that a later decision skipped
+(``catch_up``) can never start a run after the tick that decision fired.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from pikku_celery.validate import check_name, check_value
 
 Doc = dict[str, Any]
 MAX_LISTED = 1000  # schedules one listing returns at most
+FIRING = "firing_ms"  # the tick fired whose run may not exist yet (null, or absent: none)
 
 
 @dataclass(frozen=True)
@@ -70,10 +79,24 @@ class ScheduleStore(Protocol):
 
     def advance_schedule(self, name: str, from_ms: int, to_ms: int, now_ms: int, *,
                          fired_ms: int | None = None) -> bool:
-        """Move the live schedule's next tick from ``from_ms`` to ``to_ms`` (and its latest
-        fired tick up to ``fired_ms``): one write guarded on ``next_ms == from_ms`` and
-        the schedule not paused. ``False`` (nothing written) when another writer moved
-        it first, or it was paused meanwhile."""
+        """Move the live schedule's next tick from ``from_ms`` to ``to_ms``; with
+        ``fired_ms``, also move its latest fired tick up to it and record it as the tick
+        being started (``schedules_firing``) until ``started_tick``. One write guarded on
+        ``next_ms == from_ms``, the schedule not paused and no tick being started.
+        ``False`` (nothing written) when another writer moved it first, it was paused
+        meanwhile, or a tick fired before is still being started."""
+        ...
+
+    def schedules_firing(self, names: Collection[str]
+                         ) -> list[tuple[WorkflowSchedule, int | None]]:
+        """What a firer reads (one read): the schedules named in ``names``, by name, each
+        with the tick an advance fired whose ``started_tick`` has not been written (its
+        run may not exist: its firer may have stopped between the two), or ``None``."""
+        ...
+
+    def started_tick(self, name: str, tick_ms: int, now_ms: int) -> bool:
+        """The run of ``tick_ms`` exists: clear it as the tick being started (guarded on it
+        being that tick). ``False`` when it was not (another firer cleared it first)."""
         ...
 
     def pause_schedule(self, name: str, now_ms: int) -> bool:
@@ -112,7 +135,8 @@ def check_names(names: Collection[str] | None, limit: int) -> list[str] | None:
 
 def new_doc(schedule: NewSchedule, next_ms: int, now_ms: int) -> Doc:
     return {F.ID: schedule.name, **definition_fields(schedule), F.PAUSED: False,
-            F.NEXT: next_ms, F.LAST: None, F.CREATED: now_ms, F.UPDATED: now_ms}
+            F.NEXT: next_ms, F.LAST: None, FIRING: None, F.CREATED: now_ms,
+            F.UPDATED: now_ms}
 
 
 def definition_fields(schedule: NewSchedule) -> Doc:

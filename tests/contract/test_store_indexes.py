@@ -224,6 +224,8 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.advance_schedule("every-1m", late + 300_000, late + 600_000, late,
                            fired_ms=late + 300_000)
     store.advance_schedule("every-1m", late + 300_000, late + 600_000, late)
+    store.schedules_firing(["every-1m", "other"])  # the tick being started, read and cleared
+    store.started_tick("every-1m", late + 300_000, late)
     store.pause_schedule("every-1m", late)
     store.resume_schedule("every-1m", late + 600_000, late)
     transaction = store.step_transaction("a")  # a transactional step's try: opened, dropped

@@ -73,14 +73,45 @@ def test_moving_past_a_tick_is_guarded_on_the_tick_read(store: WorkflowStore) ->
     assert moved is not None and moved.next_at == at(T0 + 120_000)
     assert moved.last_at == at(T0 + 60_000) and moved.updated_at == at(T0 + 60_001)
     assert moved.last_run_id == keys.scheduled_run_id("tick-tock", T0 + 60_000)
+    assert store.started_tick("tick-tock", T0 + 60_000, T0 + 60_003)  # its run exists
     # Moving on without firing keeps the latest fired tick; it never goes back.
     assert store.advance_schedule("tick-tock", T0 + 120_000, T0 + 240_000, T0 + 3)
     assert store.advance_schedule("tick-tock", T0 + 240_000, T0 + 300_000, T0 + 4,
                                   fired_ms=T0 + 1)
+    assert store.started_tick("tick-tock", T0 + 1, T0 + 5)
     moved = store.get_schedule("tick-tock")
     assert moved is not None and moved.last_at == at(T0 + 60_000)
     assert moved.next_at == at(T0 + 300_000)
     assert not store.advance_schedule("nobody", 0, 1, T0)
+
+
+def test_a_fired_tick_blocks_every_move_until_its_run_is_said_to_exist(
+        store: WorkflowStore) -> None:
+    """Issue 31 (c): the advance that fires a tick records it as being started, and no
+    advance (of any firer, firing or not) lands until ``started_tick``: whoever finds it
+    set creates that tick's run first, so runs are created in the order of their ticks."""
+    store.save_schedule(EVERY, T0 + 60_000, T0)
+    assert store.schedules_firing(["tick-tock", "nobody"]) == [
+        (store.get_schedule("tick-tock"), None)]
+    assert store.advance_schedule("tick-tock", T0 + 60_000, T0 + 120_000, T0 + 60_001,
+                                  fired_ms=T0 + 60_000)
+    [(read, firing)] = store.schedules_firing(["tick-tock"])
+    assert firing == T0 + 60_000 and read.next_at == at(T0 + 120_000)
+    # A later decision (the latest tick after an outage, or none) waits for it.
+    assert not store.advance_schedule("tick-tock", T0 + 120_000, T0 + 600_000, T0 + 7,
+                                      fired_ms=T0 + 540_000)
+    assert not store.advance_schedule("tick-tock", T0 + 120_000, T0 + 600_000, T0 + 7)
+    assert not store.started_tick("tick-tock", T0 + 120_000, T0 + 8)  # not that tick
+    assert not store.started_tick("nobody", T0 + 60_000, T0 + 8)
+    assert store.started_tick("tick-tock", T0 + 60_000, T0 + 9)
+    assert not store.started_tick("tick-tock", T0 + 60_000, T0 + 10)  # cleared once
+    assert store.schedules_firing(["tick-tock"])[0][1] is None
+    assert store.advance_schedule("tick-tock", T0 + 120_000, T0 + 600_000, T0 + 11,
+                                  fired_ms=T0 + 540_000)
+    # A pause keeps the tick being started (it was claimed before the pause).
+    assert store.pause_schedule("tick-tock", T0 + 12)
+    assert store.schedules_firing(["tick-tock"])[0][1] == T0 + 540_000
+    assert store.started_tick("tick-tock", T0 + 540_000, T0 + 13)
 
 
 def test_a_paused_schedule_is_not_moved_and_pause_and_resume_are_guarded(

@@ -225,32 +225,42 @@ def test_two_workers_firing_one_tick_start_one_run(pikku: PikkuCelery, kit: Inli
     engine.runs.create_run = spy  # type: ignore[method-assign]
     assert first._fire_schedule(stale, tick, False) == tick + TEN_MIN
     # The second read the schedule before the first moved it: it fires the same tick, its
-    # create finds the run, its move loses, and it reads the schedule again.
+    # claim (the move past the tick) loses, and it reads the schedule again.
     assert second._fire_schedule(stale, tick, False) == tick + TEN_MIN
-    assert created == [True, False]
+    assert created == [True]
     assert _ticks(pikku) == [tick]
     assert _next_ms(pikku) == tick + TEN_MIN
 
 
-def test_a_crash_between_the_run_and_the_tick_fires_the_same_tick_again(
-        pikku: PikkuCelery, kit: InlineKit, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("stops", ["before its run", "before started_tick"])
+def test_a_firer_that_stops_after_claiming_a_tick_leaves_its_run_to_the_next(
+        pikku: PikkuCelery, kit: InlineKit, monkeypatch: pytest.MonkeyPatch,
+        stops: str) -> None:
+    """A tick is claimed (the schedule moved past it) before its run is created: a firer
+    that stops in between leaves it claimed, and the next round, of any worker, creates
+    its run (once), long before the schedule's next tick is due."""
     pikku.schedule("ten", "report", every="10m")
     engine = pikku.engine
+    store = engine.store
     tick = _next_ms(pikku)
     kit.clock.advance_to(tick + 1000)
-    store = engine.store
-    original = store.advance_schedule
 
-    def crash(*args: Any, **kwargs: Any) -> bool:
+    def crash(*args: Any, **kwargs: Any) -> Any:
         raise ConnectionError("the worker died here")
 
-    monkeypatch.setattr(store, "advance_schedule", crash)
+    if stops == "before its run":
+        monkeypatch.setattr(engine.runs, "create_run", crash)
+    else:
+        monkeypatch.setattr(store, "started_tick", crash)
     with pytest.raises(ConnectionError):
         Scheduler(engine).fire_due()
-    assert _ticks(pikku) == [tick] and _next_ms(pikku) == tick  # the run, not the move
-    monkeypatch.setattr(store, "advance_schedule", original)
+    monkeypatch.undo()
+    assert _next_ms(pikku) == tick + TEN_MIN  # claimed: no firer can fire it again
+    assert _ticks(pikku) == ([] if stops == "before its run" else [tick])
+    assert store.schedules_firing(["ten"])[0][1] == tick
     Scheduler(engine).fire_due()  # another worker, or the same one restarted
-    assert _ticks(pikku) == [tick]  # the same tick again: no second run
+    assert _ticks(pikku) == [tick]  # one run of the tick
+    assert store.schedules_firing(["ten"])[0][1] is None
     assert _next_ms(pikku) == tick + TEN_MIN
 
 
@@ -550,14 +560,14 @@ def test_every_round_of_the_ticker_runs_under_a_deadline(
             inside.pop()
 
     engine = pikku.engine
-    original = engine.store.list_schedules
+    original = engine.store.schedules_firing
     calls: list[bool] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         calls.append(bool(inside))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine.store, "list_schedules", spy)
+    monkeypatch.setattr(engine.store, "schedules_firing", spy)
     monkeypatch.setattr("pikku_celery.schedules.ticker.deadline", deadline)
     ScheduleTicker(lambda: engine).round()
     assert entered == [ROUND_DEADLINE_S] and calls == [True]

@@ -9,7 +9,7 @@ from collections.abc import Collection
 from pikku_celery.keys import ScheduleField as F
 from pikku_celery.records import WorkflowSchedule
 from pikku_celery.store import _schedules
-from pikku_celery.store._schedules import MAX_LISTED, NewSchedule
+from pikku_celery.store._schedules import FIRING, MAX_LISTED, NewSchedule
 from pikku_celery.store.memory.base import MemoryStoreBase
 from pikku_celery.validate import as_stored, check_name
 
@@ -53,11 +53,30 @@ class MemorySchedules(MemoryStoreBase):
         check_name("schedule name", name)
         with self._lock:
             doc = self._schedules.get(name)
-            if doc is None or doc[F.NEXT] != from_ms or doc[F.PAUSED]:
+            if (doc is None or doc[F.NEXT] != from_ms or doc[F.PAUSED]
+                    or doc.get(FIRING) is not None):
                 return False
             doc[F.NEXT], doc[F.UPDATED] = to_ms, now_ms
-            if fired_ms is not None and (doc[F.LAST] is None or fired_ms > doc[F.LAST]):
-                doc[F.LAST] = fired_ms
+            if fired_ms is not None:
+                doc[FIRING] = fired_ms
+                if doc[F.LAST] is None or fired_ms > doc[F.LAST]:
+                    doc[F.LAST] = fired_ms
+            return True
+
+    def schedules_firing(self, names: Collection[str]
+                         ) -> list[tuple[WorkflowSchedule, int | None]]:
+        wanted = _schedules.check_names(names, MAX_LISTED) or []
+        with self._lock:
+            docs = [copy.deepcopy(self._schedules[n]) for n in wanted if n in self._schedules]
+        return [(_schedules.schedule_from_doc(d), d.get(FIRING)) for d in docs]
+
+    def started_tick(self, name: str, tick_ms: int, now_ms: int) -> bool:
+        check_name("schedule name", name)
+        with self._lock:
+            doc = self._schedules.get(name)
+            if doc is None or doc.get(FIRING) != tick_ms:
+                return False
+            doc[FIRING], doc[F.UPDATED] = None, now_ms
             return True
 
     def pause_schedule(self, name: str, now_ms: int) -> bool:

@@ -12,7 +12,7 @@ from pymongo.errors import DuplicateKeyError
 from pikku_celery.keys import ScheduleField as F
 from pikku_celery.records import WorkflowSchedule
 from pikku_celery.store import _schedules
-from pikku_celery.store._schedules import MAX_LISTED, NewSchedule
+from pikku_celery.store._schedules import FIRING, MAX_LISTED, NewSchedule
 from pikku_celery.store.mongo.base import MongoStoreBase
 from pikku_celery.store.mongo.errors import storable
 from pikku_celery.validate import check_name
@@ -68,9 +68,26 @@ class MongoSchedules(MongoStoreBase):
         check_name("schedule name", name)
         update: dict[str, Any] = {"$set": {F.NEXT: to_ms, F.UPDATED: now_ms}}
         if fired_ms is not None:
+            update["$set"][FIRING] = fired_ms
             update["$max"] = {F.LAST: fired_ms}
-        wrote = self._schedules.update_one({F.ID: name, F.NEXT: from_ms, F.PAUSED: False},
-                                           update, session=self._session)
+        # ``FIRING: None`` matches a document written before the field existed too.
+        wrote = self._schedules.update_one(
+            {F.ID: name, F.NEXT: from_ms, F.PAUSED: False, FIRING: None}, update,
+            session=self._session)
+        return wrote.matched_count == 1
+
+    def schedules_firing(self, names: Collection[str]
+                         ) -> list[tuple[WorkflowSchedule, int | None]]:
+        wanted = _schedules.check_names(names, MAX_LISTED) or []
+        found = self._schedules.find({F.ID: {"$in": wanted}},
+                                     session=self._session).sort(F.ID, 1)
+        return [(_schedules.schedule_from_doc(d), d.get(FIRING)) for d in found]
+
+    def started_tick(self, name: str, tick_ms: int, now_ms: int) -> bool:
+        check_name("schedule name", name)
+        wrote = self._schedules.update_one(
+            {F.ID: name, FIRING: tick_ms}, {"$set": {FIRING: None, F.UPDATED: now_ms}},
+            session=self._session)
         return wrote.matched_count == 1
 
     def pause_schedule(self, name: str, now_ms: int) -> bool:
