@@ -21,8 +21,12 @@ from typing import Any
 
 from celery import Celery
 
-from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
+from pikku_celery import InMemoryLeaseService, PikkuCelery
 from pikku_celery.inline import InlineDispatcher
+from pikku_celery.store.base import WorkflowStore
+from tests.contract.test_store import store
+
+__all__ = ["store"]  # the fixture, parametrized over every store
 
 START_MS = 1_800_000_000_000
 
@@ -56,11 +60,12 @@ class AheadEstimate:
         self.server.ms = max(self.server.ms, due_ms - self.ahead)
 
 
-def test_a_retry_whose_timer_fired_early_is_armed_again_and_runs() -> None:
+def test_a_retry_whose_timer_fired_early_is_armed_again_and_runs(
+        store: WorkflowStore) -> None:
     server = ServerTime()
     estimate = AheadEstimate(server)
     pikku = PikkuCelery(Celery("early-timers", broker="memory://"), worker_reaper=False)
-    engine = pikku.make_engine(store=InMemoryWorkflowStore(),
+    engine = pikku.make_engine(store=store,
                                leases=InMemoryLeaseService(clock_ms=server), clock=estimate)
     calls: list[int] = []
 

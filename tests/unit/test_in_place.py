@@ -16,7 +16,11 @@ from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, LeaseLostError, PikkuCelery, keys
 from pikku_celery.leases.hold import _RENEWALS
+from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
+from tests.contract.test_store import store
+
+__all__ = ["store"]  # the fixture, parametrized over every store (the last test)
 
 FAR = 10 ** 13  # a time past every lease: a claim then reclaims as the reaper would
 
@@ -63,8 +67,8 @@ class Worker:
                 self.delivering = False
 
 
-def _app() -> tuple[PikkuCelery, InMemoryWorkflowStore, Worker]:
-    store = InMemoryWorkflowStore()
+def _app(store: Any = None) -> tuple[PikkuCelery, InMemoryWorkflowStore, Worker]:
+    store = store if store is not None else InMemoryWorkflowStore()
     pikku = PikkuCelery(Celery("in-place", broker="memory://"), store=store,
                         leases=InMemoryLeaseService(), worker_reaper=False)
     return pikku, store, Worker(pikku)
@@ -172,12 +176,13 @@ def test_in_place_steps_bounds_a_streak() -> None:
     assert worker.sent == ["s3"]
 
 
-def test_a_streak_stops_at_the_next_step_once_its_run_lease_is_known_lost() -> None:
+def test_a_streak_stops_at_the_next_step_once_its_run_lease_is_known_lost(
+        store: WorkflowStore) -> None:
     """Issue 31 (d): while ``s0`` runs in place, another holder takes the run lease and the
     pass's renewal is refused. No later step of the streak runs here (its body would run
     beside the new holder's pass): the call ends with ``LeaseLostError`` after writing
     ``s0``'s settle, and the run goes on from it once the run is free."""
-    pikku, _, worker = _app()
+    pikku, _, worker = _app(store)
     leases = pikku.engine.leases
     key = keys.run_lease_key("ip-lost")
     ran: list[str] = []
