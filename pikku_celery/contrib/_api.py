@@ -89,7 +89,9 @@ from pikku_celery.errors import (
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
 )
+from pikku_celery.forks import kept_approvals
 from pikku_celery.records import StepAttempt, StepState, WorkflowEvent, WorkflowRun
+from pikku_celery.store.base import run_matches
 from pikku_celery.timeline import Timeline, build
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH
 
@@ -127,6 +129,7 @@ MAX_LIMIT = 200
 #: ``/steps`` and ``/history`` pages carry no values (``/steps/<step_name>`` serves them).
 DEFAULT_STEP_LIMIT = 100
 MAX_STEP_LIMIT = 500
+MAX_FORKS = 100  # a run's forks listed in its JSON (the oldest)
 JSON_TYPE = "application/json"
 
 
@@ -299,11 +302,20 @@ class RunsApi:
         return 200, {"runs": [self._present(r) for r in runs], "next": more}
 
     def get_run(self, run_id: str) -> Response:
-        """The run, with its events (``events``: as ``get_events`` serves them)."""
+        """The run, with its events (``events``: as ``get_events`` serves them) and the
+        runs forked from it that the caller may read (``forks``: their ids, oldest first;
+        a fork names its source in ``forked_from`` and its ``lineage``)."""
         run = readable_run(self.pikku, self.caller, run_id)
         served = self._present(run)
         served["events"] = self._events(self._timeline(run, self.pikku.list_events(run_id)))
+        served["forks"] = self._readable_forks(run_id)
         return 200, served
+
+    def _readable_forks(self, run_id: str) -> list[str]:
+        match = self.caller.match()
+        return [f.run_id for f in self.pikku.list_forks(run_id, MAX_FORKS)
+                if (match is None or run_matches(f.input, match))
+                and self.caller.can(READ, f.run_id)]
 
     def get_events(self, run_id: str, query: Mapping[str, str]) -> Response:
         """The events sent to the run, in the order sent (``?limit=``: the first 1 to
@@ -400,28 +412,46 @@ class RunsApi:
         return 200, {"resumed": self.pikku.resume(run_id)}
 
     def retry(self, run_id: str, body: Any) -> Response:
-        """``pikku.retry``; 409 for a run neither failed nor cancelled."""
+        """``pikku.retry``, recorded in the run's lineage as by the caller the adapter
+        identified (``None`` when it cannot tell); 409 for a run neither failed nor
+        cancelled."""
         _fields(body, allowed=(), what="nothing")
         run = readable_run(self.pikku, self.caller, run_id)
-        if not self.pikku.retry(run_id):
+        if not self.pikku.retry(run_id, by=self.caller.name()):
             raise ApiError(409, "WorkflowRunNotRetryable",
                            f"run {run_id!r} is {run.status}, not failed or cancelled: "
                            "nothing to retry")
         return 200, {"retried": True}
 
     def fork(self, run_id: str, body: Any) -> Response:
-        """``pikku.fork``, authorized as ``fork`` on the run forked from."""
-        what = "a 'from_step' and an optional 'run_id'"
-        fields = _fields(body, allowed=("from_step", "run_id"), what=what)
-        if not isinstance(fields.get("from_step"), str):
+        """``pikku.fork``, authorized as ``fork`` on the run forked from; with
+        ``keep_decisions``, also as ``approve`` of that run for each approval the fork
+        copies (told the gate; once without one when it copies none): a caller who may
+        fork but not approve cannot have a decision made for another run re-used in
+        theirs. Recorded as by the caller the adapter identified. 409 when the new id is
+        another run's (a fork never writes into a run it did not create)."""
+        what = "a 'from_step', an optional 'run_id' and an optional 'keep_decisions'"
+        fields = _fields(body, allowed=("from_step", "run_id", "keep_decisions"), what=what)
+        from_step, keep = fields.get("from_step"), fields.get("keep_decisions", False)
+        if not isinstance(from_step, str):
             raise InvalidInputError(f"the body must be a JSON object with {what}")
+        if not isinstance(keep, bool):
+            raise InvalidInputError(f"'keep_decisions' must be true or false, got {keep!r}")
         readable_run(self.pikku, self.caller, run_id)
+        if keep:
+            gates: list[str | None] = [*kept_approvals(self.pikku.get_steps(run_id),
+                                                       from_step)]
+            for gate in gates or [None]:
+                self.caller.check(APPROVE, run_id, gate)
         try:
-            return 202, {"run_id": self.pikku.fork(run_id, from_step=fields["from_step"],
-                                                   new_run_id=fields.get("run_id"))}
+            return 202, {"run_id": self.pikku.fork(run_id, from_step=from_step,
+                                                   new_run_id=fields.get("run_id"),
+                                                   keep_decisions=keep,
+                                                   by=self.caller.name())}
         except WorkflowRunConflictError:
             raise ApiError(409, "WorkflowRunConflictError",
-                           f"run id {fields.get('run_id')!r} is taken by another run") from None
+                           f"run id {fields.get('run_id')!r} is taken by another run (not "
+                           "this fork of this run)") from None
 
     def approve(self, run_id: str, name: str, body: Any) -> Response:
         what = "a 'decision' and an optional 'by'"
