@@ -56,13 +56,13 @@ def test_keep_decisions_is_authorized_as_approve_of_each_gate_kept(web: Web) -> 
     with reconfigured(web, AUTHORIZE=fork_but_not_approve):
         call = web.call  # the reconfigured app's
         asked.clear()
-        status, payload = call("POST", f"{PREFIX}/runs/{source}/fork",
-                               {"from_step": "add", "keep_decisions": True}, user="reader")
+        status, _ = call("POST", f"{PREFIX}/runs/{source}/fork",
+                         {"from_step": "add", "keep_decisions": True}, user="reader")
         assert status == 403 and pikku.list_forks(source) == []  # nothing forked
         assert ("approve", source, "manager") in asked
         # Without the decisions: the fork asks the approval again.
-        status, payload = call("POST", f"{PREFIX}/runs/{source}/fork",
-                               {"from_step": "add", "run_id": "http-asks"}, user="reader")
+        status, _ = call("POST", f"{PREFIX}/runs/{source}/fork",
+                         {"from_step": "add", "run_id": "http-asks"}, user="reader")
         assert status == 202
         assert "__approval:manager" not in [s.step_name for s in pikku.get_steps("http-asks")]
         asked.clear()
