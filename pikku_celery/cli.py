@@ -388,7 +388,8 @@ def send(ctx: click.Context, run_id: str, name: str, payload: str | None, key: s
          as_json: bool) -> None:
     """Send the event NAME to the run and wake it: its next wf.wait_for_event(NAME)
     returns PAYLOAD_JSON (JSON: '{"amount": 12}', 42, '"text"'; none: null). Events
-    wait, in the order sent, until a wait takes them."""
+    wait, in the order sent, until a wait takes them. One event per call: a send the
+    store cannot take within 30 s fails saying whether the event may have been kept."""
     value = None
     if payload is not None:
         try:

@@ -9,7 +9,8 @@ its answer was lost keeps the event once. Past the deadline it raises
 are injected here: a store whose first send lands and then raises ``AutoReconnect``
 (memory and the real ``mongod``), and on ``mongod`` each of the send's own writes landing
 and then failing, or a server never reached. A wake that fails after the event was kept
-does not fail the send (the reaper wakes the run: ``test_events_wake_order``)."""
+does not fail the send (the reaper wakes the run: ``test_events_wake_order``). The web
+API answers 503 and ``pikku send`` one line, each saying whether it may have been kept."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from pikku_celery.contrib._api import handle
 from pikku_celery.keys import EventField as E
 from pikku_celery.keys import RunField as R
 from tests.conftest import pooled_database
+from tests.unit.test_cli import one_line_error, run_cli
 from tests.unit.test_engine import Recorder
 from tests.unit.test_engine_fencing import FakeClock
 
@@ -254,3 +256,15 @@ def test_the_api_answers_503_with_whether_the_event_may_have_been_kept() -> None
     assert body == {"error": "WorkflowEventNotSentError", "may_be_kept": True,
                     "message": "event 'paid' for run r-1 not sent (it may have been kept): "
                                "the store kept failing"}
+
+
+def test_pikku_send_says_in_one_line_whether_the_event_may_have_been_kept(
+        short_deadline: None) -> None:
+    pikku = _pikku(InMemoryWorkflowStore())
+    run_id = _waiting(pikku)
+    pikku.engine.store = LandsThenFails(pikku.engine.store, AutoReconnect("no primary"),
+                                        lands=False, fails=10**6)
+    line = one_line_error(run_cli(pikku, "send", run_id, "paid", '{"amount": 12}'))
+    assert line.startswith(f"Error: WorkflowEventNotSentError: event 'paid' for run {run_id} "
+                           "not sent (it may have been kept): the store kept failing for "
+                           "0.3 s; last: AutoReconnect"), line
