@@ -75,6 +75,7 @@ from pikku_celery.contrib._readable import (
     SEARCH_BATCH,
     RunSearch,
     readable_count,
+    readable_forks,
     readable_page,
     readable_run,
     readable_search,
@@ -91,7 +92,6 @@ from pikku_celery.errors import (
 )
 from pikku_celery.forks import kept_approvals
 from pikku_celery.records import StepAttempt, StepState, WorkflowEvent, WorkflowRun
-from pikku_celery.store.base import run_matches
 from pikku_celery.timeline import Timeline, build
 from pikku_celery.validate import MAX_DOCUMENT_DEPTH
 
@@ -129,7 +129,6 @@ MAX_LIMIT = 200
 #: ``/steps`` and ``/history`` pages carry no values (``/steps/<step_name>`` serves them).
 DEFAULT_STEP_LIMIT = 100
 MAX_STEP_LIMIT = 500
-MAX_FORKS = 100  # a run's forks listed in its JSON (the oldest)
 JSON_TYPE = "application/json"
 
 
@@ -308,14 +307,8 @@ class RunsApi:
         run = readable_run(self.pikku, self.caller, run_id)
         served = self._present(run)
         served["events"] = self._events(self._timeline(run, self.pikku.list_events(run_id)))
-        served["forks"] = self._readable_forks(run_id)
+        served["forks"] = [f.run_id for f in readable_forks(self.pikku, self.caller, run_id)]
         return 200, served
-
-    def _readable_forks(self, run_id: str) -> list[str]:
-        match = self.caller.match()
-        return [f.run_id for f in self.pikku.list_forks(run_id, MAX_FORKS)
-                if (match is None or run_matches(f.input, match))
-                and self.caller.can(READ, f.run_id)]
 
     def get_events(self, run_id: str, query: Mapping[str, str]) -> Response:
         """The events sent to the run, in the order sent (``?limit=``: the first 1 to

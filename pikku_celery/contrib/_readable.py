@@ -25,6 +25,18 @@ def readable_run(pikku: PikkuCelery, caller: Caller, run_id: str) -> WorkflowRun
     return run
 
 
+#: A run's forks listed with it (the oldest): its JSON and its dashboard page.
+MAX_FORKS = 100
+
+
+def readable_forks(pikku: PikkuCelery, caller: Caller, run_id: str) -> list[WorkflowRun]:
+    """The runs forked from ``run_id`` (oldest first) that the caller may read: kept by
+    their run filter and allowed ``read`` one by one, as a listing's runs are."""
+    match = caller.match()
+    return [f for f in pikku.list_forks(run_id, MAX_FORKS)
+            if (match is None or run_matches(f.input, match)) and caller.can(READ, f.run_id)]
+
+
 def readable_schedules(pikku: PikkuCelery, caller: Caller) -> list[WorkflowSchedule]:
     """The schedules whose runs the caller's run filter keeps (all without a filter)."""
     match = caller.match()

@@ -73,6 +73,7 @@ from pikku_celery.contrib._readable import (
     MAX_SEARCHED,
     RunSearch,
     readable_count,
+    readable_forks,
     readable_page,
     readable_run,
     readable_search,
@@ -96,6 +97,7 @@ from pikku_celery.errors import (
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
 )
+from pikku_celery.forks import kept_approvals
 from pikku_celery.records import RUN_CANCELLED, RUN_FAILED, RUN_STATUSES, RUN_SUSPENDED
 from pikku_celery.timeline import (
     GateView,
@@ -139,7 +141,10 @@ NOTICES = {
     "fork-unknown-step": "not forked: the run recorded no such step; pick one of its steps",
     "fork-bad-run-id": "not forked: a new run id is 1 to 200 ASCII letters, digits and "
                        "- _ . : + = ~ @ (not @ first), or empty for a generated one",
-    "fork-run-id-taken": "not forked: that run id is taken by another run",
+    "fork-run-id-taken": "not forked: that run id is taken by another run (not this fork "
+                         "of this run)",
+    "fork-keep-refused": "not forked: keeping the run's decisions needs the right to approve "
+                         "each approval it copies; fork without keeping them to ask again",
     "triggered": "run started: its schedule was triggered (the schedule's ticks go on)",
 }
 DONE = {CANCEL: ("cancelled", "not-cancelled"), RESUME: ("resumed", "not-resumed"),
@@ -242,7 +247,8 @@ class Dashboard:
                 reason = (form.get("reason") or "").strip()[:MAX_REASON_CHARS] or None
                 done = self.pikku.cancel(run_id, reason or "cancelled from the dashboard")
             elif action == RETRY:
-                done = self.pikku.retry(run_id)  # False for a run neither failed nor cancelled
+                # False for a run neither failed nor cancelled; by: the run's lineage.
+                done = self.pikku.retry(run_id, by=view.caller.name())
             elif (waits := _only_gate_waits(self._timeline(run_id))) is not None:
                 return _back(view, run_id, waits)  # it would wake for nothing
             else:
@@ -252,18 +258,26 @@ class Dashboard:
 
     def _fork(self, view: View, run_id: str, form: Mapping[str, str]) -> Page:
         """The Fork form: ``pikku.fork`` from a step the run recorded, under the new run
-        id typed (``None``: one is generated), then the new run's page."""
+        id typed (``None``: one is generated), then the new run's page. "Keep decisions"
+        (copy the approvals and event waits) needs ``approve`` of each approval copied,
+        as in the JSON API; the caller is the fork's ``by``."""
         step = form.get("from_step") or ""
+        keep = form.get("keep_decisions") == "on"
         new_run_id = (form.get("run_id") or "").strip() or None
         if new_run_id is not None:
             try:
                 check_run_id(new_run_id)
             except InvalidInputError:
                 return _back(view, run_id, "fork-bad-run-id")
-        if step not in {s.step_name for s in self.pikku.get_steps(run_id)}:
+        steps = self.pikku.get_steps(run_id)
+        if step not in {s.step_name for s in steps}:
             return _back(view, run_id, "fork-unknown-step")
+        gates: list[str | None] = [*kept_approvals(steps, step)] if keep else []
+        if keep and not all(view.can(APPROVE, run_id, gate) for gate in gates or [None]):
+            return _back(view, run_id, "fork-keep-refused")
         try:
-            forked = self.pikku.fork(run_id, from_step=step, new_run_id=new_run_id)
+            forked = self.pikku.fork(run_id, from_step=step, new_run_id=new_run_id,
+                                     keep_decisions=keep, by=view.caller.name())
         except WorkflowRunConflictError:
             return _back(view, run_id, "fork-run-id-taken")
         return _back(view, forked, "forked")
@@ -427,6 +441,7 @@ class Dashboard:
                        and view.can(RETRY, run_id)),
             fork_steps=([(s.state.step_name, s.label) for s in whole.steps]
                         if view.csrf is not None and view.can(FORK, run_id) else []),
+            forks=readable_forks(self.pikku, view.caller, run_id),
             notice=NOTICES.get(view.query.get("notice") or ""), live=live,
             refresh_s=REFRESH_S, progress=whole.progress(), steps_total=len(whole.steps),
             later=later and (f"{view.base}runs/{segment(run_id)}?"
