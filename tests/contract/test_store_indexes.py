@@ -138,6 +138,7 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.transition_run(two, ["suspended"], "running", late)
     store.write_run_state(one, "writer", {"k": 1}, 0, late)
     store.touch_run(one, late)
+    store.list_forks(one)  # a run's forks (its page and JSON)
     for workflow in (None, "wf-1"):
         for status in (None, "running"):
             page = store.list_runs(workflow=workflow, status=status, limit=5)
