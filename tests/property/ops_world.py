@@ -1,0 +1,431 @@
+"""A deterministic world for the model-based test over the operations (issue 31).
+
+One ``PikkuCelery`` with four small workflows (an order limited to one live run per key that
+waits for the same event twice, an approval then a sleep, a parent with a child run, and a
+schedule of the approval workflow), driven through the public engine on either store: every
+message the engine sends (a step, a wake of a run, a timer) waits in ``Pool`` until a rule
+delivers it, every step body does what the rule tells it (succeed, fail, or die like a
+SIGKILL, its lease left to lapse), and the clock (``FakeTime``, the lease service's and the
+engine's) moves only when told, by one millisecond per operation at least. Nothing runs in a
+thread (the heartbeat does not beat: a rule moves the clock past a lease instead).
+
+Where an operation writes twice and another may land between the two writes (a retry takes
+its slot, then revives the run; a cancel ends the run, then fences its steps), ``SeamStore``
+runs that other operation right before the second write is sent (``between``), as
+``store_world`` does for the claim layer.
+
+``Model`` holds what the operations promised (shared/design/contract.md, section 7) and
+``check`` compares the stores' state with it after every rule; a failure names the
+invariant by its number in section 7."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery
+
+from pikku_celery import InMemoryLeaseService, PikkuCelery
+from pikku_celery.engine import Engine
+from pikku_celery.errors import (
+    PikkuError,
+    WorkflowEventError,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.records import RUN_TERMINAL
+from pikku_celery.schedules.firing import Scheduler
+from pikku_celery.store._slots import slot_id
+from pikku_celery.store.base import WorkflowStore
+from tests.property.ops_checks import ORDER, SCHEDULE, Checks, Model
+from tests.property.store_world import FakeTime, WorldClock
+
+LEASE_MS = 30_000
+APPROVAL, PARENT, CHILD = "mb.approval", "mb.parent", "mb.child"
+
+
+class WorkerDied(BaseException):
+    """A body told to die: nothing is settled, the attempt's lease is left to lapse (a
+    ``BaseException``, so the engine does not record it as the step's failure)."""
+
+
+@dataclass
+class Message:
+    kind: str  # "step" | "run" | "timer"
+    run_id: str
+    step_name: str = ""
+    function: str = ""
+    due_ms: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.run_id}:{self.step_name}"
+
+
+@dataclass
+class Pool:
+    """The engine's dispatcher: every message waits here until a rule delivers it."""
+
+    messages: list[Message] = field(default_factory=list)
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+        self.messages.append(Message("step", run_id, step_name, function))
+
+    def wake_run(self, run_id: str, countdown_s: float = 0.0,
+                 step_name: str | None = None) -> None:
+        self.messages.append(Message("run", run_id, step_name or ""))
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
+        self.messages.append(Message("timer", run_id, step_name, due_ms=due_ms))
+
+
+class SeamStore:
+    """The world's store as the engine sees it: every call goes through, except that an
+    operation put ``before`` a method runs once, right before that method's next call."""
+
+    def __init__(self, inner: WorkflowStore) -> None:
+        self._inner = inner
+        self._before: dict[str, Callable[[], None]] = {}
+
+    def before(self, method: str, hook: Callable[[], None]) -> None:
+        self._before[method] = hook
+
+    def clear(self) -> None:
+        self._before.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        hook = self._before.pop(name, None)
+        if hook is None:
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            hook()
+            return found(*args, **kwargs)
+        return call
+
+
+def _parameters(fn: Callable[..., Any]) -> set[str]:
+    return set(inspect.signature(fn).parameters)
+
+
+class World(Checks):
+    """The engine, its store and clock, the pool of messages, and the model."""
+
+    def __init__(self, store: WorkflowStore) -> None:
+        self.time = FakeTime()
+        self.store = SeamStore(store)
+        self.inner = store
+        self.pool = Pool()
+        self.model = Model()
+        self.fate = "ok"  # what the next body does: "ok", "fail" or "die"
+        self.log: list[str] = []
+        self.counter = 0
+        leases = InMemoryLeaseService(clock_ms=self.time)
+        self.pikku = pikku = PikkuCelery(
+            Celery(f"model-{id(self)}", broker="memory://"), store=store, leases=leases,
+            step_lease=LEASE_MS / 1000, run_lease=LEASE_MS / 1000, worker_reaper=False)
+        self._declare(pikku)
+        self.engine: Engine = pikku.make_engine(
+            store=self.store,
+            leases=leases, clock=WorldClock(self.time), dispatcher=lambda engine: self.pool)
+        self.engine.heartbeat._ensure_thread = lambda: None  # type: ignore[method-assign]
+        pikku._override_engine(None, self.engine)
+        self.scheduler = Scheduler(self.engine)
+        self.fork_keeps = "keep_decisions" in _parameters(pikku.fork)
+
+    def close(self) -> None:
+        self.engine.heartbeat.stop()
+
+    # --- the workflows ----------------------------------------------------------------------
+
+    def _declare(self, pikku: PikkuCelery) -> None:
+        world = self
+
+        @pikku.step(name="mb.work", retries=1, retry_delay="1s", bind=True)
+        def work(ctx: Any, data: Any) -> Any:
+            return world.body(ctx.run_id, ctx.step_name, ctx.attempt, data)
+
+        @pikku.workflow(ORDER, concurrency=1, concurrency_key=lambda data: data["k"])
+        def order(wf: Any, data: Any) -> Any:
+            reserved = wf.do("reserve", work, data["k"])
+            paid = wf.wait_for_event("paid", timeout=data.get("t"), default="NO-PAYMENT")
+            shipped = wf.do("ship", work, paid)
+            again = wf.wait_for_event("paid", timeout=data.get("t"), default="NONE")
+            return [reserved, paid, shipped, again]
+
+        @pikku.workflow(APPROVAL)
+        def approval(wf: Any, data: Any) -> Any:
+            prepared = wf.do("prepare", work, data)
+            decision = wf.approval("ok", expiry=(data or {}).get("t"))
+            wf.sleep("nap", "5s")
+            return wf.do("pay", work, [prepared, decision])
+
+        @pikku.workflow(CHILD)
+        def child(wf: Any, data: Any) -> Any:
+            return wf.do("x", work, data)
+
+        @pikku.workflow(PARENT)
+        def parent(wf: Any, data: Any) -> Any:
+            got = wf.child("kid", CHILD, data)
+            return wf.do("after", work, got)
+
+        pikku.schedule(SCHEDULE, APPROVAL, every="60s", data={"scheduled": True})
+
+    def body(self, run_id: str, step_name: str, attempt: int, data: Any) -> Any:
+        """Every step body: notes a body started on an ended run (invariant 2), then does
+        what the rule said."""
+        run = self.inner.get_run(run_id)
+        if run is None or run.status in RUN_TERMINAL:
+            self.model.late_bodies.append(
+                f"{run_id}:{step_name}#{attempt} ({run.status if run else 'no run'})")
+        fate, self.fate = self.fate, "ok"
+        if fate == "die":
+            raise WorkerDied
+        if fate == "fail":
+            raise RuntimeError(f"{step_name} failed")
+        return f"{step_name}({data})#{attempt}"
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def tick(self, ms: int = 1) -> None:
+        self.time.ms += ms
+
+    def note(self, line: str) -> None:
+        self.log.append(line)
+
+    def run_at(self, index: int) -> str | None:
+        known = self.model.order
+        return known[index % len(known)] if known else None
+
+    # --- the operations ---------------------------------------------------------------------
+
+    def start(self, workflow: str, data: Any) -> str:
+        self.tick()
+        self.counter += 1
+        run_id = f"r{self.counter:03d}"
+        self.pikku.start(workflow, data, run_id=run_id)
+        self.model.order.append(run_id)
+        self.note(f"start {workflow} {data} -> {run_id}")
+        return run_id
+
+    def deliver(self, index: int, fate: str, duplicate: bool = False,
+                between: str | None = None) -> None:
+        """Deliver the pool's message ``index`` (modulo its size); a step's body does
+        ``fate``; ``duplicate``: the message stays in the pool (a redelivery later);
+        ``between``: as for ``cancel``, should the delivery end the run."""
+        if not self.pool.messages:
+            return
+        self.tick()
+        messages = self.pool.messages
+        message = messages[index % len(messages)]
+        if not duplicate:
+            messages.remove(message)
+        self.note(f"deliver {message} {fate if message.kind == 'step' else ''}".rstrip()
+                  + (f" with a {between} inside its end" if between else ""))
+        self._arm(message.run_id, between)
+        try:
+            self._delivered(message, fate)
+        finally:
+            self.store.clear()
+
+    def _delivered(self, message: Message, fate: str) -> None:
+        if message.kind == "run":
+            self._pass(message.run_id, message.step_name or None)
+        elif message.kind == "timer":
+            self.time.ms = max(self.time.ms, message.due_ms)
+            self.engine.fire_timer(message.run_id, message.step_name, self.pool)
+        else:
+            self.fate = fate
+            definition = self.engine.registry.steps[message.function]
+            try:
+                self.engine.execute_step(definition, message.run_id, message.step_name,
+                                         self.pool)
+            except WorkerDied:
+                pass
+            except WorkflowStepSupersededError:
+                pass  # a later attempt owns the step: this one is fenced out
+            finally:
+                self.fate = "ok"
+
+    def _pass(self, run_id: str, step_name: str | None = None) -> None:
+        self.engine.advance(run_id, self.pool, step_name=step_name)
+
+    def drain(self, limit: int = 200) -> None:
+        """Deliver everything in the pool, first in first out, every body succeeding (timers
+        too: the clock jumps to them), until nothing is left."""
+        for _ in range(limit):
+            if not self.pool.messages:
+                return
+            self.deliver(0, "ok")
+
+    def advance_clock(self, ms: int) -> None:
+        self.tick(ms)
+        self.note(f"clock +{ms} ms")
+
+    def sweep(self) -> None:
+        self.tick()
+        self.note("sweep")
+        self.engine.reap(self.pool)
+
+    def pass_run(self, index: int, between: str | None = None) -> None:
+        """A pass of a run (a wake from anywhere); ``between``: as for ``cancel``, should
+        the pass end the run."""
+        run_id = self.run_at(index)
+        if run_id is None:
+            return
+        self.tick()
+        self._arm(run_id, between)
+        self.note(f"pass {run_id}" + (f" with a {between} inside its end" if between else ""))
+        try:
+            self._pass(run_id)
+        finally:
+            self.store.clear()
+
+    def _arm(self, run_id: str, between: str | None) -> None:
+        """``between="retry@<method>"``: a retry of the run lands right before the store's
+        next ``<method>`` call (an end's fence, ``cancel_steps``; the slot's return,
+        ``give_slot``)."""
+        if between is not None and between.startswith("retry@"):
+            self.store.before(between.split("@")[1], lambda: self._retry_inside(run_id))
+
+    def cancel(self, index: int, between: str | None) -> None:
+        """Cancel a run; ``between="retry@cancel_steps"``: a retry of it lands between the
+        cancel's end of the run and its fence of the steps; ``"retry@give_slot"``: before
+        the cancel gives the run's slot back."""
+        run_id = self.run_at(index)
+        if run_id is None:
+            return
+        self.tick()
+        self._arm(run_id, between)
+        self.note(f"cancel {run_id}" + (f" with a {between} between" if between else ""))
+        try:
+            self.engine.cancel(run_id, "model")
+        finally:
+            self.store.clear()
+
+    def _retry_inside(self, run_id: str) -> None:
+        self.note(f"  retry {run_id} -> {self.engine.retry(run_id)}")
+
+    def _sweep_inside(self) -> None:
+        self.note(f"  sweep {self.engine.reap(self.pool)}")
+
+    def retry(self, index: int, between: str | None) -> None:
+        """Retry a run; ``between="sweep"``: a reaper sweep lands between the retry's slot
+        and its revival of the run (the seam is ``retry_run``)."""
+        run_id = self.run_at(index)
+        if run_id is None:
+            return
+        self.tick()
+        if between == "sweep":
+            self.store.before("retry_run", self._sweep_inside)
+        try:
+            done = self.engine.retry(run_id)
+        finally:
+            self.store.clear()
+        self.note(f"retry {run_id}" + (f" with a {between} between" if between else "")
+                  + f" -> {done}")
+
+    def fork(self, index: int, step: int, keep: bool, target: int | None) -> None:
+        """Fork a run from one of its recorded steps (``step``, modulo their count), into a
+        new run id, or (``target``) into the id of a run the world started."""
+        source = self.run_at(index)
+        if source is None:
+            return
+        steps = [s.step_name for s in self.inner.list_steps(source)]
+        if not steps:
+            return
+        self.tick()
+        from_step = steps[step % len(steps)]
+        model = self.model
+        if target is None:
+            self.counter += 1
+            new_id = f"f{self.counter:03d}"
+        else:
+            new_id = model.order[target % len(model.order)]
+        kwargs: dict[str, Any] = {"keep_decisions": keep} if self.fork_keeps else {}
+        keep = keep and self.fork_keeps
+        before = {rid: self._steps_of(rid) for rid in {source, new_id}}
+        existed = self.inner.get_run(new_id) is not None
+        self.note(f"fork {source} from {from_step!r} into {new_id}"
+                  + (" (an existing run)" if existed else "") + (" keeping" if keep else ""))
+        try:
+            made = self.pikku.fork(source, from_step=from_step, new_run_id=new_id, **kwargs)
+        except PikkuError as exc:  # refused (a conflict): nothing may have changed
+            self.note(f"  refused: {type(exc).__name__}: {exc}")
+            made = None
+        again = model.forks.get((source, from_step, keep)) == new_id
+        for rid, steps_before in before.items():
+            if rid == made and not existed:
+                continue
+            if rid == made and again:
+                continue
+            if self._steps_of(rid) != steps_before:
+                raise self.violation(f"6. fork of {source} from {from_step!r} into {new_id} "
+                                f"changed run {rid}, which it did not create: "
+                                f"{steps_before} -> {self._steps_of(rid)} ({self.log[-1]})")
+        if made is None:
+            return
+        if not existed:
+            model.forks[(source, from_step, keep)] = made
+            model.order.append(made)
+            model.copied[made] = {s.step_name for s in self.inner.list_steps(made)}
+            model.kept_decisions[made] = keep
+
+    def _steps_of(self, run_id: str) -> list[tuple[Any, ...]]:
+        return [(s.step_name, s.status, s.attempt, s.result)
+                for s in self.inner.list_steps(run_id)]
+
+    def send(self, index: int, key: str | None) -> None:
+        run_id = self.run_at(index)
+        if run_id is None:
+            return
+        self.tick()
+        self.counter += 1
+        payload = f"{run_id}:paid:{self.counter}"
+        run = self.inner.get_run(run_id)
+        assert run is not None
+        try:
+            event = self.pikku.send_event(run_id, "paid", payload, key=key)
+        except WorkflowEventError:
+            self.note(f"send paid to {run_id} key={key}: refused ({run.status})")
+            if run.status not in RUN_TERMINAL:
+                raise self.violation(f"5. a send to live run {run_id} was refused") from None
+            return
+        self.note(f"send paid to {run_id} key={key} -> seq {event.seq}")
+        model = self.model
+        if key is None:
+            model.sends[run_id] = model.sends.get(run_id, 0) + 1
+        else:
+            model.keyed.setdefault(run_id, set()).add(key)
+        model.payloads.setdefault(run_id, set()).add(event.payload)
+
+    def approve(self, index: int, decision: str) -> None:
+        run_id = self.run_at(index)
+        if run_id is None:
+            return
+        self.tick()
+        try:
+            self.pikku.approve(run_id, "ok", decision)
+            self.note(f"approve {run_id} {decision}")
+        except PikkuError as exc:
+            self.note(f"approve {run_id}: refused ({type(exc).__name__})")
+
+    def schedule_tick(self, firers: int) -> None:
+        """The clock to the schedule's next tick, then ``firers`` workers fire it."""
+        self.tick()
+        next_ms = None
+        for _ in range(firers):
+            found = self.scheduler.fire_due(every_tick=False)
+            next_ms = found if next_ms is None else next_ms
+        for run in self.inner.list_runs(workflow=APPROVAL, limit=1000):
+            if run.schedule is not None and run.run_id not in self.model.order:
+                self.model.order.append(run.run_id)
+        self.note(f"schedule tick by {firers} firer(s)")
+        if next_ms is not None:
+            self.time.ms = max(self.time.ms, next_ms)
+
+    def admit(self, key: str) -> None:
+        self.tick()
+        self.note(f"admit {key}")
+        self.engine.runs.admission.admit(slot_id(ORDER, key), self.pool)
