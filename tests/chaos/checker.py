@@ -312,7 +312,7 @@ def _check_run(pikku: Any, run_id: str, spec: dict[str, Any], was_cancelled: boo
     if not run.is_terminal:
         report.stuck.append(run_id)
         report.violations.append(f"run {run_id} ({spec.get('kind', 'order')}) stuck "
-                                 f"{run.status}")
+                                 f"{run.status}" + _stuck_detail(spec, ev.steps.get(run_id, [])))
         return
     raw = sorted(ev.steps.get(run_id, []), key=lambda d: (d["created_ms"], d["step_name"]))
     report.steps += len(raw)
@@ -325,6 +325,16 @@ def _check_run(pikku: Any, run_id: str, spec: dict[str, Any], was_cancelled: boo
     if wanted and not any(e["event"] == wanted for e in ledger):
         report.faults_not_applied.append(f"{spec['kind']} run {run_id}: no {wanted} in the "
                                          "ledger, the fault never fired")
+
+
+def _stuck_detail(spec: dict[str, Any], steps: list[Doc]) -> str:
+    """What a stuck run waits for: its steps not succeeded, and how the mix made it."""
+    open_steps = [f"{d['step_name']} {d['status']}#{d['attempt']}"
+                  + (f" due {d['due_ms']}" if d.get("due_ms") else "")
+                  for d in steps if d["status"] != "succeeded"]
+    made = {k: spec[k] for k in ("fork", "waits", "cancel_while_waiting", "cancel_after_s",
+                                 "key") if k in spec}
+    return f": open steps {open_steps or 'none'}; {made}"
 
 
 def _check_outcome(run: Any, spec: dict[str, Any], was_cancelled: bool, raw: list[Doc],

@@ -311,14 +311,23 @@ class Mix:
             return record
 
     def _kept(self, run_id: str, n: int) -> int | None:
-        """The seq of the event with send number ``n`` the store kept for ``run_id``."""
-        try:
-            events = as_a_client(lambda: self.chaos.pikku.list_events(run_id))
-        except Exception as exc:  # not known yet: the caller tries again
-            print(f"chaos: reading the events of {run_id} back failed: {exc!r}", flush=True)
-            return None
-        return next((e.seq for e in events if isinstance(e.payload, dict)
-                     and e.payload.get("n") == n), None)
+        """The seq of the event with send number ``n`` the store kept for ``run_id``: read
+        twice, 2 s apart (a primary just elected may not show a write acknowledged by the
+        old one for a moment: the harness's reads of runs saw that once)."""
+        for attempt in range(2):
+            if attempt:
+                time.sleep(2.0)
+            try:
+                events = as_a_client(lambda: self.chaos.pikku.list_events(run_id))
+            except Exception as exc:  # not known yet: the caller tries again
+                print(f"chaos: reading the events of {run_id} back failed: {exc!r}",
+                      flush=True)
+                continue
+            seq: int | None = next((e.seq for e in events if isinstance(e.payload, dict)
+                                    and e.payload.get("n") == n), None)
+            if seq is not None:
+                return seq
+        return None
 
     # --- the schedule and the end -------------------------------------------------------------
 

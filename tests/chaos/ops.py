@@ -181,11 +181,15 @@ class Operator:
         return fork_id, fork_spec
 
     def _probe(self, source: str, order: list[str]) -> None:
-        """A fork under the id of an earlier fork of ``source`` (from another step), or of
-        ``source`` itself: refused with ``WorkflowRunConflictError``, nothing written."""
+        """A fork under the id of an earlier fork of ``source`` that ended (from another
+        step), or of ``source`` itself: refused with ``WorkflowRunConflictError``, nothing
+        written."""
         from pikku_celery.errors import WorkflowRunConflictError
 
-        target = self.rng.choice([*self.forks_of.get(source, []), source])
+        # an ended run: its steps stay as they are unless the probe writes into them
+        ended = [f for f in self.forks_of.get(source, [])
+                 if as_a_client(lambda f=f: self.chaos.pikku.get_run(f)).is_terminal]
+        target = self.rng.choice([*ended, source])
         taken = self.record.forks.get(target, {}).get("from_step")
         others = [n for n in order if n != taken]
         if not others:

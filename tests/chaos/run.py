@@ -205,6 +205,13 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
                    not_applied=not_applied, require_fence=True, cancel_times=cancelled,
                    sent_events=mix.sent, schedule=mix.schedule_facts(),
                    operations=mix.operator.record)
+    ops = mix.operator.record
+    for run_id in report.stuck:  # what the driver did to it, for the report
+        sends = [(r["name"], r["key"], r["n"], r["seq"], r["outcome"]) for r in mix.sent
+                 if r["run"] == run_id]
+        print(f"chaos: stuck run {run_id}: sends {sends}; cancel {cancelled.get(run_id)}; "
+              f"retries {ops.retries.get(run_id)}; approvals {ops.approvals.get(run_id)}",
+              flush=True)
     report.worker_crashes = len(crashes)
     report.rollbacks, report.rolled_back = cluster.rollbacks()
     return report
