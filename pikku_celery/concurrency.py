@@ -27,9 +27,9 @@ from pikku_celery.definitions import WorkflowDefinition
 from pikku_celery.errors import InvalidInputError
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.protocols import Dispatcher
-from pikku_celery.records import RUN_QUEUED
+from pikku_celery.records import RUN_QUEUED, WorkflowRun
 from pikku_celery.reopen import send_reopened
-from pikku_celery.store._slots import slot_id
+from pikku_celery.store._slots import holder_run, slot_holder, slot_id
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.validate import check_name
 
@@ -70,7 +70,8 @@ class Admission:
             limit = self.limit_of(run.workflow)
             if limit is None:  # a workflow this process does not know: its workers admit
                 break
-            if not self.store.take_slot(slot, run.run_id, limit, workflow=run.workflow):
+            holder = slot_holder(run)
+            if not self.store.take_slot(slot, holder, limit, workflow=run.workflow):
                 break  # full
             if self._start(run.run_id, dispatcher):
                 admitted.append(run.run_id)
@@ -79,15 +80,17 @@ class Admission:
                 # moved by the sweep meanwhile (it runs: the slot is its).
                 current = self.store.get_run(run.run_id)
                 if current is None or current.is_terminal:
-                    self.store.give_slot(slot, run.run_id)
+                    self.store.give_slot(slot, holder)
         return admitted
 
-    def release(self, run_id: str, slot: str | None, dispatcher: Dispatcher) -> None:
-        """The run ended: give its slot back and admit the next."""
-        if slot is None:
+    def release(self, run: WorkflowRun, dispatcher: Dispatcher) -> None:
+        """``run``, as its ender read it, ended: give back the slot of that life of it
+        (``slot_holder``: a retry that revived it meanwhile holds another) and admit the
+        next."""
+        if run.slot is None:
             return
-        self.store.give_slot(slot, run_id)
-        self.admit(slot, dispatcher)
+        self.store.give_slot(run.slot, slot_holder(run))
+        self.admit(run.slot, dispatcher)
 
     def sweep(self, dispatcher: Dispatcher, limit: int = 1000) -> int:
         """Mend what a crash between two of the writes above left (see the module's
@@ -96,14 +99,15 @@ class Admission:
         for group in self.store.list_slots(limit):
             slot = group["slot"]
             for holder in group["holders"]:
-                run = self.store.get_run(holder)
-                if run is None or run.is_terminal:
+                run_id, _ = holder_run(holder)
+                run = self.store.get_run(run_id)
+                if run is None or run.is_terminal or slot_holder(run) != holder:
                     if self.store.give_slot(slot, holder):
                         log.warning("pikku: slot of %s run %s given back by the sweep "
                                     "(%s)", group.get("workflow"), holder,
                                     "it never started" if run is None else "it had ended")
                         mended += 1
-                elif run.status == RUN_QUEUED and self._start(holder, dispatcher):
+                elif run.status == RUN_QUEUED and self._start(run_id, dispatcher):
                     mended += 1
         for slot in self.store.queued_slots(limit):
             mended += len(self.admit(slot, dispatcher))

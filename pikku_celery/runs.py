@@ -126,7 +126,7 @@ class Runs:
                                           output=output, error=error, cancel_reason=reason)
         if wrote:
             self._emit_finished(run, status, output=output, error=error)
-            self.admission.release(run.run_id, run.slot, dispatcher or self.dispatcher)
+            self.admission.release(run, dispatcher or self.dispatcher)
             # Steps the body left behind (a sleep the run did not wait for, a step of a
             # failed branch) would otherwise stay due forever and wake a finished run.
             if leftovers:
@@ -191,7 +191,7 @@ class Runs:
                 self.cancel(child_run_id, reason or f"parent run {run_id} was cancelled")
         if wrote:
             self._emit_finished(run, RUN_CANCELLED, error=error)
-            self.admission.release(run_id, run.slot, self.dispatcher)
+            self.admission.release(run, self.dispatcher)
             self.notify_parent(run_id, self.dispatcher)
         return wrote
 

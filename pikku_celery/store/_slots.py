@@ -1,12 +1,12 @@
 """What both stores share about concurrency slots (``@pikku.workflow(concurrency=N)``).
 
-A slot group is one workflow's limit for one key (``slot_id``); its document holds the run
-ids that hold a slot now (``holders``). Taking a slot is one guarded write that adds the
-run while the group has fewer than ``limit`` holders and not the run already; giving it
-back removes the run (idempotent). A run waits ``queued`` until a slot is taken for it; the
-order of the queue is the runs' creation order, kept by the run documents (``slot`` and
-``created_ms``), so a slot never decides who is next: whoever frees one admits the oldest
-queued run (``concurrency``)."""
+A slot group is one workflow's limit for one key (``slot_id``); its document holds the runs
+that hold a slot now (``holders``: each a run in one life of it, ``slot_holder``). Taking a
+slot is one guarded write that adds the holder while the group has fewer than ``limit``
+holders and not that one already; giving it back removes it (idempotent). A run waits
+``queued`` until a slot is taken for it; the order of the queue is the runs' creation
+order, kept by the run documents (``slot`` and ``created_ms``), so a slot never decides who
+is next: whoever frees one admits the oldest queued run (``concurrency``)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,29 @@ def slot_id(workflow: str, key: str | None) -> str:
     return str(uuid.uuid5(_SLOT_NAMESPACE, f"{len(workflow)}:{workflow}:{tail}"))
 
 
-def check_slot(slot: str, run_id: str | None = None, limit: int | None = None) -> None:
+def slot_holder(run: WorkflowRun) -> str:
+    """Who holds a slot for ``run``: the run in this life of it. A retry begins a new life
+    (its lineage counts the retries), so a slot taken for the run retried is not the slot
+    its earlier life held: a late release of the ended life (its ender, or a sweep that
+    read it ended) gives back only that one, never the retried run's (issue 31). The
+    first life is the run id alone; a later one is ``<run id> #<life>``, which no run id
+    ends with (no run id holds a space but a schedule's, and those end with their tick)."""
+    life = sum(1 for entry in run.lineage if entry.op == "retry")
+    return run.run_id if life == 0 else f"{run.run_id} #{life}"
+
+
+def holder_run(holder: str) -> tuple[str, int]:
+    """The run id and life of the slot holder ``holder`` (``slot_holder``)."""
+    head, sep, tail = holder.rpartition(" #")
+    if sep and tail.isdigit():
+        return head, int(tail)
+    return holder, 0
+
+
+def check_slot(slot: str, holder: str | None = None, limit: int | None = None) -> None:
     check_name("slot", slot)
-    if run_id is not None:
-        check_name("run id", run_id)
+    if holder is not None:
+        check_name("run id", holder_run(holder)[0] if isinstance(holder, str) else holder)
     if limit is not None:
         check_concurrency("concurrency", limit)
 

@@ -28,7 +28,7 @@ from pikku_celery import (
 )
 from pikku_celery.records import RUN_RUNNING, RUN_SUSPENDED
 from pikku_celery.store import _retry
-from pikku_celery.store._slots import slot_id
+from pikku_celery.store._slots import holder_run, slot_id
 from tests.conftest import pooled_database
 from tests.unit.test_in_place import Worker
 
@@ -207,7 +207,8 @@ def _limited_app(store: Any, clock: Clock) -> tuple[PikkuCelery, TimedWorker]:
 def _live_and_held(pikku: PikkuCelery, key: str) -> tuple[set[str], set[str]]:
     live = {r.run_id for r in pikku.list_runs(workflow="rc.limited", limit=100)
             if r.status in LIVE and r.input["key"] == key}
-    return live, set(pikku.engine.store.slot_holders(slot_id("rc.limited", key)))
+    holders = pikku.engine.store.slot_holders(slot_id("rc.limited", key))
+    return live, {holder_run(holder)[0] for holder in holders}
 
 
 def _before_first(store: Any, method: str, meanwhile: Callable[[], None]) -> None:
@@ -247,6 +248,48 @@ def test_a_sweep_and_a_start_during_a_retry_never_run_two_of_a_key(
     worker.drain()  # its end admits the retried run, which fails again and frees the slot
     assert _status(pikku, failed) == "failed"
     assert _live_and_held(pikku, "ann") == (set(), set())
+
+
+def test_a_retry_between_a_cancel_and_its_slots_release_keeps_the_limit(
+        store: Any, clock: Clock) -> None:
+    """The cancel gives the slot back after its fence; a retry landing before that (found
+    by the model-based test) revives the run in a new life, whose slot the cancel's late
+    release does not give away: the next queued run is not let in beside it."""
+    pikku, worker = _limited_app(store, clock)
+    first = pikku.start("rc.limited", {"key": "ann"})
+    waiting = pikku.start("rc.limited", {"key": "ann"})
+    worker.drain()
+    assert (_status(pikku, first), _status(pikku, waiting)) == ("suspended", "queued")
+    _before_first(store, "cancel_steps", lambda: pikku.retry(first))
+    assert pikku.cancel(first, "by mistake")
+    live, held = _live_and_held(pikku, "ann")
+    assert len(live) <= 1 and live <= held, (live, held)
+    worker.drain()
+    live, held = _live_and_held(pikku, "ann")
+    assert live == held == {first} and _status(pikku, waiting) == "queued"
+    pikku.send_event(first, "done")
+    worker.drain()
+    assert _live_and_held(pikku, "ann") == ({waiting}, {waiting})
+
+
+def test_the_sweep_gives_back_the_slot_of_an_ended_life(store: Any, clock: Clock) -> None:
+    """A cancel whose writer stopped after the run's end, before its release: the ended
+    life still holds the slot, so the retried run waits queued; the sweep gives that slot
+    back (its holder's life is over) and admits the run in its new life, and the run's end
+    leaves no slot behind."""
+    pikku, worker = _limited_app(store, clock)
+    first = pikku.start("rc.limited", {"key": "ann"})
+    worker.drain()
+    assert store.transition_run(first, LIVE, "cancelled", clock.ms)  # then the ender stopped
+    assert pikku.retry(first) and _status(pikku, first) == "queued"
+    slot = slot_id("rc.limited", "ann")
+    assert store.slot_holders(slot) == [first]  # the ended life's
+    pikku.engine.reap(worker)
+    worker.drain()
+    assert store.slot_holders(slot) == [f"{first} #1"] and _status(pikku, first) == "suspended"
+    pikku.send_event(first, "done")
+    worker.drain()
+    assert _status(pikku, first) == "completed" and store.slot_holders(slot) == []
 
 
 # --- defect 4: a retry inside an end's fence window stands --------------------------------
