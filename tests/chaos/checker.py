@@ -57,6 +57,7 @@ from typing import Any
 
 from pikku_celery import keys
 from pikku_celery.store._docs import written_entries
+from pikku_celery.store._slots import holder_run
 from tests.chaos.composed import Operations, check_operations, revived
 from tests.chaos.faults import FaultEvent
 
@@ -1151,12 +1152,17 @@ def _lives(spans: list[tuple[float, float]], retries: list[tuple[int, int | None
 
 
 def _check_slots(db: Any, report: Report) -> None:
-    """At the end, no slot is held by a run that ended (or does not exist)."""
+    """At the end, no slot is held by a run that ended (or does not exist), nor by a life
+    of a run that a retry ended (``store._slots.slot_holder``)."""
     for group in db[keys.SLOTS].find({"held": {"$gt": 0}}):
         for holder in group.get("holders") or []:
-            run = db[keys.RUNS].find_one({"_id": holder}, {"status": 1})
+            run_id, life = holder_run(holder)
+            run = db[keys.RUNS].find_one({"_id": run_id}, {"status": 1, "lineage": 1})
             status = (run or {}).get("status", "missing")
-            if status in ("completed", "failed", "cancelled", "missing"):
+            lives = sum(1 for e in (run or {}).get("lineage") or () if e.get("op") == "retry")
+            if run is not None and lives != life:
+                status = f"{status} in a later life ({lives})"
+            if status in ("completed", "failed", "cancelled", "missing") or lives != life:
                 report.violations.append(f"slot group {group['_id']} (key {group.get('key')})"
                                          f" still held by run {holder}, which is {status}")
 

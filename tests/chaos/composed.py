@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pikku_celery import keys
+from pikku_celery.store._slots import holder_run
 
 Doc = dict[str, Any]
 APPROVAL_GATE = "__approval:go"  # the chaos app's approval gate (``chaos.approver``)
@@ -97,7 +98,8 @@ def limit_breaches(live: Iterable[Doc], slots: Iterable[Doc], limit: int, at: st
     """Contract 7.4 at one moment: ``live`` (the running or suspended runs of a limited
     workflow, with ``slot``) and ``slots`` (their groups, with ``holders``) read in one
     snapshot. No group has more live runs than ``limit``; every live run holds a slot."""
-    holders = {d["_id"]: set(d.get("holders") or []) for d in slots}
+    # A holder is a run in one life of it (``store._slots.slot_holder``): its run id here.
+    holders = {d["_id"]: {holder_run(h)[0] for h in d.get("holders") or []} for d in slots}
     by_group: dict[str, list[str]] = {}
     found = []
     for run in live:
