@@ -156,7 +156,53 @@ class ForkStore(Protocol):
 
 
 @runtime_checkable
-class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, Protocol):
+class EndStore(Protocol):
+    """A run's end and its undoing: the end's fence of the steps it left unsettled, and
+    a retry that brings an ended run back (``store._ended``, ``store._retry``)."""
+
+    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int, *,
+                     while_ended: bool = False) -> int:
+        """Fence every unsettled step of an ended run (cancelled, or completed/failed with
+        steps left behind): fail it with ``error`` and spend its attempts, so in-flight
+        writes and renewals of its attempt are refused (its body is told at its next
+        heartbeat). Callers write the run's end *first*: a step claimed after this read
+        its steps fences itself (``claim_step``). Each step is one write guarded on what
+        was read: a step that settled since keeps its outcome.
+
+        ``while_ended``: each write is also guarded on the end still standing (MongoDB:
+        the end's mark, in the same ordered command; the in-memory store: the run's
+        status, under its lock). A retry that revived the run between the end and its
+        fence removed the mark before it reopened a step, so the fence never fails for
+        good what the retry reopened (issue 31, defect 4). The engine always passes it."""
+        ...
+
+    def retry_run(self, run_id: str, now_ms: int, *, queued: bool = False,
+                  by: str | None = None) -> list[StepState] | None:
+        """Bring a ``failed`` or ``cancelled`` run back to ``running`` (its output, error and
+        cancel reason cleared, the retry appended to its ``lineage`` with ``by``), then
+        remove MongoDB's end mark, then reopen every step its end left failed for good
+        (``store._retry``): the run goes live *before* any of its steps can be claimed
+        again, and the mark goes before any step is reopened, so a fence of the end that
+        lands later refuses itself (``cancel_steps(while_ended=True)``, ``store._ended``).
+        Returns the steps reopened; ``None`` (nothing written) when the run is not failed
+        or cancelled.
+
+        ``queued``: a run of a limited workflow goes back to ``queued`` instead, holding
+        no slot and with its steps left as they are: its admission (``admit_run``)
+        reopens them. A slot is never taken for a run that is not live, so no sweep can
+        see it held by an ended run and give it back (issue 31, defect 3)."""
+        ...
+
+    def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        """Move a ``queued`` run to ``running`` (its admission, once a slot is held for it)
+        and, for a run a retry queued, reopen its steps as ``retry_run`` does. Returns the
+        steps reopened (none for a run never started); ``None`` (nothing written) when the
+        run is not queued (cancelled meanwhile, or admitted by another)."""
+        ...
+
+
+@runtime_checkable
+class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, Protocol):
     # --- runs -------------------------------------------------------------------------
 
     def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:
@@ -185,30 +231,6 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, Protocol):
     def touch_run(self, run_id: str, now_ms: int) -> str | None:
         """Record that a pass looked at the run (for the stalled-run sweep) and return its
         status as of that write (``None`` for an unknown run): one round trip."""
-        ...
-
-    def retry_run(self, run_id: str, now_ms: int, *, queued: bool = False,
-                  by: str | None = None) -> list[StepState] | None:
-        """Bring a ``failed`` or ``cancelled`` run back to ``running`` (its output, error and
-        cancel reason cleared, the retry appended to its ``lineage`` with ``by``), then
-        remove MongoDB's end mark, then reopen every step its end left failed for good
-        (``store._retry``): the run goes live *before* any of its steps can be claimed
-        again, and the mark goes before any step is reopened, so a fence of the end that
-        lands later refuses itself (``cancel_steps(while_ended=True)``, ``store._ended``).
-        Returns the steps reopened; ``None`` (nothing written) when the run is not failed
-        or cancelled.
-
-        ``queued``: a run of a limited workflow goes back to ``queued`` instead, holding
-        no slot and with its steps left as they are: its admission (``admit_run``)
-        reopens them. A slot is never taken for a run that is not live, so no sweep can
-        see it held by an ended run and give it back (issue 31, defect 3)."""
-        ...
-
-    def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
-        """Move a ``queued`` run to ``running`` (its admission, once a slot is held for it)
-        and, for a run a retry queued, reopen its steps as ``retry_run`` does. Returns the
-        steps reopened (none for a run never started); ``None`` (nothing written) when the
-        run is not queued (cancelled meanwhile, or admitted by another)."""
         ...
 
     def write_run_state(self, run_id: str, writer: str, values: Mapping[str, Any],
@@ -390,22 +412,6 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, Protocol):
     def clear_wake_check(self, run_id: str, step_name: str, due_ms: int) -> bool:
         """End a settled gate's wake check (the reaper has taken its run back); guarded on
         the check being the one read, so a newer one is kept."""
-        ...
-
-    def cancel_steps(self, run_id: str, error: dict[str, Any], now_ms: int, *,
-                     while_ended: bool = False) -> int:
-        """Fence every unsettled step of an ended run (cancelled, or completed/failed with
-        steps left behind): fail it with ``error`` and spend its attempts, so in-flight
-        writes and renewals of its attempt are refused (its body is told at its next
-        heartbeat). Callers write the run's end *first*: a step claimed after this read
-        its steps fences itself (``claim_step``). Each step is one write guarded on what
-        was read: a step that settled since keeps its outcome.
-
-        ``while_ended``: each write is also guarded on the end still standing (MongoDB:
-        the end's mark, in the same ordered command; the in-memory store: the run's
-        status, under its lock). A retry that revived the run between the end and its
-        fence removed the mark before it reopened a step, so the fence never fails for
-        good what the retry reopened (issue 31, defect 4). The engine always passes it."""
         ...
 
     # --- history ----------------------------------------------------------------------
