@@ -42,15 +42,14 @@ def is_decision(step_name: str) -> bool:
     return step_name.startswith(DECISION_PREFIXES)
 
 
-def replayed(steps: Sequence[StepState], from_step: str, *, keep_decisions: bool = False
-             ) -> list[StepState]:
-    """The steps of ``steps`` (a run's, in the order recorded) a fork from ``from_step``
-    copies: those recorded before it that succeeded, decided gates only with
+def replayed(run_id: str, steps: Sequence[StepState], from_step: str, *,
+             keep_decisions: bool = False) -> list[StepState]:
+    """The steps of ``steps`` (run ``run_id``'s, in the order recorded) a fork from
+    ``from_step`` copies: those recorded before it that succeeded, decided gates only with
     ``keep_decisions``. ``InvalidInputError`` naming the run's steps when none is
     ``from_step``."""
     names = [s.step_name for s in steps]
     if from_step not in names:
-        run_id = steps[0].run_id if steps else "?"
         shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
         raise InvalidInputError(f"run {run_id} recorded no step {from_step!r} to fork "
                                 f"from; its steps: {shown or 'none'}")
@@ -58,12 +57,12 @@ def replayed(steps: Sequence[StepState], from_step: str, *, keep_decisions: bool
             if s.status == STEP_SUCCEEDED and (keep_decisions or not is_decision(s.step_name))]
 
 
-def kept_approvals(steps: Sequence[StepState], from_step: str) -> list[str]:
+def kept_approvals(run_id: str, steps: Sequence[StepState], from_step: str) -> list[str]:
     """The approvals (their names, as ``pikku.approve`` takes them) a fork from
     ``from_step`` with ``keep_decisions`` copies: what the JSON API authorizes as
     ``approve``, one gate at a time."""
     return [str((s.data or {}).get("approval", s.step_name))
-            for s in replayed(steps, from_step, keep_decisions=True)
+            for s in replayed(run_id, steps, from_step, keep_decisions=True)
             if s.step_name.startswith(DECISION_PREFIXES[0]) and isinstance(s.data, dict)]
 
 
@@ -98,7 +97,8 @@ class Forks:
         check_by(by)
         runs, store = self.runs, self.runs.store
         source = get_run(store, run_id)
-        kept = replayed(store.list_steps(run_id), from_step, keep_decisions=keep_decisions)
+        kept = replayed(run_id, store.list_steps(run_id), from_step,
+                        keep_decisions=keep_decisions)
         entry = lineage_entry(LINEAGE_FORK, runs.now_ms(), by=by, from_step=from_step,
                               run_id=run_id, keep_decisions=keep_decisions)
 

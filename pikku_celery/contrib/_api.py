@@ -432,7 +432,7 @@ class RunsApi:
             raise InvalidInputError(f"'keep_decisions' must be true or false, got {keep!r}")
         readable_run(self.pikku, self.caller, run_id)
         if keep:
-            gates: list[str | None] = [*kept_approvals(self.pikku.get_steps(run_id),
+            gates: list[str | None] = [*kept_approvals(run_id, self.pikku.get_steps(run_id),
                                                        from_step)]
             for gate in gates or [None]:
                 self.caller.check(APPROVE, run_id, gate)

@@ -272,7 +272,7 @@ class Dashboard:
         steps = self.pikku.get_steps(run_id)
         if step not in {s.step_name for s in steps}:
             return _back(view, run_id, "fork-unknown-step")
-        gates: list[str | None] = [*kept_approvals(steps, step)] if keep else []
+        gates: list[str | None] = [*kept_approvals(run_id, steps, step)] if keep else []
         if keep and not all(view.can(APPROVE, run_id, gate) for gate in gates or [None]):
             return _back(view, run_id, "fork-keep-refused")
         try:

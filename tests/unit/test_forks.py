@@ -47,6 +47,9 @@ def test_a_fork_never_writes_into_a_run_it_did_not_create() -> None:
         pikku.fork(source, from_step="c", new_run_id="victim")
 
     assert pikku.get_steps(victim) == [] and pikku.get_run(victim).forked_from is None
+    with pytest.raises(InvalidInputError, match="run victim recorded no step 'a' to fork "
+                                                "from; its steps: none"):
+        pikku.fork(victim, from_step="a")
     worker.drain()
     assert pikku.get_run(victim).status == "completed"
     assert ran == ["a", "b", "c", "a", "b", "c"]  # the victim ran every step itself
