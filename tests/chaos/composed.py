@@ -96,18 +96,22 @@ def revived(run_id: str, cancels: dict[str, tuple[int, int]], ops: Operations | 
 
 def limit_breaches(live: Iterable[Doc], slots: Iterable[Doc], limit: int, at: str) -> list[str]:
     """Contract 7.4 at one moment: ``live`` (the running or suspended runs of a limited
-    workflow, with ``slot``) and ``slots`` (their groups, with ``holders``) read in one
-    snapshot. No group has more live runs than ``limit``; every live run holds a slot."""
-    # A holder is a run in one life of it (``store._slots.slot_holder``): its run id here.
-    holders = {d["_id"]: {holder_run(h)[0] for h in d.get("holders") or []} for d in slots}
+    workflow, with ``slot`` and ``lineage``) and ``slots`` (their groups, with ``holders``)
+    read in one snapshot. No group has more live runs than ``limit``; every live run holds
+    a slot of its group in its current life (a holder is a run in one life of it, its
+    retries so far: ``store._slots.slot_holder``; a slot of a life that ended is not the
+    run's)."""
+    holders = {d["_id"]: {holder_run(h) for h in d.get("holders") or []} for d in slots}
     by_group: dict[str, list[str]] = {}
     found = []
     for run in live:
-        by_group.setdefault(run.get("slot") or "?", []).append(run["_id"])
-        if run["_id"] not in holders.get(run.get("slot"), set()):
-            found.append(f"{at}: run {run['_id']} is {run.get('status')} holding no slot of "
-                         f"its group {run.get('slot')} (holders "
-                         f"{sorted(holders.get(run.get('slot'), set()))})")
+        group = run.get("slot") or "?"
+        by_group.setdefault(group, []).append(run["_id"])
+        life = sum(1 for e in run.get("lineage") or [] if e.get("op") == "retry")
+        if (run["_id"], life) not in holders.get(group, set()):
+            shown = sorted(f"{r} #{n}" if n else r for r, n in holders.get(group, set()))
+            found.append(f"{at}: run {run['_id']} is {run.get('status')} in life {life} "
+                         f"holding no slot of its group {group} (holders {shown})")
     for group, runs in by_group.items():
         if len(runs) > limit:
             found.append(f"{at}: group {group} has {len(runs)} live runs {sorted(runs)}, "

@@ -235,7 +235,7 @@ class Operator:
             with db.client.start_session(snapshot=True) as session:
                 live = list(db[keys.RUNS].find(
                     {"workflow": workflow, "status": {"$in": list(LIVE)}},
-                    {"slot": 1, "status": 1}, session=session))
+                    {"slot": 1, "status": 1, "lineage": 1}, session=session))
                 slots = list(db[keys.SLOTS].find({"workflow": workflow}, {"holders": 1},
                                                  session=session))
         except PyMongoError:

@@ -936,8 +936,13 @@ def test_limit_breaches_at_one_moment_are_named() -> None:
                           "t+1s") == []
     found = limit_breaches([{"_id": "a", "slot": "g", "status": "running"},
                             {"_id": "b", "slot": "g", "status": "suspended"}], slots, 1, "t+1s")
-    assert found == ["t+1s: run b is suspended holding no slot of its group g (holders ['a'])",
+    assert found == ["t+1s: run b is suspended in life 0 holding no slot of its group g "
+                     "(holders ['a'])",
                      "t+1s: group g has 2 live runs ['a', 'b'], limit 1"]
+    retried = {"_id": "a", "slot": "g", "status": "running", "lineage": [{"op": "retry"}]}
+    assert limit_breaches([retried], [{"_id": "g", "holders": ["a #1"]}], 1, "t+2s") == []
+    assert limit_breaches([retried], slots, 1, "t+2s") == [  # its ended life's slot only
+        "t+2s: run a is running in life 1 holding no slot of its group g (holders ['a'])"]
     report = _check(_store(), {}, operations=Operations(breaches=found, samples=3))
     assert flagged(report, "limit breached: t+1s: group g has 2 live runs")
     assert report.operations["limit samples"] == 3
