@@ -16,20 +16,26 @@ What a fork promises (issue 31, contract §6 and §7.6):
   re-ran a payment nobody approved for that run (defect 6).
 - **Copied steps come first.** They are written after the run's insert and before the
   run can be woken (by its admission to a concurrency slot, or by this call), so no pass
-  runs a step afresh that the fork was to replay."""
+  runs a step afresh that the fork was to replay. Should the fork stop between the two
+  (a crash, a store error), the run's first pass copies them (``copy_missing``, from
+  what the run's document says of its fork) before it replays anything: the reaper's
+  stalled-run sweep wakes such a run, and it would otherwise run every step afresh."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pikku_celery.errors import InvalidInputError, WorkflowRunConflictError
 from pikku_celery.reads import get_run
 from pikku_celery.records import LINEAGE_FORK, STEP_SUCCEEDED, StepState, WorkflowRun
-from pikku_celery.runs import Runs
 from pikku_celery.store._docs import lineage_entry
+from pikku_celery.store.base import WorkflowStore
+
+if TYPE_CHECKING:
+    from pikku_celery.runs import Runs
 
 log = logging.getLogger("pikku_celery")
 
@@ -74,6 +80,29 @@ def same_fork(run: WorkflowRun, source_run_id: str, from_step: str,
     made = run.lineage[0]
     return (made.op == LINEAGE_FORK and made.run_id == source_run_id
             and made.from_step == from_step and made.keep_decisions == keep_decisions)
+
+
+def copy_missing(store: WorkflowStore, run: WorkflowRun, now_ms: int) -> int:
+    """Copy into ``run``, a fork that recorded no step yet, the steps its fork replays (its
+    document names the source, the step and ``keep_decisions``: ``forked_from`` and its
+    first ``lineage`` entry); a step it has already is kept. For the run's first pass, in
+    case the fork stopped between the run's insert and its copy. Nothing for a run that is
+    not a fork, or whose source no longer has the step (purged): it then runs afresh."""
+    made = run.lineage[0] if run.lineage else None
+    if (run.forked_from is None or made is None or made.op != LINEAGE_FORK
+            or made.from_step is None):
+        return 0
+    try:
+        kept = replayed(run.forked_from, store.list_steps(run.forked_from), made.from_step,
+                        keep_decisions=made.keep_decisions)
+    except InvalidInputError:
+        return 0
+    copied = store.insert_replayed_steps(run.run_id, kept, now_ms,
+                                         source_run_id=run.forked_from)
+    if copied:
+        log.warning("pikku: fork %s of run %s found without its copy: %d step(s) copied by "
+                    "its first pass", run.run_id, run.forked_from, copied)
+    return copied
 
 
 class Forks:

@@ -43,6 +43,7 @@ from pikku_celery.errors import (
     WorkflowRunNotFoundError,
     WorkflowStepSupersededError,
 )
+from pikku_celery.forks import copy_missing
 from pikku_celery.in_place import InPlace
 from pikku_celery.leases.base import Lease, LeaseBusy, LeaseService
 from pikku_celery.leases.hold import hold_granted
@@ -218,8 +219,13 @@ class Passes:
             read = store.read_run(run_id, all_steps=True)
             if read.run is None:
                 raise WorkflowRunNotFoundError(run_id)
+            steps = read.steps
+            if (read.run.forked_from is not None and not steps
+                    and copy_missing(store, read.run, self.clock.now_ms())):
+                # A fork that stopped before its copy: the steps it replays, read back.
+                steps = store.read_run(run_id, run=False, all_steps=True).steps
             view = RunView(read.run, {}, token, _ms(read.run.updated_at))
-            for state in read.steps:
+            for state in steps:
                 view.put(state)
             return view, set(view.steps)
         fresh: set[str] = set()

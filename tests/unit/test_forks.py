@@ -236,3 +236,29 @@ def test_a_fork_and_a_retry_are_in_the_record_with_links_both_ways() -> None:
         pikku.fork(source, from_step="b", by="")
     with pytest.raises(InvalidInputError):
         pikku.fork(source, from_step="b", keep_decisions="yes")  # type: ignore[arg-type]
+
+
+def test_a_fork_that_stopped_before_its_copy_is_copied_by_its_first_pass() -> None:
+    """The run is inserted, then its steps copied: a fork stopping in between (here a store
+    error) left a run that the reaper's stalled sweep wakes, and that ran every step afresh
+    (``a`` twice). Its first pass copies them first, from what its document says."""
+    pikku, store, worker = _app()
+    ran: list[str] = []
+    _three(pikku, ran)
+    source = pikku.start("fk.three", None)
+    worker.drain()
+
+    def broken(*args: Any, **kwargs: Any) -> int:
+        raise ConnectionError("the store went away")
+
+    store.insert_replayed_steps = broken  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        pikku.fork(source, from_step="b", new_run_id="half-fork")
+    del store.insert_replayed_steps  # the store's own again
+    assert pikku.get_steps("half-fork") == [] and pikku.get_run("half-fork").forked_from
+
+    worker.wake_run("half-fork")  # as the stalled-run sweep does
+    worker.drain()
+    assert pikku.get_run("half-fork").output == ["a done", "b done", "c done"]
+    assert ran == ["a", "b", "c", "b", "c"]  # a was replayed from the copy
+    assert pikku.get_steps("half-fork")[0].forked_from == source
