@@ -12,7 +12,7 @@ import time
 
 from pikku_celery.definitions import Registry, StepDefinition
 from pikku_celery.leases.hold import HeldLease
-from pikku_celery.protocols import Dispatcher, PendingSettle, StepRunner
+from pikku_celery.protocols import ContinuationRefused, Dispatcher, PendingSettle, StepRunner
 from pikku_celery.records import STEP_PENDING, StepState
 from pikku_celery.store._concerns import restart_deadline
 from pikku_celery.store.base import NewClaim, NewStep
@@ -74,9 +74,14 @@ class InPlace:
     def close(self) -> None:
         """The call ends with a settle still pending (its pass was interrupted): the body
         succeeded, so its result is written if it can be; if not, the step's lease lapses
-        and the reaper runs it again."""
+        and the reaper runs it again. A refused settle (``ContinuationRefused``: the attempt
+        was superseded, the usual end of a streak that lost its run lease while stalled;
+        or its result was refused and the step failed for good) is no error here: it was
+        logged or recorded where it was refused."""
         try:
             self.settle()
+        except ContinuationRefused:
+            pass
         except Exception:
             log.warning("pikku: the settle of a step run in place could not be written; "
                         "the step runs again once its lease lapses", exc_info=True)

@@ -8,6 +8,7 @@ result the store holds (attempt 2's).
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
 
@@ -214,3 +215,37 @@ def test_a_streak_stops_at_the_next_step_once_its_run_lease_is_known_lost(
     worker.queue.append(("run", run_id, None))
     worker.drain()
     assert pikku.get_run(run_id).output == ["s0", "s1", "s2"] and ran == ["s0", "s1", "s2"]
+
+
+def test_a_streak_that_lost_its_run_lease_and_its_step_ends_without_an_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """As above, but the stalled worker's step was also taken by another attempt (the
+    reaper's reclaim): the settle written as the call ends is refused. That is the
+    expected end of a stalled streak, logged as a superseded attempt, not an error with a
+    traceback (the real-worker test of a stalled step reads the worker's log for one)."""
+    pikku, store, worker = _app()
+    leases = pikku.engine.leases
+    key = keys.run_lease_key("ip-both")
+
+    @pikku.step(name="ip.taken", retries=1)
+    def taken(name: str) -> str:
+        if name == "s0":
+            assert store.claim_step("ip-both", "s0", "ip.taken", FAR, 60_000).state
+            held = leases.get(key)
+            assert held is not None and leases.release(held)
+            assert leases.acquire(key, "another-pass", 60_000) is not None
+            [renewing] = [h for h in _RENEWALS._held.values() if h.key == key]
+            renewing.renew_once()
+        return name
+
+    @pikku.workflow("ip.taken-twice")
+    def flow(wf: Any, data: Any) -> list[str]:
+        return [wf.do(f"s{i}", taken, f"s{i}") for i in range(2)]
+
+    run_id = pikku.start("ip.taken-twice", None, run_id="ip-both")
+    with caplog.at_level(logging.WARNING, "pikku_celery"), pytest.raises(LeaseLostError):
+        worker.drain()
+    assert "superseded" in caplog.text
+    assert "could not be written" not in caplog.text and "Traceback" not in caplog.text
+    steps = pikku.get_steps(run_id)
+    assert [(s.step_name, s.status, s.attempt) for s in steps] == [("s0", "running", 2)]
