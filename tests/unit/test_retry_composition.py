@@ -257,6 +257,7 @@ def test_a_retry_between_a_cancel_and_its_slots_release_keeps_the_limit(
     release does not give away: the next queued run is not let in beside it."""
     pikku, worker = _limited_app(store, clock)
     first = pikku.start("rc.limited", {"key": "ann"})
+    clock.ms += 1  # the queue's order is the runs' creation time (ties: by run id)
     waiting = pikku.start("rc.limited", {"key": "ann"})
     worker.drain()
     assert (_status(pikku, first), _status(pikku, waiting)) == ("suspended", "queued")
