@@ -449,7 +449,11 @@ def _check_entries(doc: Doc, entries: dict[int, Doc], where: str, report: Report
                                  f"beyond its attempt {attempt}")
     missing = [a for a in range(1, attempt) if a not in entries]
     if missing:
-        report.violations.append(f"{where}: no history entry written for attempts {missing}")
+        report.violations.append(
+            f"{where}: no history entry written for attempts {missing} (it is {status} at "
+            f"attempt {attempt}; entries " + ", ".join(
+                f"{a} {e['status']} {(e.get('error') or {}).get('type')}"
+                for a, e in sorted(entries.items())) + ")")
     wrong = [a for a in range(1, attempt) if a in entries and entries[a]["status"] != "failed"]
     if wrong:
         report.violations.append(f"{where}: superseded attempts {wrong} recorded "

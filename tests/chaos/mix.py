@@ -21,7 +21,10 @@ WORKFLOWS = {"events": "chaos.awaiter", "limited": "chaos.limited",
              "approver": "chaos.approver"}
 EVENTS_CANCEL_SHARE = 0.25  # events runs cancelled while they wait (most then retried)
 APPROVER_CANCEL_SHARE = 0.4  # approval runs cancelled while they wait (most then retried)
-FINISH_S = 120.0  # how long the queue may take to empty once the faults stop
+FINISH_S = 150.0  # how long the queue may take to empty once the faults stop
+# how long an approval is asked again while its run does not wait on the gate yet (a run
+# slowed by faults, or still queued behind a whole-set MongoDB restart)
+APPROVE_PATIENCE_S = 120.0
 
 Op = tuple[float, str, str, dict[str, Any]]  # due (monotonic s), run, operation, its args
 
@@ -60,11 +63,11 @@ class Mix:
         batch = 3 * profile.limited_keys
         bursts = [limited[i:i + batch] for i in range(0, len(limited), batch)]
         # One run of half the bursts cancelled 0-2 s after its start, queued or running (of
-        # the first, its last run: queued behind its key's first two, then retried).
+        # the first, its last run, at once: queued behind its key's first two, then retried).
         for i, burst in enumerate(bursts):
             if len(burst) > 1 and (i == 0 or rng.random() < 0.5):
                 spec = burst[-1] if i == 0 else burst[rng.randrange(len(burst))]
-                spec["cancel_after_s"] = round(rng.uniform(0.0, 2.0), 2)
+                spec["cancel_after_s"] = 0.0 if i == 0 else round(rng.uniform(0.0, 2.0), 2)
                 spec["retry_after_cancel"] = i == 0
         while singles or bursts:
             if bursts:
@@ -184,7 +187,8 @@ class Mix:
         if spec.get("cancel_while_waiting"):
             approve_s = self.rng.uniform(3.0, 6.0)
             self._queue(now + 0.5, run_id, "cancel", {"until": now + 15.0})
-        self._queue(now + approve_s, run_id, "approve", {"until": now + approve_s + 60.0})
+        self._queue(now + approve_s, run_id, "approve",
+                    {"until": now + approve_s + APPROVE_PATIENCE_S})
 
     # --- the sender thread ----------------------------------------------------------------------
 
@@ -248,7 +252,7 @@ class Mix:
                                                         "key": record["key"]})
         if run_id in self.operator.record.approvals and run_id not in self.operator.approved:
             self._queue(now + self.operator.rng.uniform(0.2, 2.0), run_id, "approve",
-                        {"until": now + 60.0})
+                        {"until": now + APPROVE_PATIENCE_S})
 
     def _fork(self, source: str, spec: dict[str, Any]) -> None:
         made = self.operator.fork(source, spec)
@@ -266,7 +270,7 @@ class Mix:
         if approve:
             now = time.monotonic()
             self._queue(now + self.operator.rng.uniform(0.5, 3.0), fork_id, "approve",
-                        {"until": now + 60.0})
+                        {"until": now + APPROVE_PATIENCE_S})
 
     def _send(self, run_id: str, name: str, key: str | None) -> dict[str, Any]:
         """One send, as an application makes it: a call that fails (a store or broker

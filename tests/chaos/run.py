@@ -210,11 +210,27 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
         sends = [(r["name"], r["key"], r["n"], r["seq"], r["outcome"]) for r in mix.sent
                  if r["run"] == run_id]
         print(f"chaos: stuck run {run_id}: sends {sends}; cancel {cancelled.get(run_id)}; "
-              f"retries {ops.retries.get(run_id)}; approvals {ops.approvals.get(run_id)}",
-              flush=True)
+              f"retries {ops.retries.get(run_id)}; approvals {ops.approvals.get(run_id)}; "
+              f"{_stored(chaos, run_id)}", flush=True)
     report.worker_crashes = len(crashes)
     report.rollbacks, report.rolled_back = cluster.rollbacks()
     return report
+
+
+def _stored(chaos: Any, run_id: str) -> str:
+    """A stuck run as the store holds it: the run (its inputs and outputs left out), its
+    steps not succeeded and its events (their payloads left out)."""
+    from pikku_celery import keys
+
+    db = chaos.pikku.engine.store.db
+    try:
+        run = db[keys.RUNS].find_one({"_id": run_id}, {"input": 0, "output": 0, "state": 0})
+        steps = list(db[keys.STEPS].find({"run_id": run_id, "status": {"$ne": "succeeded"}},
+                                         {"data": 0, "result": 0}))
+        events = list(db[keys.EVENTS].find({"run_id": run_id}, {"payload": 0}))
+    except Exception as exc:  # a report, not a check: never fails the run
+        return f"store unreadable: {exc!r}"
+    return f"stored run {run}; open steps {steps}; events {events}"
 
 
 def _merge_cancels(into: dict[str, tuple[int, int]],
