@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pikku_celery.records import StepState, WorkflowRun
-from pikku_celery.store._slots import slot_id
+from pikku_celery.store._slots import slot_holder, slot_id
 from pikku_celery.store.base import WorkflowStore
 
 KEYS = ("a", "b")
@@ -181,11 +181,13 @@ class Checks:
             slot = slot_id(ORDER, key)
             group = [r for r in runs.values() if r.workflow == ORDER and r.input["k"] == key]
             live = [r.run_id for r in group if r.status in LIVE]
+            lives = {slot_holder(r) for r in group if r.status in LIVE}  # a run in its life
             holders = self.inner.slot_holders(slot)
             if len(live) > 1:
                 raise self.violation(f"4. key {key!r}: {len(live)} live runs {live} (limit 1)")
-            if len(holders) > 1 or set(holders) != set(live):
-                raise self.violation(f"4. key {key!r}: slot held by {holders}, live runs {live}")
+            if len(holders) > 1 or set(holders) != lives:
+                raise self.violation(f"4. key {key!r}: slot held by {holders}, live runs "
+                                     f"{sorted(lives)}")
             queued = [r for r in group if r.status == "queued"]
             for rid in live:  # admitted since the last check: first in, first out
                 if rid in model.queued_seen or rid not in model.seen:

@@ -307,15 +307,10 @@ def test_defect_3_a_sweep_inside_a_retry_leaves_the_limit_whole(world: World) ->
     world.check()
 
 
-OPEN_SLOT = pytest.mark.xfail(strict=True, reason=(
-    "open: the end gives the slot back after a retry inside its window took it again "
-    "(runs.Runs.cancel and finish release after the retry's admission)"))
-
-
-@OPEN_SLOT
 def test_defect_4_a_retry_inside_a_cancel_stands(world: World) -> None:
     """Invariants 2 and 4: a retry between the cancel's end of the run and its fence; the
-    fence failed what the retry reopened and the cancel gave back the revived run's slot."""
+    fence failed what the retry reopened and the cancel gave back the revived run's slot
+    (and on 552e306, whose fence was guarded, the cancel still gave the slot back)."""
     world.start(ORDER, {"k": "a", "t": None})
     world.cancel(0, "retry@cancel_steps")
     world.check()
@@ -326,11 +321,10 @@ def test_defect_4_a_retry_inside_a_cancel_stands(world: World) -> None:
     world.check()
 
 
-@OPEN_SLOT
 def test_a_retry_inside_a_failure_keeps_its_slot(world: World) -> None:
     """Invariant 4: a retry landing between a pass's write of the run's failure and its
     return of the slot (found by the machine on 552e306, whose fix of defect 4 guarded the
-    fence but not the slot's return)."""
+    fence but not the slot's return; fixed by e059f3b)."""
     world.start(ORDER, {"k": "a", "t": None})
     world.deliver(0, "ok")  # the pass sends reserve
     world.deliver(0, "fail")  # attempt 1 fails: its retry is due in a second
