@@ -41,15 +41,17 @@ def expired_fields(step: Doc, now_ms: int) -> Doc:
             S.UPDATED: now_ms, **closing_fields(step[S.ATTEMPT], STEP_FAILED, now_ms, error)}
 
 
-def waiting_fields(now_ms: int, *, result: Any, error: dict[str, Any] | None, parked: bool,
-                   by: str | None, wake_check_ms: int | None) -> Doc:
-    """``settle_waiting_step``: a step parked on a child run (``parked``) closes the one
-    attempt its insert opened; a sleep or a gate opens and closes its one attempt here."""
+def waiting_fields(now_ms: int, *, result: Any, error: dict[str, Any] | None,
+                   parked: int | None, by: str | None, wake_check_ms: int | None) -> Doc:
+    """``settle_waiting_step``: a step parked on a child run closes its attempt ``parked``
+    (the one its insert opened, or the one a retry parked it again as: never attempt 1's
+    entry then, which the retry's cancel closed); a sleep or a gate opens and closes its
+    one attempt here."""
     status = STEP_FAILED if error is not None else STEP_SUCCEEDED
     fields: Doc = {S.STATUS: status, S.RESULT: result, S.ERROR: error, S.LEASE: None,
                    S.DUE: wake_check_ms, S.UPDATED: now_ms}
-    if parked:
-        fields.update(closing_fields(1, status, now_ms, error))
+    if parked is not None:
+        fields.update(closing_fields(parked, status, now_ms, error))
     else:
         fields[S.WORKER] = by
         fields[entry_path(1)] = {**open_entry(now_ms, by, None), H.STATUS: status,

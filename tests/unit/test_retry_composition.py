@@ -341,3 +341,35 @@ def test_a_late_fence_of_a_failed_run_leaves_what_a_retry_reopened(
     worker.drain()
     run = pikku.get_run(run_id)
     assert (run.status, run.output) == ("completed", "fixed")
+
+
+# --- a retried step parked on a child run --------------------------------------------------
+
+
+def test_a_retried_child_step_is_settled_as_its_new_attempt(store: Any, clock: Clock) -> None:
+    """A parent cancelled while its step waits on a child run, then retried: the step is
+    parked again as attempt 2, and the child's end settles attempt 2, leaving attempt 1's
+    history entry as the cancel closed it (found by the model-based test)."""
+    pikku, worker = _app(store, clock)
+
+    @pikku.workflow("rc.kid")
+    def kid(wf: Any, data: Any) -> Any:
+        return wf.wait_for_event("go")
+
+    @pikku.workflow("rc.parent")
+    def parent(wf: Any, data: Any) -> Any:
+        return {"kid": wf.child("kid", "rc.kid", None)}
+
+    run_id = pikku.start("rc.parent", None)
+    worker.drain()
+    step = next(s for s in pikku.get_steps(run_id) if s.step_name == "kid")
+    assert step.child_run_id is not None
+    child = step.child_run_id
+    _cancel_and_retry(pikku, worker, run_id)
+    assert _status(pikku, child) == "suspended"  # retried with its parent
+    pikku.send_event(child, "go", "went")
+    worker.drain()
+    assert pikku.get_run(run_id).output == {"kid": "went"}
+    entries = [(h.attempt, h.status) for h in pikku.get_history(run_id)
+               if h.step_name == "kid"]
+    assert entries == [(1, "failed"), (2, "succeeded")]

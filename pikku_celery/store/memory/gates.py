@@ -30,7 +30,8 @@ class MemoryGates(MemoryStoreBase):
             # or a gate (its one attempt starts and ends here).
             _docs.apply_set(doc, copy.deepcopy(waiting_fields(
                 now_ms, result=as_stored(result), error=as_stored(error),
-                parked=doc[S.STATUS] == STEP_RUNNING, by=by, wake_check_ms=wake_check_ms)))
+                parked=doc[S.ATTEMPT] if doc[S.STATUS] == STEP_RUNNING else None, by=by,
+                wake_check_ms=wake_check_ms)))
             return True
 
     def clear_wake_check(self, run_id: str, step_name: str, due_ms: int) -> bool:

@@ -21,13 +21,20 @@ class MongoGates(MongoStoreBase):
                             by: str | None = None, wake_check_ms: int | None = None) -> bool:
         check_value(f"result of step {step_name!r}", result)
         guard: Doc = {S.ID: keys.invocation_id(run_id, step_name)}
-        fields = waiting_fields(now_ms, result=result, error=error,
-                                parked=child_run_id is not None, by=by,
-                                wake_check_ms=wake_check_ms)
+        parked = None
         if child_run_id is not None:
-            # Parked on the child since its insert, which opened its one attempt.
+            # Parked on the child since its insert, which opened its attempt, or since a
+            # retry parked it again as a later attempt: the entry closed is that attempt's,
+            # read first (a child's end is rare: one read each) and guarded on.
             guard.update({S.STATUS: STEP_RUNNING, S.CHILD_RUN: child_run_id})
-        else:
+            current = self._steps.find_one(guard, {S.ATTEMPT: 1}, session=self._session)
+            if current is None:
+                return False
+            parked = current[S.ATTEMPT]
+            guard[S.ATTEMPT] = parked
+        fields = waiting_fields(now_ms, result=result, error=error, parked=parked, by=by,
+                                wake_check_ms=wake_check_ms)
+        if child_run_id is None:
             # A sleep or a gate: its one attempt starts and ends with this write.
             guard.update({S.STATUS: STEP_SCHEDULED, S.FUNCTION: None})
             if gate:
