@@ -120,7 +120,9 @@ def test_a_held_sleep_waits_for_ten_minutes_of_advance() -> None:
         kit.advance(1)
         run = kit.run(run_id)
         assert run.status == "completed" and run.output == "awake"
-        assert 600 <= kit.skipped_s < 601  # exactly what was advanced: no jump
+        # What was advanced, less the real time the kit spent firing schedules on the way
+        # (``advance`` moves the clock to the target it computed first): no jump past it.
+        assert 599 < kit.skipped_s <= 600
 
 
 def test_a_held_sleep_in_a_child_run_wakes_its_parent_on_advance() -> None:
