@@ -335,14 +335,12 @@ def test_a_retry_inside_a_failure_keeps_its_slot(world: World) -> None:
     world.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: a child's end settles its parent's parked step into attempt 1's history entry "
-    "(store._settle.waiting_fields), whatever the step's attempt"))
 def test_a_retried_child_step_keeps_its_first_attempt(world: World) -> None:
     """Invariant 1 (and contract 2.9, one history entry per attempt): a parent cancelled
     while its step waits on a child run, then retried: the step is parked again as attempt
     2, and the child's end must settle attempt 2, never rewrite the cancelled attempt 1
-    (found by the machine on f7e4b2d: ``store._settle.waiting_fields`` closes attempt 1)."""
+    (found by the machine on f7e4b2d: ``store._settle.waiting_fields`` closed attempt 1;
+    fixed by 2bb782e)."""
     world.start(PARENT, {"t": None})
     world.deliver(0, "ok")  # the parent's pass parks "kid" on its child run
     world.cancel(0, None)
