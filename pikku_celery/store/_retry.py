@@ -21,6 +21,7 @@ from pikku_celery.keys import StepField as S
 from pikku_celery.records import (
     RUN_QUEUED,
     RUN_RUNNING,
+    STEP_PENDING,
     STEP_RUNNING,
     STEP_SCHEDULED,
     STEP_SUCCEEDED,
@@ -66,6 +67,14 @@ def reopened(doc: Doc, now_ms: int) -> Doc:
         fields.update({S.STATUS: STEP_RUNNING, S.LEASE: None, S.DUE: None, S.STARTED: now_ms,
                        S.ATTEMPT: attempt, S.MAX_ATTEMPTS: max(doc[S.MAX_ATTEMPTS], attempt),
                        entry_path(attempt): open_entry(now_ms, None, None)})
+    elif doc.get(S.FUNCTION) is not None and not ran(doc):
+        # Fenced before its first claim (a cancel while its message waited): its attempt
+        # never ran and has no history entry. It waits for that first claim again, as the
+        # same attempt, instead of being reclaimed as the next one (which would leave an
+        # attempt in its numbering that never ran and is in no history).
+        budget = doc.get(BUDGET) or doc[S.MAX_ATTEMPTS]
+        fields.update({S.STATUS: STEP_PENDING, S.DUE: now_ms, BUDGET: budget,
+                       S.MAX_ATTEMPTS: doc[S.ATTEMPT] - 1 + budget})
     elif doc.get(S.FUNCTION) is not None:
         budget = doc.get(BUDGET) or doc[S.MAX_ATTEMPTS]
         fields.update({S.DUE: now_ms, S.MAX_ATTEMPTS: doc[S.ATTEMPT] + budget, BUDGET: budget})
@@ -125,13 +134,17 @@ def forked_doc(run_id: str, state: StepState, now_ms: int, source_run_id: str) -
     return doc
 
 
+def ran(doc: Doc) -> bool:
+    """Whether the current attempt of ``doc`` was ever claimed (it has a history entry)."""
+    return isinstance((doc.get(S.ATTEMPTS) or {}).get(str(doc[S.ATTEMPT])), dict)
+
+
 def kept_total(doc: Doc) -> Doc:
     """The ``$set`` that keeps, in the entry of ``doc``'s last attempt, the total of
     attempts it ran under (``HistoryField.MAX_ATTEMPTS``), before a retry gives the step a
     new one: the history then shows "attempt 2/2" for it after the retry, not "2/4"
     (``_docs.attempt_totals``). Nothing for a step with no entry for that attempt (a
     document of an earlier version: a half-written entry would read as an attempt)."""
-    attempt = doc[S.ATTEMPT]
-    if not isinstance((doc.get(S.ATTEMPTS) or {}).get(str(attempt)), dict):
+    if not ran(doc):
         return {}
-    return {entry_path(attempt, H.MAX_ATTEMPTS): doc[S.MAX_ATTEMPTS]}
+    return {entry_path(doc[S.ATTEMPT], H.MAX_ATTEMPTS): doc[S.MAX_ATTEMPTS]}

@@ -73,7 +73,13 @@ def test_a_cancelled_runs_fenced_steps_and_gates_are_reopened(store: WorkflowSto
     assert sorted(s.step_name for s in reopened) == ["__approval:boss", "nap", "pending",
                                                      "running"]
     state = {s.step_name: s for s in store.list_steps(run_id)}
-    assert state["pending"].status == "failed" and state["pending"].due_at is not None
+    # Fenced before its first claim: it waits for that claim again, as attempt 1 (no
+    # attempt that never ran in its numbering, none missing from its history).
+    assert (state["pending"].status, state["pending"].attempt) == ("pending", 1)
+    first = store.claim_step(run_id, "pending", FN, T0 + 11, LEASE).state
+    assert first is not None and first.attempt == 1
+    assert [(h.attempt, h.status) for h in store.get_history(run_id)
+            if h.step_name == "pending"] == [(1, "running")]
     assert state["running"].status == "failed" and state["running"].attempt == 1
     assert state["nap"].status == "scheduled"  # cut short by the cancel: due at once
     gate = state["__approval:boss"]
