@@ -99,12 +99,20 @@ class Checks:
             elif state.status == "succeeded":
                 self.model.settled[key] = state.result
         succeeded: dict[str, int] = {}
+        attempts: dict[str, list[int]] = {}
         for entry in self.inner.get_history(run.run_id):
+            attempts.setdefault(entry.step_name, []).append(entry.attempt)
             if entry.status == "succeeded":
                 succeeded[entry.step_name] = succeeded.get(entry.step_name, 0) + 1
         twice = {name: n for name, n in succeeded.items() if n > 1}
         if twice:
             raise self.violation(f"1. run {run.run_id}: steps with two successes: {twice}")
+        for state in steps:  # contract 2.9: one history entry per attempt, none skipped
+            seen = attempts.get(state.step_name, [])
+            missing = [n for n in range(1, state.attempt) if n not in seen]
+            if missing or len(seen) != len(set(seen)):
+                raise self.violation(f"1. run {run.run_id}: step {state.step_name!r} at "
+                                     f"attempt {state.attempt} has history entries {seen}")
 
     def _no_fence_on_live(self, run: WorkflowRun, steps: list[StepState]) -> None:
         if run.status not in LIVE:
