@@ -24,7 +24,7 @@ from pikku_celery.claims import Claimer
 from pikku_celery.clock import Clock, ServerClock
 from pikku_celery.definitions import Registry, StepDefinition
 from pikku_celery.execution import RecordedStepError, StepExecution, StepOutcome
-from pikku_celery.forks import Forks, check_by
+from pikku_celery.forks import Forks
 from pikku_celery.gates import Gates
 from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.leases.base import LeaseService
@@ -35,6 +35,7 @@ from pikku_celery.reaper import Reaper
 from pikku_celery.records import StepAttempt, StepState, WorkflowRun
 from pikku_celery.runs import Runs
 from pikku_celery.store.base import WorkflowStore
+from pikku_celery.validate import check_by
 from pikku_celery.views import ALL
 
 __all__ = ["Dispatcher", "Emit", "Engine", "RecordedStepError", "Settings", "StepOutcome"]

@@ -26,13 +26,14 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pikku_celery.errors import InvalidInputError, WorkflowRunConflictError
 from pikku_celery.reads import get_run
 from pikku_celery.records import LINEAGE_FORK, STEP_SUCCEEDED, StepState, WorkflowRun
 from pikku_celery.store._docs import lineage_entry
 from pikku_celery.store.base import WorkflowStore
+from pikku_celery.validate import check_by
 
 if TYPE_CHECKING:
     from pikku_celery.runs import Runs
@@ -153,9 +154,3 @@ class Forks:
                  run_id, from_step, len(kept), ", decisions kept" if keep_decisions else "")
         return run.run_id
 
-
-def check_by(by: Any) -> None:
-    """``by`` (who retried or forked, for the run's lineage): a short string or ``None``."""
-    if by is not None and (not isinstance(by, str) or not by or len(by) > 200):
-        raise InvalidInputError(f"'by' must be a non-empty string of at most 200 "
-                                f"characters, or None; got {by!r}")

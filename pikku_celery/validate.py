@@ -227,3 +227,15 @@ def check_listing(workflow: object, status: object, limit: object,
         raise InvalidInputError(f"unknown run status {status!r}; one of {list(statuses)}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
         raise InvalidInputError(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
+
+
+MAX_BY = 200  # characters of who retried or forked a run (its lineage's ``by``)
+
+
+def check_by(by: Any, what: str = "'by'") -> str | None:
+    """Return ``by`` (who retried or forked a run, kept in its lineage) if it is ``None``
+    or a string of 1 to ``MAX_BY`` characters."""
+    if by is not None and (not isinstance(by, str) or not 0 < len(by) <= MAX_BY):
+        raise InvalidInputError(f"{what} must be a non-empty string of at most {MAX_BY} "
+                                f"characters, or None; got {_shown(by)}")
+    return by

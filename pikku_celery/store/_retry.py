@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pikku_celery.errors import InvalidInputError
 from pikku_celery.keys import HistoryField as H
 from pikku_celery.keys import RunField as R
 from pikku_celery.keys import StepField as S
 from pikku_celery.records import (
+    LINEAGE_RETRY,
     RUN_QUEUED,
     RUN_RUNNING,
     STEP_PENDING,
@@ -27,8 +27,9 @@ from pikku_celery.records import (
     STEP_SUCCEEDED,
     StepState,
 )
-from pikku_celery.store._docs import entry_path, new_step_doc, open_entry
+from pikku_celery.store._docs import entry_path, lineage_entry, new_step_doc, open_entry
 from pikku_celery.store.base import NewStep
+from pikku_celery.validate import check_by
 
 Doc = dict[str, Any]
 BUDGET = "retry_budget"  # the attempts a retry gives: the step's first max_attempts
@@ -36,9 +37,6 @@ BUDGET = "retry_budget"  # the attempts a retry gives: the step's first max_atte
 # names are repeated here, and ``tests/unit/test_retry_composition.py`` holds them equal).
 WAIT_PREFIXES = ("__approval:", "__event:")  # gates that expire at ``expires_at_ms``
 NO_DEADLINE_PREFIXES = ("__suspend:", "__publish:")
-
-
-MAX_BY = 200  # characters of who retried
 
 
 def revived_fields(now_ms: int, *, queued: bool) -> Doc:
@@ -52,10 +50,7 @@ def revived_fields(now_ms: int, *, queued: bool) -> Doc:
 
 def retry_entry(now_ms: int, by: str | None) -> Doc:
     """A retry as its run's ``lineage`` records it (``by``: who asked, when known)."""
-    if by is not None and (not isinstance(by, str) or not 0 < len(by) <= MAX_BY):
-        raise InvalidInputError(f"retried by must be a string of 1 to {MAX_BY} characters, "
-                                f"got {by!r}")
-    return {"op": "retry", "at": now_ms, "by": by}
+    return lineage_entry(LINEAGE_RETRY, now_ms, by=check_by(by, "retried by"))
 
 
 def reopened(doc: Doc, now_ms: int) -> Doc:
