@@ -31,7 +31,7 @@ from celery import Celery
 from benchmarks.target import counting_store, describe
 from example_project.stack import Stack
 from pikku_celery import PikkuCelery, RedisLeaseService
-from pikku_celery.errors import LeaseTakenError
+from pikku_celery.model.errors import LeaseTakenError
 from tests.support.counting import CountingRedis, MongoCommands
 
 SIDES = ("worker", "orchestrator")

@@ -4,10 +4,16 @@ Every step outcome is recorded once, by the attempt that currently owns the step
 redelivered task's write is refused with ``WorkflowStepSupersededError``.
 """
 
-from pikku_celery._graph_rounds import with_state
 from pikku_celery.app import PikkuCelery, get_pikku
-from pikku_celery.claims import StepContext
-from pikku_celery.errors import (
+from pikku_celery.engine.claims import StepContext
+from pikku_celery.leases import (
+    InMemoryLeaseService,
+    Lease,
+    LeaseService,
+    RedisLeaseService,
+    hold_lease,
+)
+from pikku_celery.model.errors import (
     InvalidInputError,
     LeaseLostError,
     LeaseTakenError,
@@ -27,26 +33,20 @@ from pikku_celery.errors import (
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.leases import (
-    InMemoryLeaseService,
-    Lease,
-    LeaseService,
-    RedisLeaseService,
-    hold_lease,
-)
-from pikku_celery.records import (
+from pikku_celery.model.records import (
     StepAttempt,
     StepState,
     WorkflowEvent,
     WorkflowRun,
     WorkflowSchedule,
 )
-from pikku_celery.replay import WorkflowContext
-from pikku_celery.shared import shared_step, shared_workflow
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
-from pikku_celery.tasks import internal_task_names
+from pikku_celery.worker.shared import shared_step, shared_workflow
+from pikku_celery.worker.tasks import internal_task_names
+from pikku_celery.workflow._graph_rounds import with_state
+from pikku_celery.workflow.replay import WorkflowContext
 
 __all__ = [
     "InMemoryLeaseService",

@@ -11,13 +11,32 @@ from typing import Any, TypeVar
 
 from celery import Celery, signals
 
-from pikku_celery import on_commit, shared
-from pikku_celery._fork import reset_in_forked_child
-from pikku_celery._graph_rounds import run_graph
-from pikku_celery.clock import Clock
-from pikku_celery.config import Resolved
-from pikku_celery.config import Settings as Configuration
-from pikku_celery.definitions import (
+from pikku_celery.engine.facade import Dispatcher, Engine, Settings
+from pikku_celery.leases.base import LeaseService
+from pikku_celery.model._fork import reset_in_forked_child
+from pikku_celery.model.clock import Clock
+from pikku_celery.model.durations import Duration, to_seconds
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.records import RUN_QUEUED
+from pikku_celery.model.validate import check_name
+from pikku_celery.operations import RunOperations
+from pikku_celery.schedules.ticker import WorkerTicker
+from pikku_celery.store.base import WorkflowStore
+from pikku_celery.worker import on_commit, shared
+from pikku_celery.worker.config import Resolved
+from pikku_celery.worker.config import Settings as Configuration
+from pikku_celery.worker.inline import DrivingDispatcher, run_inline
+from pikku_celery.worker.routing import Routing
+from pikku_celery.worker.signals import SignalSender
+from pikku_celery.worker.tasks import (
+    CeleryDispatcher,
+    WorkerReaper,
+    internal_task_names,
+    make_step_task,
+    register_internal_tasks,
+)
+from pikku_celery.workflow._graph_rounds import run_graph
+from pikku_celery.workflow.definitions import (
     DEFAULT_RETRIES,
     Registry,
     StepDefinition,
@@ -25,27 +44,8 @@ from pikku_celery.definitions import (
     make_step,
     make_workflow,
 )
-from pikku_celery.durations import Duration, to_seconds
-from pikku_celery.engine import Dispatcher, Engine, Settings
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.graph import build_graph
-from pikku_celery.inline import DrivingDispatcher, run_inline
-from pikku_celery.leases.base import LeaseService
-from pikku_celery.operations import RunOperations
-from pikku_celery.records import RUN_QUEUED
-from pikku_celery.replay import WorkflowContext
-from pikku_celery.routing import Routing
-from pikku_celery.schedules.ticker import WorkerTicker
-from pikku_celery.signals import SignalSender
-from pikku_celery.store.base import WorkflowStore
-from pikku_celery.tasks import (
-    CeleryDispatcher,
-    WorkerReaper,
-    internal_task_names,
-    make_step_task,
-    register_internal_tasks,
-)
-from pikku_celery.validate import check_name
+from pikku_celery.workflow.graph import build_graph
+from pikku_celery.workflow.replay import WorkflowContext
 
 F = TypeVar("F", bound=Callable[..., Any])
 EngineFactory = Callable[["PikkuCelery"], Engine]
@@ -64,7 +64,7 @@ class PikkuCelery(RunOperations):
     app's configuration, ``pikku_<name>`` (``CELERY_PIKKU_<NAME>`` in Django settings read
     with ``namespace="CELERY"``). Settings are read, and the store and lease service built,
     at first use (a ``start``, a task, a worker's start), never here: configure the Celery
-    app after building this, as a Flask factory or Django does. See ``pikku_celery.config``.
+    app after building this, as a Flask factory or Django does. See ``pikku_celery.worker.config``.
 
     Args:
         store: where runs and steps live (default: a ``MongoWorkflowStore`` on the
@@ -99,14 +99,14 @@ class PikkuCelery(RunOperations):
             pikku's tasks are routed like any task). With one, pikku's messages go there
             unless your routing names another destination, a worker without ``-Q`` also
             consumes it, and a worker that consumes only it gets prefetch multiplier 1
-            unless you set one (see ``pikku_celery.routing``). Binding never changes
+            unless you set one (see ``pikku_celery.worker.routing``). Binding never changes
             ``app.conf``.
         redact_error: your own redaction of recorded errors: a callable ``(text) -> str``
             (or its dotted path) given each error's message and traceback after pikku's
             built-in masking of credentials (URL passwords, ``password=``/``token=``
             pairs, ``Bearer`` credentials), before the error is stored. If it raises, the
             built-in masking's text is stored and the failure logged. See
-            ``pikku_celery.redaction``.
+            ``pikku_celery.model.redaction``.
     """
 
     def __init__(self, celery_app: Celery, *, store: WorkflowStore | None = None,
@@ -255,7 +255,7 @@ class PikkuCelery(RunOperations):
                  concurrency_key: Callable[[Any], Any] | None = None) -> Callable[[F], F]:
         """Register ``fn(wf, data) -> result`` as a workflow named ``name`` (default: the
         function's name); ``concurrency=N``: at most N runs at once per
-        ``concurrency_key(input)``, the others ``queued`` (``pikku_celery.concurrency``)."""
+        ``concurrency_key(input)``, the others ``queued`` (``pikku_celery.engine.concurrency``)."""
         def decorate(fn: F) -> F:
             definition = make_workflow(fn, name or fn.__name__, concurrency=concurrency,
                                        concurrency_key=concurrency_key)
@@ -318,7 +318,7 @@ class PikkuCelery(RunOperations):
         outside a transaction), like Celery's ``delay_on_commit``. The transaction is the
         web framework's: its adapter registers how to wait for the commit
         (``pikku_celery.contrib.django``, loaded from ``INSTALLED_APPS``; see
-        ``pikku_celery.on_commit``). Everything that can be checked before the commit is
+        ``pikku_celery.worker.on_commit``). Everything that can be checked before the commit is
         (the workflow is registered, the run id and the input can be stored), so a bad
         call fails inside the transaction and rolls back with it."""
         record_start = on_commit.registered_record_start()  # raises without an adapter

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pikku_celery.definitions import Registry
-from pikku_celery.durations import Duration
-from pikku_celery.engine import Engine
-from pikku_celery.events import Events
-from pikku_celery.records import (
+from pikku_celery.engine.events import Events
+from pikku_celery.engine.facade import Engine
+from pikku_celery.model.durations import Duration
+from pikku_celery.model.records import (
     RUN_TERMINAL,
     StepAttempt,
     StepState,
@@ -22,8 +21,9 @@ from pikku_celery.records import (
     WorkflowSchedule,
 )
 from pikku_celery.schedules.firing import Scheduler
-from pikku_celery.schedules.spec import ScheduleDefinition, make_schedule
 from pikku_celery.store.base import RunMatch
+from pikku_celery.workflow.definitions import Registry
+from pikku_celery.workflow.schedule_spec import ScheduleDefinition, make_schedule
 
 
 class ScheduleOperations:
@@ -191,8 +191,8 @@ class RunOperations(ScheduleOperations):
         """Delete the runs that ended (``statuses``: completed, failed, cancelled) more
         than ``older_than`` ago, with their steps and history, ``batch`` runs per round
         trip; never a live run. Returns how many were deleted (with ``dry_run``: would
-        be, deleting nothing). See ``pikku_celery.retention``."""
-        from pikku_celery.retention import purge
+        be, deleting nothing). See ``pikku_celery.worker.retention``."""
+        from pikku_celery.worker.retention import purge
 
         return purge(self.engine, older_than, statuses=statuses, dry_run=dry_run,
                      batch=batch)

@@ -45,15 +45,15 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from pikku_celery import shared
-from pikku_celery.durations import Duration, to_ms
-from pikku_celery.engine import Engine
-from pikku_celery.errors import WorkflowRunNotFoundError
-from pikku_celery.inline import DrivingDispatcher
+from pikku_celery.engine.facade import Engine
 from pikku_celery.leases.memory import InMemoryLeaseService, wall_clock_ms
-from pikku_celery.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.model.durations import Duration, to_ms
+from pikku_celery.model.errors import WorkflowRunNotFoundError
+from pikku_celery.model.records import StepAttempt, StepState, WorkflowRun
 from pikku_celery.schedules.firing import Scheduler
 from pikku_celery.store.memory import InMemoryWorkflowStore
+from pikku_celery.worker import shared
+from pikku_celery.worker.inline import DrivingDispatcher
 
 if TYPE_CHECKING:
     from pikku_celery.app import EngineFactory, PikkuCelery

@@ -5,7 +5,7 @@ Celery loads every installed ``celery.commands`` entry point whenever any ``cele
 command starts: workers, ``inspect`` and ``purge`` of apps that never use pikku included.
 An entry point inside ``pikku_celery`` would import the package, and with it pymongo, in
 every such process (about 16 MB and a tenth of a second each). This group imports
-``pikku_celery.cli`` only when its commands are listed or one of them runs.
+``pikku_celery.operate.cli`` only when its commands are listed or one of them runs.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ HELP = "Read and operate pikku workflow runs."
 
 
 class LazyPikkuGroup(click.Group):
-    """``pikku_celery.cli.pikku``'s commands, found when click first asks for them."""
+    """``pikku_celery.operate.cli.pikku``'s commands, found when click first asks for them."""
 
     def _commands(self) -> MutableMapping[str, click.Command]:
-        from pikku_celery.cli import pikku as group
+        from pikku_celery.operate.cli import pikku as group
 
         return group.commands
 

@@ -16,7 +16,7 @@ import pymongo.errors
 import pytest
 import redis
 
-from pikku_celery.heartbeat import Heartbeat
+from pikku_celery.engine.heartbeat import Heartbeat
 from tests.support import mongomock_compat, summary
 from tests.support.mongod import (
     TEST_COMMANDS,

@@ -1,5 +1,6 @@
 """The package's shape, checked by ``./dev lint``: no class over 300 lines, no module over
-600, no import circle between the modules of ``pikku_celery/``.
+600, no import circle between the modules of ``pikku_celery/``, and no import of a layer
+above the importer's own (``LAYERS``: the one place the order is written down).
 
     python tools/structure.py [ROOT]     # ROOT holds pikku_celery/ (default: .)
 
@@ -10,7 +11,7 @@ logic as ``../shared/tools/structure.py``, plus relative imports (``from . impor
 resolved to the modules they name. An import of ``a.b`` counts as an edge to ``a.b`` (and,
 for ``from a import b``, to ``a.b`` when that is a module); a module's import of its own
 enclosing package does not. ``tests/unit/test_structure.py`` proves it fails on a circle,
-an oversized class and an oversized module.
+an oversized class, an oversized module and an upward import.
 """
 
 from __future__ import annotations
@@ -22,6 +23,19 @@ from collections.abc import Iterator
 
 PACKAGE = "pikku_celery"
 MAX_CLASS, MAX_MODULE = 300, 600
+
+#: The package's layers, lowest first: a module may import its own layer and those before it,
+#: never one after. A name is a folder or a top-level module of the package; ``""`` is the
+#: package's ``__init__`` (its public face). ``docs/internals/how-it-works.md`` draws it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("model",),                                    # the vocabulary
+    ("store", "leases"),                           # where state lives
+    ("workflow",),                                 # what users write, and replay
+    ("engine",),                                   # the runtime, no Celery
+    ("worker", "schedules"),                       # Celery, and schedules on the engine
+    ("operations", "app", "testing", "signals", "backend", ""),  # the public face
+    ("operate", "dashboard", "contrib"),           # what people use
+)
 
 
 def _modules(root: str) -> Iterator[tuple[str, str, bool]]:
@@ -36,16 +50,61 @@ def _modules(root: str) -> Iterator[tuple[str, str, bool]]:
                 yield (name[: -len(".__init__")] if init else name), path, init
 
 
+def _layer(module: str) -> int | None:
+    """The index in ``LAYERS`` of a module of the package, None for one no layer names."""
+    top = module.split(".")[1] if "." in module else ""
+    return next((i for i, names in enumerate(LAYERS) if top in names), None)
+
+
+def _edges(tree: ast.AST, name: str, init: bool, modules: set[str]) -> set[str]:
+    """The modules of the package this one imports, for the layer order: ``from a import b``
+    is an import of the module ``a.b`` when there is one, of ``a`` when ``b`` is a name in it
+    (so ``from pikku_celery import PikkuCelery`` imports the public face)."""
+    edges: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = _absolute(node, name, init)
+            if module == PACKAGE or module.startswith(PACKAGE + "."):
+                for alias in node.names:
+                    sub = f"{module}.{alias.name}"
+                    edges.add(sub if sub in modules else module)
+        elif isinstance(node, ast.Import):
+            edges.update(a.name for a in node.names if a.name in modules)
+    return edges
+
+
+def _upward(edges: dict[str, set[str]]) -> list[str]:
+    """Each import of a layer above the importer's, and each module in no layer."""
+    found = []
+    for importer in sorted(edges):
+        own = _layer(importer)
+        if own is None:
+            found.append(f"module {importer}: in no layer of LAYERS")
+            continue
+        for dep in sorted(edges[importer]):
+            theirs = _layer(dep)
+            if theirs is not None and theirs > own:
+                found.append(f"upward import: {importer} (layer {own + 1}) imports {dep} "
+                             f"(layer {theirs + 1})")
+    return found
+
+
+def _absolute(node: ast.ImportFrom, name: str, init: bool) -> str:
+    """The module an ``import from`` names, a relative one resolved against the importer."""
+    module = node.module or ""
+    if node.level:
+        base = name.split(".") if init else name.split(".")[:-1]
+        base = base[: len(base) - node.level + 1]
+        module = ".".join([*base, module] if module else base)
+    return module
+
+
 def _imported(tree: ast.AST, name: str, init: bool) -> set[str]:
     """Every ``pikku_celery`` name the module imports (modules, or names inside them)."""
     deps: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level:  # relative: resolved against the module's package
-                base = name.split(".") if init else name.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
-                module = ".".join([*base, module] if module else base)
+            module = _absolute(node, name, init)
             if module == PACKAGE or module.startswith(PACKAGE + "."):
                 deps.add(module)
                 deps.update(f"{module}.{alias.name}" for alias in node.names)
@@ -101,6 +160,7 @@ def check(root: str) -> tuple[list[str], int]:
     """The findings under ``root``, and the length of its longest module."""
     lengths: dict[str, int] = {}
     imports: dict[str, set[str]] = {}
+    parsed: dict[str, tuple[ast.AST, bool]] = {}
     problems: list[str] = []
     for name, path, init in _modules(root):
         with open(path, encoding="utf-8") as file:
@@ -113,11 +173,15 @@ def check(root: str) -> tuple[list[str], int]:
                 if length > MAX_CLASS:
                     problems.append(f"class {name}.{node.name}: {length} lines (> {MAX_CLASS})")
         imports[name] = _imported(tree, name, init)
+        parsed[name] = (tree, init)
     problems += [f"module {name}: {n} lines (> {MAX_MODULE})"
                  for name, n in lengths.items() if n > MAX_MODULE]
     graph = {m: {d for d in deps if d in lengths and d != m and not m.startswith(d + ".")}
              for m, deps in imports.items()}
     problems += ["import circle: " + " <-> ".join(c) for c in _circles(graph)]
+    modules = set(lengths)
+    problems += _upward({name: _edges(tree, name, init, modules)
+                         for name, (tree, init) in parsed.items()})
     return problems, max(lengths.values(), default=0)
 
 
@@ -127,8 +191,9 @@ def main(argv: list[str]) -> int:
     for problem in problems:
         print(problem)
     circles = sum(p.startswith("import circle") for p in problems)
+    upward = sum(p.startswith("upward import") for p in problems)
     print(f"structure: {len(problems)} over the limits ({circles} import circles, "
-          f"largest module {longest} lines)")
+          f"{upward} upward imports, largest module {longest} lines)")
     return 1 if problems else 0
 
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pikku_celery.errors import InvalidInputError, PikkuConfigurationError
+from pikku_celery.model.errors import InvalidInputError, PikkuConfigurationError
 from pikku_celery.store.base import check_run_match
 
 #: The actions ``authorize`` is asked about; ``send_event``: send an event to a run

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from pikku_celery.timeline import SentEvent
+from pikku_celery.operate.timeline import SentEvent
 
 _ERROR_FIELDS = ("type", "message")
 

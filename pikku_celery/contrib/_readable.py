@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._access import READ, Caller
-from pikku_celery.errors import InvalidInputError, WorkflowRunNotFoundError
-from pikku_celery.records import WorkflowRun, WorkflowSchedule
+from pikku_celery.model.errors import InvalidInputError, WorkflowRunNotFoundError
+from pikku_celery.model.records import WorkflowRun, WorkflowSchedule
 from pikku_celery.store.base import run_matches
 
 

@@ -25,9 +25,9 @@ from typing import Any
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._access import ApiError, Caller
 from pikku_celery.contrib._readable import readable_schedule, readable_schedules
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.records import WorkflowSchedule
-from pikku_celery.schedule_views import schedule_json
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.records import WorkflowSchedule
+from pikku_celery.operate.schedule_views import schedule_json
 
 Response = tuple[int, Any]
 

@@ -47,10 +47,10 @@ from typing import Any
 from flask import Flask, current_app
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.cli import bound
 from pikku_celery.contrib import _access, _api
 from pikku_celery.contrib._flask_web import EXTENSION, PikkuState, blueprint, state
-from pikku_celery.errors import PikkuConfigurationError
+from pikku_celery.model.errors import PikkuConfigurationError
+from pikku_celery.operate.cli import bound
 
 __all__ = ["PikkuFlask", "PikkuState", "current_pikku", "trusted_origins"]
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.timeline import Timeline
-from pikku_celery.validate import MAX_DOCUMENT_DEPTH
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.validate import MAX_DOCUMENT_DEPTH
+from pikku_celery.operate.timeline import Timeline
 
 MAX_KEY_CHARS = 200
 

@@ -87,7 +87,8 @@ from pikku_celery.dashboard._http import (
 )
 from pikku_celery.dashboard.chart import chart
 from pikku_celery.dashboard.graph_view import draw, graph_of
-from pikku_celery.errors import (
+from pikku_celery.engine.forks import kept_approvals
+from pikku_celery.model.errors import (
     InvalidInputError,
     PikkuConfigurationError,
     WorkflowApprovalError,
@@ -97,17 +98,10 @@ from pikku_celery.errors import (
     WorkflowRunConflictError,
     WorkflowRunNotFoundError,
 )
-from pikku_celery.forks import kept_approvals
-from pikku_celery.records import RUN_CANCELLED, RUN_FAILED, RUN_STATUSES, RUN_SUSPENDED
-from pikku_celery.timeline import (
-    GateView,
-    Timeline,
-    build,
-    error_line,
-    format_duration,
-    format_time,
-)
-from pikku_celery.validate import check_name, check_run_id
+from pikku_celery.model.records import RUN_CANCELLED, RUN_FAILED, RUN_STATUSES, RUN_SUSPENDED
+from pikku_celery.model.validate import check_name, check_run_id
+from pikku_celery.operate._text import error_line, format_duration, format_time
+from pikku_celery.operate.timeline import GateView, Timeline, build
 
 log = logging.getLogger("pikku_celery.contrib")
 

@@ -27,10 +27,10 @@ from pikku_celery.contrib._access import (
 from pikku_celery.contrib._json import present
 from pikku_celery.contrib._readable import readable_schedule, readable_schedules
 from pikku_celery.dashboard._pages import ENV, Dashboard, Page, View, segment
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.records import WorkflowSchedule
-from pikku_celery.schedule_views import state_text, timing_text
-from pikku_celery.validate import check_name
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.records import WorkflowSchedule
+from pikku_celery.model.validate import check_name
+from pikku_celery.operate.schedule_views import state_text, timing_text
 
 #: The path segment of each action's form: ``schedules/<name>/<verb>``.
 VERBS = {PAUSE_SCHEDULE: "pause", RESUME_SCHEDULE: "resume", TRIGGER_SCHEDULE: "trigger"}

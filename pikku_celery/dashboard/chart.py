@@ -15,16 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from pikku_celery.timeline import (
-    SELF_NAMED,
-    AttemptView,
-    StepView,
-    Timeline,
-    Wait,
-    error_line,
-    format_duration,
-    format_time,
-)
+from pikku_celery.operate._text import error_line, format_duration, format_time
+from pikku_celery.operate.timeline import SELF_NAMED, AttemptView, StepView, Timeline, Wait
 
 WIDTH = 1000
 LABEL_W = 200

@@ -3,7 +3,7 @@
 
 A graph workflow (``pikku.graph(...)``) records each visit of a node as a step of its own:
 ``node`` for the first, ``node#2``, ``node#3``... for a loop's later visits, and ``node[i]``
-(``node#2[i]``) for each item of a ``for_each`` node (``pikku_celery._graph_rounds``). This
+(``node#2[i]``) for each item of a ``for_each`` node (``pikku_celery.workflow._graph_rounds``). This
 module lays the declared graph out left to right in layers (a node one layer after its
 furthest predecessor, an error handler one after the node it handles), draws its edges
 (forward edges, ``on_error`` routes dashed, loops' back-edges as arcs under the nodes),
@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pikku_celery.graph import Graph
-from pikku_celery.records import STEP_FAILED, STEP_RUNNING, STEP_SUCCEEDED, StepState
+from pikku_celery.model.records import STEP_FAILED, STEP_RUNNING, STEP_SUCCEEDED, StepState
+from pikku_celery.workflow.graph import Graph
 
 NODE_W = 168
 NODE_H = 56

@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pikku_celery._fork import reset_in_forked_child
-from pikku_celery.durations import Duration, to_ms
-from pikku_celery.errors import LeaseLostError, LeaseTakenError
 from pikku_celery.leases.base import Lease, LeaseService
+from pikku_celery.model._fork import reset_in_forked_child
+from pikku_celery.model.durations import Duration, to_ms
+from pikku_celery.model.errors import LeaseLostError, LeaseTakenError
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def hold_lease(
     """Hold ``key`` for the ``with`` block, renewing every ``ttl / 3``.
 
     Args:
-        ttl: anything ``pikku_celery.durations.to_ms`` accepts; must be at least 1 ms.
+        ttl: anything ``pikku_celery.model.durations.to_ms`` accepts; must be at least 1 ms.
         holder: the holder id; a fresh uuid4 hex by default.
         on_lost: called once, from the renewal thread or the thread that noticed, when the
             lease is lost.

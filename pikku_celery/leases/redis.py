@@ -1,6 +1,6 @@
 """Redis leases: every decision is one Lua script judged on the Redis server's clock.
 
-Keys (see ``pikku_celery.keys``; ``<prefix>`` is the service's ``key_prefix``):
+Keys (see ``pikku_celery.model.keys``; ``<prefix>`` is the service's ``key_prefix``):
 
 * ``<prefix>:lease:{<key>}``        hash ``{holder, token}`` with a ``PEXPIRE`` of the TTL.
   The key exists exactly while the lease is live: Redis expiry *is* the lease deadline.
@@ -36,10 +36,11 @@ hands a slot to another node's clock. Connect with ``from_url("redis+cluster://h
 or pass a ``redis.cluster.RedisCluster``.
 
 Atomicity: ACQUIRE, REFRESH_MANY, RELEASE, GET, ACQUIRE_OR_MARK, MARK and
-RELEASE_OR_TAKE_MARKS are each one script, so each is atomic
-and one round trip. No method reads the local clock: the scripts take ``TIME`` from the
-server and expiry is Redis's own TTL, so a worker whose clock is skewed by an hour can
-neither steal a live lease nor extend one past its TTL.
+RELEASE_OR_TAKE_MARKS are each one script (``lua/<name>.lua`` beside this module, each
+with its keys, arguments and reply documented), so each is atomic and one round trip. No
+method reads the local clock: the scripts take ``TIME`` from the server and expiry is
+Redis's own TTL, so a worker whose clock is skewed by an hour can neither steal a live
+lease nor extend one past its TTL.
 """
 
 from __future__ import annotations
@@ -55,9 +56,7 @@ from redis.commands.core import Script
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
-from pikku_celery._fork import reset_in_forked_child
-from pikku_celery._urls import redact_url, reserved_in_userinfo
-from pikku_celery.keys import LEASE_HASH_FMT, LEASE_MARKS_FMT, LEASE_TOKEN_FMT, LEASE_WATCH_FMT
+from pikku_celery.leases._lua import lua_script
 from pikku_celery.leases.base import Lease, LeaseBusy, PartialRefreshError
 from pikku_celery.leases.memory import (
     WATCH_SLACK_MS,
@@ -67,6 +66,14 @@ from pikku_celery.leases.memory import (
     check_ttl_ms,
 )
 from pikku_celery.leases.outage import name_outages
+from pikku_celery.model._fork import reset_in_forked_child
+from pikku_celery.model._urls import redact_url, reserved_in_userinfo
+from pikku_celery.model.keys import (
+    LEASE_HASH_FMT,
+    LEASE_MARKS_FMT,
+    LEASE_TOKEN_FMT,
+    LEASE_WATCH_FMT,
+)
 
 COUNTER_TTL_FLOOR_MS = 30 * 24 * 3600 * 1000
 COUNTER_TTL_LEASES = 1000
@@ -77,183 +84,13 @@ def counter_ttl_ms(ttl_ms: int) -> int:
     return max(COUNTER_TTL_FLOOR_MS, COUNTER_TTL_LEASES * ttl_ms)
 
 
-# Shared by the granting scripts (KEYS[1] hash, KEYS[2] counter, ARGV[1] holder, ARGV[2] ttl,
-# ARGV[3] counter ttl; ``current`` is the live holder or false): keep the live holder's token,
-# else take the next one, then push both expiries back.
-_GRANT = """
-local token
-if current then
-  token = tonumber(redis.call('HGET', KEYS[1], 'token'))
-else
-  token = redis.call('INCR', KEYS[2])
-  redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', string.format('%d', token))
-end
-redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[2])))
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
-"""
-
-# Shared by every script: server time in epoch ms.
-_NOW_MS = """
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-ACQUIRE = (
-    """
--- ACQUIRE: grant a lease unless another holder's lease is live.
--- KEYS[1]  lease hash {holder, token}; exists only while the lease is live
--- KEYS[2]  token counter; INCR-ed on every fresh grant, never deleted
--- ARGV[1]  holder
--- ARGV[2]  ttl_ms
--- ARGV[3]  counter_ttl_ms: the counter expires this long after the last grant or renewal
--- returns  {token, server_now_ms}, or nil when another holder's lease is live
-"""
-    + _NOW_MS
-    + """
-local current = redis.call('HGET', KEYS[1], 'holder')
-if current and current ~= ARGV[1] then
-  return nil
-end
-"""
-    + _GRANT
-    + """
-return {token, now_ms}
-"""
-)
-
-REFRESH_MANY = (
-    """
--- REFRESH_MANY: extend every lease whose holder and token still match, in one call, and
--- push back the expiry of its token counter.
--- KEYS[2i-1]   lease hash of lease i (i = 1..n)
--- KEYS[2i]     token counter of lease i
--- ARGV[4i-3]   holder of lease i
--- ARGV[4i-2]   token of lease i
--- ARGV[4i-1]   ttl_ms for lease i
--- ARGV[4i]     counter_ttl_ms for lease i
--- returns      {server_now_ms, flag_1, ..., flag_n}; flag 1 = extended, 0 = refused
-"""
-    + _NOW_MS
-    + """
-local out = {now_ms}
-for i = 1, #KEYS / 2 do
-  local held = redis.call('HMGET', KEYS[2 * i - 1], 'holder', 'token')
-  local flag = 0
-  if held[1] == ARGV[4 * i - 3] and held[2] == ARGV[4 * i - 2] then
-    redis.call('PEXPIRE', KEYS[2 * i - 1], math.max(1, tonumber(ARGV[4 * i - 1])))
-    redis.call('PEXPIRE', KEYS[2 * i], tonumber(ARGV[4 * i]))
-    flag = 1
-  end
-  out[i + 1] = flag
-end
-return out
-"""
-)
-
-ACQUIRE_OR_MARK = (
-    """
--- ACQUIRE_OR_MARK: ACQUIRE, the grant taking the key's marks; or, when another holder's
--- lease is live, leave a mark for it and arm a watch if none is armed.
--- KEYS[1]  lease hash {holder, token}
--- KEYS[2]  token counter
--- KEYS[3]  marks set
--- KEYS[4]  watch flag
--- ARGV[1]  holder
--- ARGV[2]  ttl_ms
--- ARGV[3]  counter_ttl_ms
--- ARGV[4]  mark
--- ARGV[5]  marks_ttl_ms
--- ARGV[6]  watch_slack_ms: the watch outlives the live lease by this much
--- returns  {1, token, server_now_ms, {marks...}} when granted,
---          {0, remaining_ms, watch (1 when this call armed it)} when busy
-"""
-    + _NOW_MS
-    + """
-local current = redis.call('HGET', KEYS[1], 'holder')
-if current and current ~= ARGV[1] then
-  redis.call('SADD', KEYS[3], ARGV[4])
-  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[5]))
-  local remaining = redis.call('PTTL', KEYS[1])
-  if remaining < 0 then remaining = 0 end
-  local armed = redis.call('SET', KEYS[4], '1', 'NX', 'PX', remaining + tonumber(ARGV[6]))
-  return {0, remaining, armed and 1 or 0}
-end
-"""
-    + _GRANT
-    + """
-redis.call('DEL', KEYS[4])
-local marks = redis.call('SMEMBERS', KEYS[3])
-redis.call('DEL', KEYS[3])
-return {1, token, now_ms, marks}
-"""
-)
-
-MARK = """
--- MARK: leave a mark on a key, held or not.
--- KEYS[1]  marks set
--- ARGV[1]  mark
--- ARGV[2]  marks_ttl_ms
-redis.call('SADD', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-return 1
-"""
-
-RELEASE_OR_TAKE_MARKS = """
--- RELEASE_OR_TAKE_MARKS: hand a lease back. With marks left on the key, take them and keep
--- the lease (renewed); else delete the lease. Only if holder and token still match.
--- KEYS[1]  lease hash
--- KEYS[2]  token counter
--- KEYS[3]  marks set
--- ARGV[1]  holder
--- ARGV[2]  token
--- ARGV[3]  ttl_ms
--- ARGV[4]  counter_ttl_ms
--- returns  {-1} not this grant's, {0} released, {1, {marks...}} marks taken, lease kept
-local held = redis.call('HMGET', KEYS[1], 'holder', 'token')
-if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
-  return {-1}
-end
-local marks = redis.call('SMEMBERS', KEYS[3])
-if #marks > 0 then
-  redis.call('DEL', KEYS[3])
-  redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(ARGV[3])))
-  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[4]))
-  return {1, marks}
-end
-redis.call('DEL', KEYS[1])
-return {0}
-"""
-
-RELEASE = """
--- RELEASE: delete the lease only if holder and token still match.
--- KEYS[1]  lease hash
--- ARGV[1]  holder
--- ARGV[2]  token
--- returns  1 when deleted, 0 when the lease is gone or belongs to another grant
-local held = redis.call('HMGET', KEYS[1], 'holder', 'token')
-if held[1] == ARGV[1] and held[2] == ARGV[2] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-GET = (
-    """
--- GET: read the live lease on a key.
--- KEYS[1]  lease hash
--- (no ARGV)
--- returns  {holder, token, pttl_ms, server_now_ms}, or nil when absent or lapsed
-"""
-    + _NOW_MS
-    + """
-local held = redis.call('HMGET', KEYS[1], 'holder', 'token')
-local pttl = redis.call('PTTL', KEYS[1])
-if not held[1] or not held[2] or pttl <= 0 then
-  return nil
-end
-return {held[1], held[2], pttl, now_ms}
-"""
-)
+ACQUIRE = lua_script("acquire")
+REFRESH_MANY = lua_script("refresh_many")
+ACQUIRE_OR_MARK = lua_script("acquire_or_mark")
+MARK = lua_script("mark")
+RELEASE_OR_TAKE_MARKS = lua_script("release_or_take_marks")
+RELEASE = lua_script("release")
+GET = lua_script("get")
 
 # Why the holder *and* token compare happens inside Lua, never as GET-then-act in Python:
 #

@@ -1,9 +1,7 @@
 """Schedules without a beat process: ``pikku.schedule(name, workflow, cron=... | every=...)``.
 
-The parts (this package's ``__init__`` imports none of them, so ``definitions`` can import
-``spec`` without pulling in the engine's modules)::
+The parts (this package's ``__init__`` imports none of them)::
 
-    spec      the definition (checked at declaration) and its ticks (``Timing``)
     firing    ``Scheduler``: fires due ticks, pauses, resumes, triggers, lists
     ticker    ``ScheduleTicker``: the thread in every worker's main process that fires them
 
@@ -23,4 +21,8 @@ declaration is written to it when the worker starts (the last worker started win
 in a rolling deploy is the new code), keeping ``paused`` and, unless the timing changed,
 the next tick. A worker fires only the schedules it declares: a schedule removed from the
 code stops when no running worker declares it any more.
+
+A schedule's declared shape and its ticks (``ScheduleDefinition``, ``Timing``) live in
+``pikku_celery.workflow.schedule_spec``: the workflow layer checks a declaration, this
+package fires it.
 """

@@ -39,13 +39,17 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pikku_celery.definitions import Registry
-from pikku_celery.errors import InvalidInputError, WorkflowNotFoundError, WorkflowRunConflictError
-from pikku_celery.keys import scheduled_run_id
-from pikku_celery.protocols import Dispatcher
-from pikku_celery.records import CATCH_UP_ALL, CATCH_UP_LATEST, WorkflowRun, WorkflowSchedule
-from pikku_celery.schedules.spec import ScheduleDefinition, Timing
+from pikku_celery.engine.protocols import Dispatcher
+from pikku_celery.model.errors import (
+    InvalidInputError,
+    WorkflowNotFoundError,
+    WorkflowRunConflictError,
+)
+from pikku_celery.model.keys import scheduled_run_id
+from pikku_celery.model.records import CATCH_UP_ALL, CATCH_UP_LATEST, WorkflowRun, WorkflowSchedule
 from pikku_celery.store.base import WorkflowStore
+from pikku_celery.workflow.definitions import Registry
+from pikku_celery.workflow.schedule_spec import ScheduleDefinition, Timing
 
 log = logging.getLogger("pikku_celery")
 

@@ -1,7 +1,7 @@
 """Argument checks both stores make before any write, and the conflict a run id can meet.
 
 Written once so the reference store and MongoDB refuse the same input with the same words
-(``pikku_celery.validate`` holds the rules; this module says which apply to which call).
+(``pikku_celery.model.validate`` holds the rules; this module says which apply to which call).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pikku_celery.errors import WorkflowRunConflictError
+from pikku_celery.model.errors import WorkflowRunConflictError
+from pikku_celery.model.validate import check_name, check_value
 from pikku_celery.store.base import NewRun, NewStep
-from pikku_celery.validate import check_name, check_value
 
 
 def check_new_run(run: NewRun) -> None:

@@ -19,7 +19,7 @@ landed is not mistaken for a lost race. When the retry fails too, the caller see
 a claim then counts as not made (its store lease lapses and the reaper dispatches the step
 again: no body ran), and a settle is retried by the worker until its lease's deadline, a
 retry finding the step already holding exactly what it wrote recognising its own write
-(``pikku_celery.claims``).
+(``pikku_celery.engine.claims``).
 
 Why a default ``wtimeout`` of 10 s (``DEFAULT_WTIMEOUT_MS``): a majority write waits for a
 majority of the set's data-bearing members to copy it. A set that has a primary but cannot
@@ -55,7 +55,7 @@ whose outcome is unknown as above. The heartbeat gives each renewal a third of t
 (its interval; at least 1 s), so a stuck renewal never holds the next one back past the
 lease; a settle gives each write what is left of the lease it holds (at least 1 s); a
 claim gets the step lease, an orchestration pass's calls the run lease, a reaper's sweep
-its interval (``pikku_celery.claims``, ``passes``, ``tasks``).
+its interval (``pikku_celery.engine.claims``, ``passes``, ``tasks``).
 
 Why majority reads, and a causally consistent session per thread: a read at ``majority``
 returns only writes a majority has, which no failover rolls back, so no pass acts on a write

@@ -12,9 +12,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from pikku_celery.errors import WorkflowStepFunctionMismatchError
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import (
+from pikku_celery.model.errors import WorkflowStepFunctionMismatchError
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import (
     STEP_FAILED,
     STEP_PENDING,
     STEP_RUNNING,

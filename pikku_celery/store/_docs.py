@@ -11,11 +11,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pikku_celery.keys import HistoryField as H
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.keys import invocation_id as invocation_id
-from pikku_celery.records import (
+from pikku_celery.model.keys import HistoryField as H
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.keys import invocation_id as invocation_id
+from pikku_celery.model.records import (
     STEP_FAILED,
     STEP_PENDING,
     STEP_RUNNING,
@@ -360,7 +360,7 @@ def _dt(ms: int) -> datetime:
 
 def lease_expired_error(step: Doc) -> dict[str, Any]:
     """The error of a step failed for good because its last attempt lost its worker."""
-    from pikku_celery.errors import WorkflowStepLeaseExpiredError
+    from pikku_celery.model.errors import WorkflowStepLeaseExpiredError
 
     exc = WorkflowStepLeaseExpiredError(step[S.RUN], step[S.NAME], step[S.ATTEMPT])
     return {"type": type(exc).__name__, "message": str(exc), "attempt": step[S.ATTEMPT]}

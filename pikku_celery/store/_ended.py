@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import (
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import (
     RUN_CANCELLED,
     STEP_FAILED,
     STEP_PENDING,

@@ -27,12 +27,12 @@ from typing import Any
 
 from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeoutError
 
-from pikku_celery import keys
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.keys import EventField as E
-from pikku_celery.records import WorkflowEvent
+from pikku_celery.model import keys
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.keys import EventField as E
+from pikku_celery.model.records import WorkflowEvent
+from pikku_celery.model.validate import check_event_name, check_name, check_value
 from pikku_celery.store._docs import to_datetime
-from pikku_celery.validate import check_event_name, check_name, check_value
 
 Doc = dict[str, Any]
 MAX_EXCLUDED = 10_000  # events one run's waits of one name may have taken

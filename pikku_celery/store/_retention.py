@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pikku_celery import keys
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.keys import RunField as R
-from pikku_celery.records import RUN_STATUSES, RUN_TERMINAL
-from pikku_celery.validate import check_name
+from pikku_celery.model import keys
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.records import RUN_STATUSES, RUN_TERMINAL
+from pikku_celery.model.validate import check_name
 
 MAX_PURGE_BATCH = 1000
 MAX_COUNT = 1_000_000

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pikku_celery.keys import HistoryField as H
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import (
+from pikku_celery.model.keys import HistoryField as H
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import (
     LINEAGE_RETRY,
     RUN_QUEUED,
     RUN_RUNNING,
@@ -27,9 +27,9 @@ from pikku_celery.records import (
     STEP_SUCCEEDED,
     StepState,
 )
+from pikku_celery.model.validate import check_by
 from pikku_celery.store._docs import entry_path, lineage_entry, new_step_doc, open_entry
 from pikku_celery.store.base import NewStep
-from pikku_celery.validate import check_by
 
 Doc = dict[str, Any]
 BUDGET = "retry_budget"  # the attempts a retry gives: the step's first max_attempts

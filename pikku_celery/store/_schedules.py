@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
-from pikku_celery import keys
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.keys import ScheduleField as F
-from pikku_celery.records import CATCH_UPS, WorkflowSchedule
-from pikku_celery.validate import check_name, check_value
+from pikku_celery.model import keys
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.keys import ScheduleField as F
+from pikku_celery.model.records import CATCH_UPS, WorkflowSchedule
+from pikku_celery.model.validate import check_name, check_value
 
 Doc = dict[str, Any]
 MAX_LISTED = 1000  # schedules one listing returns at most

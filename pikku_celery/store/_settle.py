@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pikku_celery.keys import HistoryField as H
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import STEP_FAILED, STEP_SUCCEEDED
+from pikku_celery.model.keys import HistoryField as H
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import STEP_FAILED, STEP_SUCCEEDED
 from pikku_celery.store._docs import closing_fields, entry_path, lease_expired_error, open_entry
 
 Doc = dict[str, Any]

@@ -13,9 +13,8 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol, runtime_checkable
 
-from pikku_celery.definitions import check_concurrency
-from pikku_celery.records import WorkflowRun
-from pikku_celery.validate import check_name
+from pikku_celery.model.records import WorkflowRun
+from pikku_celery.model.validate import check_concurrency, check_name
 
 Doc = dict[str, Any]
 _SLOT_NAMESPACE = uuid.UUID("70696b6b-7500-5770-9f6c-6f77000a0007")

@@ -21,8 +21,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.records import (
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.records import (
     RUN_TERMINAL,
     STEP_PENDING,
     StepAttempt,
@@ -30,9 +30,9 @@ from pikku_celery.records import (
     WorkflowEvent,
     WorkflowRun,
 )
+from pikku_celery.model.validate import check_name
 from pikku_celery.store._schedules import ScheduleStore
 from pikku_celery.store._slots import SlotStore
-from pikku_celery.validate import check_name
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ class EventStore(Protocol):
 
 @runtime_checkable
 class ForkStore(Protocol):
-    """The runs a fork made (``pikku_celery.forks``): listed from the run they name."""
+    """The runs a fork made (``pikku_celery.engine.forks``): listed from the run they name."""
 
     def list_forks(self, run_id: str, limit: int = 50) -> list[WorkflowRun]:
         """The runs forked from ``run_id`` (``WorkflowRun.forked_from``), oldest first, at

@@ -55,7 +55,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pikku_celery import keys
+from pikku_celery.model import keys
 from pikku_celery.store._docs import written_entries
 from pikku_celery.store._slots import holder_run
 from tests.chaos.composed import Operations, check_operations, revived

@@ -15,7 +15,7 @@ def as_a_client(call: Any, patience_s: float = 60.0) -> Any:
     acknowledged writes until it learns the commit point); that is retried and printed."""
     from pymongo.errors import ConnectionFailure
 
-    from pikku_celery.errors import WorkflowRunNotFoundError
+    from pikku_celery.model.errors import WorkflowRunNotFoundError
 
     deadline = time.monotonic() + patience_s
     while True:

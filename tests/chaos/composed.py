@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pikku_celery import keys
+from pikku_celery.model import keys
 from pikku_celery.store._slots import holder_run
 
 Doc = dict[str, Any]

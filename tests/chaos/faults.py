@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pikku_celery import keys
-from pikku_celery.tasks import internal_task
+from pikku_celery.model import keys
+from pikku_celery.worker.tasks import internal_task
 from tests.chaos.cluster import Cluster, Worker
 from tests.chaos.ledger import read_ledger
 
@@ -449,7 +449,8 @@ class FaultInjector:
         """A caller choosing run ids that would collide with other runs' internal ids:
         ``<victim>:ship`` (its step ``on_error`` against the victim's ``ship:on_error``), and
         the child run id a parent is about to use, taken before the parent starts."""
-        from pikku_celery import InvalidInputError, keys
+        from pikku_celery import InvalidInputError
+        from pikku_celery.model import keys
 
         victim = self.rng.choice(run_ids)
         squatter = f"{victim}:ship"
@@ -531,7 +532,7 @@ class FaultInjector:
         (``pending``) or whose retry is due, polled for up to ``PENDING_WAIT_S`` (such a
         step is claimed within milliseconds); else a running one (its delivery is a
         duplicate, refused or reclaiming a lapsed lease)."""
-        from pikku_celery.keys import StepField as S
+        from pikku_celery.model.keys import StepField as S
 
         steps = self.pikku.engine.store.db[keys.STEPS]
         live = {"run_id": {"$in": list(run_ids)}, "function": {"$regex": "^chaos\\."}}

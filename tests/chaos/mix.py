@@ -11,9 +11,9 @@ import time
 import uuid
 from typing import Any
 
-from pikku_celery import keys
-from pikku_celery.durations import to_ms
-from pikku_celery.errors import WorkflowEventError
+from pikku_celery.model import keys
+from pikku_celery.model.durations import to_ms
+from pikku_celery.model.errors import WorkflowEventError
 from tests.chaos.client import as_a_client
 from tests.chaos.ops import FORK_AGAIN_SHARE, Operator
 

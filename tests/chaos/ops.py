@@ -28,7 +28,7 @@ import time
 import uuid
 from typing import Any
 
-from pikku_celery import keys
+from pikku_celery.model import keys
 from tests.chaos.client import as_a_client, now_ms
 from tests.chaos.composed import (
     APPROVAL_GATE,
@@ -121,7 +121,7 @@ class Operator:
     def approve(self, run_id: str, decision: dict[str, Any]) -> str:
         """One ``pikku.approve``: "recorded", "run ended", or "not waiting" (a live run
         that does not wait on the gate yet: asked again later)."""
-        from pikku_celery.errors import WorkflowApprovalError
+        from pikku_celery.model.errors import WorkflowApprovalError
 
         before = now_ms()
         try:
@@ -184,7 +184,7 @@ class Operator:
         """A fork under the id of an earlier fork of ``source`` that ended (from another
         step), or of ``source`` itself: refused with ``WorkflowRunConflictError``, nothing
         written."""
-        from pikku_celery.errors import WorkflowRunConflictError
+        from pikku_celery.model.errors import WorkflowRunConflictError
 
         # an ended run: its steps stay as they are unless the probe writes into them
         ended = [f for f in self.forks_of.get(source, [])

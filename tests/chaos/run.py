@@ -220,7 +220,7 @@ def _drive(cluster: Cluster, chaos: Any, profile: Profile, seed: int) -> Report:
 def _stored(chaos: Any, run_id: str) -> str:
     """A stuck run as the store holds it: the run (its inputs and outputs left out), its
     steps not succeeded and its events (their payloads left out)."""
-    from pikku_celery import keys
+    from pikku_celery.model import keys
 
     db = chaos.pikku.engine.store.db
     try:

@@ -14,8 +14,8 @@ from typing import Any
 
 import mongomock
 
-from pikku_celery import keys
-from pikku_celery.errors import WorkflowStepSupersededError
+from pikku_celery.model import keys
+from pikku_celery.model.errors import WorkflowStepSupersededError
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.chaos.checker import (

@@ -22,10 +22,10 @@ import pytest
 import redis
 from redis.cluster import key_slot
 
-from pikku_celery.errors import LeaseLostError
 from pikku_celery.leases.base import Lease, LeaseBusy, LeaseService
 from pikku_celery.leases.hold import hold_granted
 from pikku_celery.leases.redis import RedisLeaseService
+from pikku_celery.model.errors import LeaseLostError
 from tests.contract import test_leases as suite
 from tests.contract.test_leases import LONG_TTL_MS, expect
 

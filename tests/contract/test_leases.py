@@ -24,8 +24,6 @@ import time_machine
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from pikku_celery import keys
-from pikku_celery.errors import LeaseLostError, LeaseTakenError
 from pikku_celery.leases import (
     HeldLease,
     InMemoryLeaseService,
@@ -34,6 +32,8 @@ from pikku_celery.leases import (
     RedisLeaseService,
     hold_lease,
 )
+from pikku_celery.model import keys
+from pikku_celery.model.errors import LeaseLostError, LeaseTakenError
 from tests.support.redis_cluster import RedisClusterServer
 from tests.support.threads import race
 

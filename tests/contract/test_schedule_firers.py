@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from pikku_celery import InMemoryLeaseService, PikkuCelery, keys
+from pikku_celery import InMemoryLeaseService, PikkuCelery
+from pikku_celery.model import keys
 from pikku_celery.schedules.firing import MISSED_AFTER_MS, Scheduler
 from pikku_celery.store.base import WorkflowStore
 from tests.contract.test_store import store

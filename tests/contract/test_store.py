@@ -16,14 +16,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from pikku_celery.errors import (
+from pikku_celery.model.errors import (
     InvalidInputError,
     WorkflowRunConflictError,
     WorkflowStepFunctionMismatchError,
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.keys import HistoryField as H
+from pikku_celery.model.keys import HistoryField as H
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore

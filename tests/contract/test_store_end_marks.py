@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pikku_celery.records import (
+from pikku_celery.model.records import (
     RUN_CANCELLED,
     RUN_COMPLETED,
     RUN_FAILED,

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from pikku_celery import WorkflowEventError
-from pikku_celery.keys import RunField as R
-from pikku_celery.records import RUN_COMPLETED, RUN_RUNNING, WorkflowEvent
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.records import RUN_COMPLETED, RUN_RUNNING, WorkflowEvent
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from tests.contract.test_store import T0, new_run, store

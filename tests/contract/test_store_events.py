@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from pikku_celery import WorkflowEventError, WorkflowRunNotFoundError
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.records import RUN_COMPLETED, RUN_RUNNING, RUN_SUSPENDED
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.records import RUN_COMPLETED, RUN_RUNNING, RUN_SUSPENDED
 from pikku_celery.store.base import WorkflowStore
 from tests.contract.test_store import T0, new_run, store
 

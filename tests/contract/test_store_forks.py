@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from pikku_celery.records import RUN_FAILED, RUN_RUNNING, STEP_SCHEDULED, RunLineage
+from pikku_celery.model.records import RUN_FAILED, RUN_RUNNING, STEP_SCHEDULED, RunLineage
 from pikku_celery.store._docs import lineage_entry
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from tests.contract.test_store import FN, LEASE, T0, add_step, new_run, store

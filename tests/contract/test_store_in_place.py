@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pikku_celery.errors import WorkflowStepSupersededError
-from pikku_celery.records import RUN_CANCELLED, RUN_RUNNING, STEP_FAILED, STEP_RUNNING
+from pikku_celery.model.errors import WorkflowStepSupersededError
+from pikku_celery.model.records import RUN_CANCELLED, RUN_RUNNING, STEP_FAILED, STEP_RUNNING
 from pikku_celery.store.base import NewStep, WorkflowStore
 from tests.contract.test_store import FN, KINDS, LEASE, T0, _make_store, add_step, new_run
 

@@ -24,7 +24,7 @@ from celery import Celery
 from pymongo.database import Database
 
 from pikku_celery import InMemoryWorkflowStore, MongoWorkflowStore, PikkuCelery
-from pikku_celery._checks import run_checks
+from pikku_celery.operate._checks import run_checks
 from pikku_celery.store._schedules import NewSchedule
 from pikku_celery.store.base import NewRun, NewStep, due_sweep_key
 from pikku_celery.store.mongo import INDEXES

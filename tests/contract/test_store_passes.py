@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pikku_celery.errors import InvalidInputError
+from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.store.base import NewStep, WorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.contract.test_store import FN, KINDS, LEASE, T0, _make_store, new_run

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pikku_celery import keys
-from pikku_celery.errors import InvalidInputError
+from pikku_celery.model import keys
+from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.store.base import NewRun, WorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.contract.test_store import (

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pikku_celery import keys
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.records import RUN_CANCELLED, RUN_FAILED, RUN_RUNNING
+from pikku_celery.model import keys
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.records import RUN_CANCELLED, RUN_FAILED, RUN_RUNNING
 from pikku_celery.store.base import NewStep, WorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.contract.test_store import FN, LEASE, T0, add_step, new_run, store

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from pikku_celery import keys
-from pikku_celery.errors import InvalidInputError
+from pikku_celery.model import keys
+from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.store._schedules import NewSchedule
 from pikku_celery.store.base import NewRun, WorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore

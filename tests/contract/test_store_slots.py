@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from pikku_celery.errors import InvalidInputError
+from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.store.base import NewRun, WorkflowStore
 from tests.contract.test_store import T0, store
 

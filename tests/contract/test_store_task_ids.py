@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pikku_celery.keys import HistoryField as H
+from pikku_celery.model.keys import HistoryField as H
 from pikku_celery.store.base import WorkflowStore
 from tests.contract.test_store import FN, KINDS, LEASE, T0, _make_store, add_step, new_run
 from tests.support.raw import raw_history

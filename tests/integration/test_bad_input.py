@@ -22,12 +22,12 @@ from pikku_celery import (
     WorkflowNotFoundError,
     WorkflowStepFunctionMismatchError,
     WorkflowStepNotFoundError,
-    keys,
 )
-from pikku_celery.claims import Claimer
-from pikku_celery.clock import ServerClock
-from pikku_celery.heartbeat import Heartbeat
-from pikku_celery.tasks import internal_task
+from pikku_celery.engine.claims import Claimer
+from pikku_celery.engine.heartbeat import Heartbeat
+from pikku_celery.model import keys
+from pikku_celery.model.clock import ServerClock
+from pikku_celery.worker.tasks import internal_task
 from tests.conftest import REDIS_URL
 from tests.support.mongod import MongoTarget
 from tests.unit.test_engine import Recorder

@@ -34,7 +34,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from pikku_celery import MongoWorkflowStore
-from pikku_celery.records import RUN_CANCELLED, RUN_RUNNING, STEP_FAILED, STEP_RUNNING
+from pikku_celery.model.records import RUN_CANCELLED, RUN_RUNNING, STEP_FAILED, STEP_RUNNING
 from pikku_celery.store.base import NewRun, NewStep
 from tests.support.mongod import MongodNode, MongodReplicaSet
 

@@ -31,7 +31,7 @@ from celery import Celery
 from celery.worker import WorkController
 
 from pikku_celery import PikkuCelery, StepAttempt
-from pikku_celery.tasks import internal_task
+from pikku_celery.worker.tasks import internal_task
 from tests.conftest import REDIS_URL
 from tests.integration import workerapp as wa
 from tests.support.mongod import MongoTarget

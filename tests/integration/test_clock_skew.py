@@ -11,9 +11,9 @@ import pymongo
 import time_machine
 
 from pikku_celery import MongoWorkflowStore, RedisLeaseService
-from pikku_celery.claims import Claimed, Claimer, NotClaimed
-from pikku_celery.clock import ServerClock
-from pikku_celery.heartbeat import Heartbeat
+from pikku_celery.engine.claims import Claimed, Claimer, NotClaimed
+from pikku_celery.engine.heartbeat import Heartbeat
+from pikku_celery.model.clock import ServerClock
 from pikku_celery.store.base import NewRun, NewStep
 from tests.conftest import REDIS_URL
 from tests.support.mongod import MongoTarget

@@ -61,7 +61,8 @@ import pytest
 import redis
 from celery import Celery
 
-from pikku_celery import PikkuCelery, keys
+from pikku_celery import PikkuCelery
+from pikku_celery.model import keys
 from pikku_celery.store._docs import written_entries
 from tests.conftest import REDIS_URL
 from tests.integration import failoverapp as fa

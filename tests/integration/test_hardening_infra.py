@@ -27,7 +27,7 @@ from pikku_celery import (
     RedisLeaseService,
 )
 from pikku_celery.leases.redis import COUNTER_TTL_FLOOR_MS, counter_ttl_ms
-from pikku_celery.tasks import internal_task
+from pikku_celery.worker.tasks import internal_task
 from tests.conftest import REDIS_URL
 from tests.integration import outage_app as oa
 from tests.integration.test_celery_workers import ROOT, Worker, wait_for

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from pikku_celery import MongoWorkflowStore, RedisLeaseService
-from pikku_celery.claims import Claimed, Claimer
-from pikku_celery.clock import ServerClock
-from pikku_celery.heartbeat import Heartbeat, HeldStep
+from pikku_celery.engine.claims import Claimed, Claimer
+from pikku_celery.engine.heartbeat import Heartbeat, HeldStep
+from pikku_celery.model.clock import ServerClock
 from pikku_celery.store.base import NewRun, NewStep
 from tests.conftest import REDIS_URL
 from tests.support.counting import CountingRedis, counting_mongo
@@ -109,7 +109,7 @@ def test_the_heartbeat_thread_keeps_a_short_lease_alive(mongo_server: MongoTarge
                                                         key_prefix: str) -> None:
     """A 1.5 s lease renewed every 0.5 s by the thread alone outlives its first deadline
     twice over (a thread starved for up to a second still keeps it)."""
-    from pikku_celery.claims import NotClaimed
+    from pikku_celery.engine.claims import NotClaimed
 
     client, _ = counting_mongo(mongo_server.url)
     store = MongoWorkflowStore(client[f"pikku_hb_{uuid.uuid4().hex[:10]}"])

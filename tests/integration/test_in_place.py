@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pikku_celery.tasks import internal_task
+from pikku_celery.worker.tasks import internal_task
 from tests.integration import workerapp as wa
 from tests.integration.test_celery_workers import (
     LEASE_EXPIRED,

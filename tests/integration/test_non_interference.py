@@ -37,7 +37,7 @@ import redis
 from celery import Celery, chain, chord, group
 from celery.exceptions import TaskRevokedError
 
-from pikku_celery.tasks import internal_task_names
+from pikku_celery.worker.tasks import internal_task_names
 from tests.conftest import REDIS_URL
 from tests.integration import plainapp as pa
 from tests.support.mongod import MongoTarget

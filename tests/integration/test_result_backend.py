@@ -14,7 +14,7 @@ from celery.backends.mongodb import MongoBackend
 from celery.contrib.testing.worker import start_worker
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.backend import PikkuResultBackend, record_attempt
+from pikku_celery.worker.backend import PikkuResultBackend, record_attempt
 from tests.conftest import REDIS_URL
 from tests.support.mongod import MongoTarget
 

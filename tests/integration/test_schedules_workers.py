@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pikku_celery import keys
+from pikku_celery.model import keys
 from tests.integration import scheduleapp
 from tests.integration.test_celery_workers import ROOT, Cluster, Worker, make_cluster, wait_for
 

@@ -31,7 +31,7 @@ import pytest
 import redis
 
 from benchmarks.step_cost import Result, measure
-from pikku_celery.tasks import internal_task
+from pikku_celery.worker.tasks import internal_task
 from tests.conftest import REDIS_URL
 from tests.integration import workerapp as wa
 from tests.integration.test_celery_workers import Cluster, make_cluster, wait_for

@@ -33,10 +33,10 @@ import pymongo.errors
 import pytest
 
 from pikku_celery import InMemoryLeaseService, MongoWorkflowStore
-from pikku_celery.claims import Claimed, Claimer
-from pikku_celery.clock import ServerClock
-from pikku_celery.errors import WorkflowStepSupersededError
-from pikku_celery.heartbeat import Heartbeat
+from pikku_celery.engine.claims import Claimed, Claimer
+from pikku_celery.engine.heartbeat import Heartbeat
+from pikku_celery.model.clock import ServerClock
+from pikku_celery.model.errors import WorkflowStepSupersededError
 from pikku_celery.store import _concerns
 from pikku_celery.store.base import NewRun, NewStep
 from tests.support.mongod import MongodNode, MongodReplicaSet, mongod_binary

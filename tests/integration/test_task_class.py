@@ -14,7 +14,7 @@ from flask import Flask, current_app
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
 from pikku_celery.store.memory import InMemoryWorkflowStore
-from pikku_celery.tasks import StepTask, internal_task
+from pikku_celery.worker.tasks import StepTask, internal_task
 from tests.conftest import REDIS_URL
 
 

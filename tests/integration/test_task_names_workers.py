@@ -22,7 +22,7 @@ import pytest
 from celery import Celery, signals
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.tasks import internal_task_names
+from pikku_celery.worker.tasks import internal_task_names
 from tests.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -24,7 +24,7 @@ from pikku_celery import (
     MongoWorkflowStore,
     PikkuCelery,
 )
-from pikku_celery.inline import run_inline
+from pikku_celery.worker.inline import run_inline
 from tests.conftest import REDIS_URL
 from tests.support.mongod import MongoTarget, free_port, mongod_binary
 from tests.support.readme import readme_example

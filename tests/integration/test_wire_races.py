@@ -12,7 +12,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from pikku_celery.errors import WorkflowStepSupersededError
+from pikku_celery.model.errors import WorkflowStepSupersededError
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.support.mongod import MongoTarget

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.engine import Engine
-from pikku_celery.errors import WorkflowStepSupersededError
+from pikku_celery.engine.facade import Engine
+from pikku_celery.model.errors import WorkflowStepSupersededError
 from pikku_celery.testing import VirtualClock
 
 Choose = Callable[[int], int]  # given how many options there are, the index of one

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pikku_celery.records import StepState, WorkflowRun
+from pikku_celery.model.records import StepState, WorkflowRun
 from pikku_celery.store._slots import slot_holder, slot_id
 from pikku_celery.store.base import WorkflowStore
 

@@ -29,13 +29,13 @@ from typing import Any
 from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
-from pikku_celery.engine import Engine
-from pikku_celery.errors import (
+from pikku_celery.engine.facade import Engine
+from pikku_celery.model.errors import (
     PikkuError,
     WorkflowEventError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.records import RUN_TERMINAL
+from pikku_celery.model.records import RUN_TERMINAL
 from pikku_celery.schedules.firing import Scheduler
 from pikku_celery.store._slots import slot_id
 from pikku_celery.store.base import WorkflowStore

@@ -30,20 +30,21 @@ from typing import Any
 from celery import Celery
 from pymongo.errors import BulkWriteError
 
-from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery, keys
-from pikku_celery.claims import Claimed, Claimer, NotClaimed
-from pikku_celery.errors import WorkflowStepSupersededError
-from pikku_celery.heartbeat import Heartbeat
-from pikku_celery.records import (
+from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
+from pikku_celery.engine.claims import Claimed, Claimer, NotClaimed
+from pikku_celery.engine.heartbeat import Heartbeat
+from pikku_celery.model import keys
+from pikku_celery.model.errors import WorkflowStepSupersededError
+from pikku_celery.model.records import (
     RUN_CANCELLED,
     RUN_TERMINAL,
     STEP_PENDING,
     STEP_RUNNING,
     StepState,
 )
-from pikku_celery.replay import CHILD_PREFIX
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
+from pikku_celery.workflow.replay import CHILD_PREFIX
 
 T0 = 1_700_000_000_000
 LEASE_MS = 30_000

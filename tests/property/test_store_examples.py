@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pikku_celery.records import RUN_CANCELLED
+from pikku_celery.model.records import RUN_CANCELLED
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore

@@ -5,7 +5,7 @@ attempt in as lease-expired (so a document without its entries never misreports 
 That is right for readers, and it means an "one entry per attempt" assert made through
 ``get_history`` can never fail. Tests that check what was *written* read the raw documents
 here: the in-memory store's dicts, or MongoDB's ``workflow_steps`` collection (names from
-``pikku_celery.keys``), whose documents hold each attempt's entry in ``attempts``. An entry
+``pikku_celery.model.keys``), whose documents hold each attempt's entry in ``attempts``. An entry
 that was never written is absent here, whatever the readers fill in.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pikku_celery import keys
-from pikku_celery.keys import HistoryField as H
-from pikku_celery.keys import StepField as S
+from pikku_celery.model import keys
+from pikku_celery.model.keys import HistoryField as H
+from pikku_celery.model.keys import StepField as S
 from pikku_celery.store._docs import written_entries
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore

@@ -18,8 +18,8 @@ from pikku_celery import (
     PikkuCelery,
     WorkflowApprovalError,
 )
-from pikku_celery.inline import InlineDispatcher, run_inline
 from pikku_celery.testing import VirtualClock
+from pikku_celery.worker.inline import InlineDispatcher, run_inline
 from tests.unit.test_engine import Recorder
 
 SCHEMA = {"type": "object", "required": ["approved"],

@@ -26,8 +26,8 @@ from pikku_celery import (
     MongoWorkflowStore,
     PikkuCelery,
 )
-from pikku_celery.errors import WorkflowStepSupersededError
-from pikku_celery.records import RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED, RUN_RUNNING
+from pikku_celery.model.errors import WorkflowStepSupersededError
+from pikku_celery.model.records import RUN_CANCELLED, RUN_COMPLETED, RUN_FAILED, RUN_RUNNING
 from pikku_celery.store.base import WorkflowStore
 from tests.conftest import mongo_database
 from tests.contract.test_store import FN, KINDS, LEASE, T0, _make_store, add_step, new_run

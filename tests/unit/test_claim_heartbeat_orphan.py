@@ -18,7 +18,7 @@ from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.heartbeat import Heartbeat, HeldStep
+from pikku_celery.engine.heartbeat import Heartbeat, HeldStep
 from tests.unit.test_engine import Recorder
 
 

@@ -7,15 +7,16 @@ from typing import Any
 
 import pytest
 
-from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, keys
-from pikku_celery.claims import Claimed, Claimer, NotClaimed
-from pikku_celery.clock import ServerClock
-from pikku_celery.errors import (
+from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore
+from pikku_celery.engine.claims import Claimed, Claimer, NotClaimed
+from pikku_celery.engine.heartbeat import Heartbeat
+from pikku_celery.model import keys
+from pikku_celery.model.clock import ServerClock
+from pikku_celery.model.errors import (
     LeaseLostError,
     WorkflowStepFunctionMismatchError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.heartbeat import Heartbeat
 from pikku_celery.store.base import NewRun, NewStep
 
 
@@ -212,7 +213,7 @@ def test_a_retried_settle_never_takes_a_cancel_for_its_own_outcome(outcome: str)
 
 
 def test_a_bound_body_sees_its_attempt_and_the_stable_invocation_id() -> None:
-    from pikku_celery.claims import StepContext
+    from pikku_celery.engine.claims import StepContext
 
     store = InMemoryWorkflowStore()
     _, claimed = _claimed(store)
@@ -234,7 +235,7 @@ def test_a_body_is_told_its_lease_is_lost_once_unconfirmed_past_its_deadline() -
     lease is gone once the last confirmed deadline passed (another worker may claim it)."""
     import time
 
-    from pikku_celery.claims import StepContext
+    from pikku_celery.engine.claims import StepContext
 
     store = InMemoryWorkflowStore()
     _, claimed = _claimed(store)
@@ -261,7 +262,7 @@ def test_a_failure_is_due_again_after_its_retry_delay() -> None:
 
 
 def test_a_stored_error_names_its_type_message_and_traceback() -> None:
-    from pikku_celery.claims import MAX_MESSAGE_CHARS, serialize_error
+    from pikku_celery.engine.claims import MAX_MESSAGE_CHARS, serialize_error
 
     try:
         raise ValueError("card declined")

@@ -20,8 +20,8 @@ from pikku_celery import (
     PikkuCelery,
     RedisLeaseService,
 )
-from pikku_celery import cli as cli_module
-from pikku_celery.cli import pikku as pikku_group
+from pikku_celery.operate import cli as cli_module
+from pikku_celery.operate.cli import pikku as pikku_group
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import INDEXES
 from tests.conftest import mongo_database
@@ -351,7 +351,7 @@ def test_check_gives_one_line_per_unreachable_service() -> None:
 
 def test_check_names_a_missing_setting_and_an_app_without_workflows(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from pikku_celery import shared
+    from pikku_celery.worker import shared
 
     monkeypatch.setattr(shared, "_hooks", [])  # no shared declaration of another module
     app = Celery("bare", set_as_current=False)
@@ -366,7 +366,7 @@ def test_check_names_a_missing_setting_and_an_app_without_workflows(
 def test_check_names_a_url_the_driver_refused_without_its_password(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A password with an unescaped '/': redis-py's own message quotes its head."""
-    from pikku_celery import shared
+    from pikku_celery.worker import shared
 
     monkeypatch.setattr(shared, "_hooks", [])
     app = Celery("leaky", set_as_current=False)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import pikku_celery.dashboard
 from pikku_celery import PikkuCelery, WorkflowContext
-from pikku_celery import cli as cli_module
+from pikku_celery.operate import cli as cli_module
 from tests.unit.test_cli import one_line_error, run_cli
 from tests.unit.test_contrib import make_pikku
 

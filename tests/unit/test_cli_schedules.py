@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from pikku_celery import PikkuCelery, records
-from pikku_celery.cli import bound
+from pikku_celery import PikkuCelery
+from pikku_celery.model import records
+from pikku_celery.operate.cli import bound
 from pikku_celery.store.base import NewRun
 from pikku_celery.testing import InlineKit, inline
 from tests.support.operate import now_ms
@@ -160,7 +161,7 @@ def test_a_queued_run_is_listed_and_filtered(pikku: PikkuCelery) -> None:
     assert rows(listed.output)["q-1"][2] == "queued"
     assert rows(run_cli(pikku, "runs").output)["q-1"][2] == "queued"
     assert "queued" in run_cli(pikku, "runs", "--help").output
-    from pikku_celery import _terminal
+    from pikku_celery.operate import _terminal
 
     assert _terminal.STATUS_STYLE["queued"]  # styled, as every run status
     assert set(records.RUN_STATUSES) <= set(_terminal.STATUS_STYLE)

@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 
 from pikku_celery import InvalidInputError, PikkuCelery
-from pikku_celery.concurrency import Admission
+from pikku_celery.engine.concurrency import Admission
 from pikku_celery.store._slots import slot_id
 from pikku_celery.testing import InlineKit, inline
 

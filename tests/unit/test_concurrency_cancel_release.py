@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pikku_celery.concurrency import Admission
-from pikku_celery.records import RUN_CANCELLED, RUN_QUEUED, RUN_RUNNING
+from pikku_celery.engine.concurrency import Admission
+from pikku_celery.model.records import RUN_CANCELLED, RUN_QUEUED, RUN_RUNNING
 from pikku_celery.store.base import NewRun, WorkflowStore
 from tests.contract.test_store import KINDS, T0, _make_store
 from tests.unit.test_engine import Recorder

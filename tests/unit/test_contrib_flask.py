@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from flask import Flask, abort
 
 from pikku_celery import PikkuCelery, PikkuConfigurationError, PikkuError
-from pikku_celery.cli import pikku as pikku_group
 from pikku_celery.contrib.flask import PikkuFlask, current_pikku
+from pikku_celery.operate.cli import pikku as pikku_group
 from tests.unit.test_contrib import PREFIX, make_pikku
 
 

@@ -1,5 +1,5 @@
 """The core's seams of issue 23: ``start_on_commit`` waits for a commit through the hook a
-web framework's adapter registers (``pikku_celery.on_commit``; the core imports no
+web framework's adapter registers (``pikku_celery.worker.on_commit``; the core imports no
 adapter), and ``list_runs``/``count_runs`` pass the store's ``match``."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery, on_commit
-from pikku_celery.errors import PikkuConfigurationError
+from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
+from pikku_celery.model.errors import PikkuConfigurationError
+from pikku_celery.worker import on_commit
 from tests.unit.test_engine import Recorder
 
 

@@ -20,7 +20,7 @@ import pytest
 from pikku_celery import PikkuCelery
 from pikku_celery.dashboard import _pages
 from pikku_celery.dashboard.standalone import from_env, make_app
-from pikku_celery.records import RUN_STATUSES
+from pikku_celery.model.records import RUN_STATUSES
 from pikku_celery.store.base import NewRun
 from tests.support import django_project
 from tests.support.operate import now_ms, superseded_run
@@ -585,8 +585,8 @@ def test_pikku_dashboard_signs_with_the_secret_key_and_never_prints_it(
     from click.testing import CliRunner
     from flask import Flask
 
-    from pikku_celery.cli import pikku as pikku_group
     from pikku_celery.dashboard import standalone
+    from pikku_celery.operate.cli import pikku as pikku_group
     from tests.unit.test_contrib_flask import CeleryCLIContext
 
     served: list[Flask] = []

@@ -180,7 +180,7 @@ def test_every_workers_reaper_drains_after_its_sweep(pikku: PikkuCelery) -> None
     from django.test import override_settings
 
     from pikku_celery.contrib.django.models import StartIntent
-    from pikku_celery.tasks import WorkerReaper
+    from pikku_celery.worker.tasks import WorkerReaper
 
     StartIntent.objects.create(run_id="swept", workflow="sum", data='{"a":1,"b":1}')
     other = make_pikku()

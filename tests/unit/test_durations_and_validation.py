@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from pikku_celery.durations import to_ms, to_seconds
-from pikku_celery.errors import InvalidInputError
-from pikku_celery.validate import MAX_VALUE_BYTES, check_name, check_value
+from pikku_celery.model.durations import to_ms, to_seconds
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.validate import MAX_VALUE_BYTES, check_name, check_value
 
 
 @pytest.mark.parametrize(("value", "seconds"), [

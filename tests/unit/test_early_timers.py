@@ -22,8 +22,8 @@ from typing import Any
 from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
-from pikku_celery.inline import InlineDispatcher
 from pikku_celery.store.base import WorkflowStore
+from pikku_celery.worker.inline import InlineDispatcher
 from tests.contract.test_store import store
 
 __all__ = ["store"]  # the fixture, parametrized over every store

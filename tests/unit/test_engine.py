@@ -21,10 +21,10 @@ from pikku_celery import (
     WorkflowNotFoundError,
     WorkflowRunNotFoundError,
     WorkflowStepSupersededError,
-    keys,
 )
 from pikku_celery.leases.base import Lease
-from pikku_celery.tasks import internal_task
+from pikku_celery.model import keys
+from pikku_celery.worker.tasks import internal_task
 from tests.support.threads import ThreadsJoined
 
 
@@ -443,7 +443,7 @@ def test_continue_in_place_replays_in_the_worker_instead_of_sending_a_wake() -> 
 
 
 def test_suspend_records_the_run_and_resume_continues_it(pikku: PikkuCelery) -> None:
-    from pikku_celery.inline import run_inline
+    from pikku_celery.worker.inline import run_inline
 
     @pikku.step()
     def record(data: Any) -> Any:
@@ -578,7 +578,7 @@ def test_steps_left_behind_by_a_finished_run_are_fenced(pikku: PikkuCelery) -> N
 
 
 def test_resume_racing_a_suspending_pass_leaves_the_run_resumable(pikku: PikkuCelery) -> None:
-    from pikku_celery.inline import run_inline
+    from pikku_celery.worker.inline import run_inline
 
     @pikku.workflow()
     def gate(wf: Any, data: Any) -> str:
@@ -595,7 +595,7 @@ def test_resume_racing_a_suspending_pass_leaves_the_run_resumable(pikku: PikkuCe
 
 
 def test_a_suspend_in_a_loop_suspends_every_time(pikku: PikkuCelery) -> None:
-    from pikku_celery.inline import run_inline
+    from pikku_celery.worker.inline import run_inline
 
     @pikku.workflow()
     def reviews(wf: Any, data: Any) -> int:

@@ -16,7 +16,7 @@ from pikku_celery import (
     PikkuCelery,
     WorkflowStepSupersededError,
 )
-from pikku_celery.tasks import internal_task
+from pikku_celery.worker.tasks import internal_task
 from tests.unit.test_engine import Recorder
 
 T0 = 1_700_000_000_000
@@ -215,7 +215,7 @@ def test_52_a_graph_node_whose_worker_died_is_dispatched_again(pikku: PikkuCeler
 
 
 def test_13_a_graph_run_leased_elsewhere_is_marked_not_planned(pikku: PikkuCelery) -> None:
-    from pikku_celery import keys
+    from pikku_celery.model import keys
 
     node = pikku.step(name="faults.g13")(lambda data: None)
     pikku.graph("faults.g13", nodes={"a": node}, edges=[])
@@ -232,7 +232,7 @@ def test_13_a_graph_run_leased_elsewhere_is_marked_not_planned(pikku: PikkuCeler
 
 
 def test_42_retry_delays_are_fixed_when_set_and_exponential_otherwise() -> None:
-    from pikku_celery.definitions import make_step
+    from pikku_celery.workflow.definitions import make_step
 
     fixed = make_step(lambda d: d, "f", retries=3, retry_delay="250ms", lease=None, bind=False)
     backoff = make_step(lambda d: d, "b", retries=30, retry_delay=None, lease=None, bind=False)

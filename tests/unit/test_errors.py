@@ -8,7 +8,7 @@ import pickle
 import pytest
 from celery.utils.serialization import get_pickleable_exception
 
-from pikku_celery import errors
+from pikku_celery.model import errors
 
 EXAMPLES = [
     errors.WorkflowStepSupersededError("run-1", "charge", 1, 2),

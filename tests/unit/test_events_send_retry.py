@@ -29,10 +29,10 @@ from pikku_celery import (
     PikkuCelery,
     WorkflowEventNotSentError,
 )
-from pikku_celery import events as events_module
 from pikku_celery.contrib._api import handle
-from pikku_celery.keys import EventField as E
-from pikku_celery.keys import RunField as R
+from pikku_celery.engine import events as events_module
+from pikku_celery.model.keys import EventField as E
+from pikku_celery.model.keys import RunField as R
 from tests.conftest import pooled_database
 from tests.unit.test_cli import one_line_error, run_cli
 from tests.unit.test_engine import Recorder

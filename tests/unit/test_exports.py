@@ -57,3 +57,35 @@ def test_the_test_kit_names() -> None:
     assert set(testing.__all__) == {"InlineKit", "VirtualClock", "inline",
                                     "inline_everywhere", "pikku_inline"}
     assert all(hasattr(testing, name) for name in testing.__all__)
+
+
+def test_the_public_module_paths_survive_the_layout() -> None:
+    """Issue 32 moved the modules into layer folders; the paths users have written keep
+    working, and the moved signals are the very objects Celery-side code connects to."""
+    import importlib
+
+    from pikku_celery import backend, signals
+    from pikku_celery.worker import backend as worker_backend
+    from pikku_celery.worker import signals as worker_signals
+
+    assert all(getattr(signals, n) is getattr(worker_signals, n) for n in signals.__all__)
+    assert backend.PikkuResultBackend is worker_backend.PikkuResultBackend
+    for path, name in [("pikku_celery.store.mongo", "MongoWorkflowStore"),
+                       ("pikku_celery.store.memory", "InMemoryWorkflowStore"),
+                       ("pikku_celery.leases", "RedisLeaseService"),
+                       ("pikku_celery.contrib.flask", "PikkuFlask"),
+                       ("pikku_celery.testing", "inline")]:
+        assert hasattr(importlib.import_module(path), name), (path, name)
+    for path in ("pikku_celery.contrib.django", "pikku_celery.dashboard.standalone"):
+        importlib.import_module(path)
+
+
+def test_the_top_level_holds_only_the_public_face_and_the_folders() -> None:
+    from pathlib import Path
+
+    top = Path(pikku_celery.__file__).parent
+    assert sorted(p.name for p in top.glob("*.py")) == [
+        "__init__.py", "app.py", "backend.py", "operations.py", "signals.py", "testing.py"]
+    assert {p.name for p in top.iterdir() if (p / "__init__.py").exists()} == {
+        "model", "store", "leases", "workflow", "engine", "worker", "schedules", "operate",
+        "dashboard", "contrib"}

@@ -24,7 +24,7 @@ import pytest
 from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.tasks import SWEEP_DEADLINE_MIN_S, WorkerReaper
+from pikku_celery.worker.tasks import SWEEP_DEADLINE_MIN_S, WorkerReaper
 
 STEP_LEASE_S = 30.0
 RUN_LEASE_S = 10.0

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pikku_celery import keys
-from pikku_celery.errors import InvalidInputError, WorkflowRunConflictError
+from pikku_celery.model import keys
+from pikku_celery.model.errors import InvalidInputError, WorkflowRunConflictError
 from tests.unit.test_in_place import _app
 
 

@@ -23,14 +23,14 @@ from pikku_celery import (
     MongoWorkflowStore,
     PikkuCelery,
     WorkflowRunConflictError,
-    keys,
 )
-from pikku_celery.claims import Claimed, Claimer
-from pikku_celery.clock import ServerClock
-from pikku_celery.heartbeat import Heartbeat, HeldStep
+from pikku_celery.engine.claims import Claimed, Claimer
+from pikku_celery.engine.heartbeat import Heartbeat, HeldStep
+from pikku_celery.model import keys
+from pikku_celery.model.clock import ServerClock
 from pikku_celery.store._docs import written_entries
 from pikku_celery.store.base import NewRun, NewStep
-from pikku_celery.tasks import WorkerReaper
+from pikku_celery.worker.tasks import WorkerReaper
 from tests.conftest import pooled_database
 from tests.unit.test_engine import Recorder
 
@@ -111,7 +111,7 @@ def test_1_an_outcome_mongodb_refuses_fails_the_attempt_at_once(
 
 def test_1_a_result_too_large_beside_the_data_fails_at_once(monkeypatch: Any) -> None:
     # (A limit the recorded error, its traceback included, stays under.)
-    monkeypatch.setattr("pikku_celery.validate.MAX_VALUE_BYTES", 1_500)
+    monkeypatch.setattr("pikku_celery.model.validate.MAX_VALUE_BYTES", 1_500)
     pikku = _pikku(InMemoryWorkflowStore())
     step = pikku.step(name="h1.half", retries=3)(lambda data: "r" * 800)
 

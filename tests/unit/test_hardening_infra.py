@@ -36,13 +36,13 @@ from pikku_celery import (
     RedisLeaseService,
     WorkflowStore,
 )
-from pikku_celery.clock import ServerClock
-from pikku_celery.heartbeat import Heartbeat, HeldStep
+from pikku_celery.engine.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import Lease
+from pikku_celery.model.clock import ServerClock
+from pikku_celery.model.validate import MAX_DOCUMENT_DEPTH, check_value
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.store.mongo import MongoUnreachableError
-from pikku_celery.tasks import OutageLog
-from pikku_celery.validate import MAX_DOCUMENT_DEPTH, check_value
+from pikku_celery.worker.tasks import OutageLog
 from tests.conftest import mongo_database, pooled_database
 from tests.support.mongod import free_port
 from tests.support.query_recorder import record_store

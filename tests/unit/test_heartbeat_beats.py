@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, keys
-from pikku_celery.claims import Claimed, Claimer
-from pikku_celery.clock import ServerClock
-from pikku_celery.heartbeat import Heartbeat, HeldStep
+from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore
+from pikku_celery.engine.claims import Claimed, Claimer
+from pikku_celery.engine.heartbeat import Heartbeat, HeldStep
 from pikku_celery.leases.base import Lease
+from pikku_celery.model import keys
+from pikku_celery.model.clock import ServerClock
 from pikku_celery.store.base import NewRun, NewStep
 
 T0 = 1_700_000_000_000
@@ -285,7 +286,7 @@ def test_one_cluster_node_down_costs_only_the_steps_whose_leases_it_holds(
 def test_a_step_in_a_transaction_keeps_its_redis_lease_and_leaves_its_store_lease_alone(
         rig: Rig) -> None:
     """A store renewal would be a write conflict with the transaction's settle
-    (``pikku_celery.transactional``); the Redis lease is still renewed."""
+    (``pikku_celery.engine.transactional``); the Redis lease is still renewed."""
     in_txn, plain = rig.claim("txn").held, rig.claim("plain").held
     in_txn.in_transaction = True
     before = rig.store_deadline("txn")

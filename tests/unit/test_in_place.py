@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from pikku_celery import InMemoryLeaseService, LeaseLostError, PikkuCelery, keys
+from pikku_celery import InMemoryLeaseService, LeaseLostError, PikkuCelery
 from pikku_celery.leases.hold import _RENEWALS
+from pikku_celery.model import keys
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from tests.contract.test_store import store

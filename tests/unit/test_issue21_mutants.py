@@ -12,12 +12,12 @@ import pytest
 from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery import tasks as tasks_module
-from pikku_celery.claims import Claimed, Claimer
-from pikku_celery.clock import ServerClock
-from pikku_celery.errors import WorkflowStepSupersededError
-from pikku_celery.records import RUN_CANCELLED
+from pikku_celery.engine.claims import Claimed, Claimer
+from pikku_celery.model.clock import ServerClock
+from pikku_celery.model.errors import WorkflowStepSupersededError
+from pikku_celery.model.records import RUN_CANCELLED
 from pikku_celery.store.base import NewRun, NewStep
+from pikku_celery.worker import tasks as tasks_module
 from tests.unit.test_heartbeat_beats import Rig
 
 # --- the heartbeat, when the store's renewal raised ---------------------------------------

@@ -50,7 +50,7 @@ def test_every_lease_call_names_the_server(call: str) -> None:
 def test_an_unknown_workflow_names_the_known_ones_or_says_none_was_imported() -> None:
     import pickle
 
-    from pikku_celery.errors import WorkflowNotFoundError
+    from pikku_celery.model.errors import WorkflowNotFoundError
 
     pikku = PikkuCelery(Celery("nf", broker="memory://"), store=InMemoryWorkflowStore(),
                         leases=RedisLeaseService.from_url("redis://127.0.0.1:6379/0"),
@@ -71,7 +71,8 @@ def test_an_unknown_workflow_names_the_known_ones_or_says_none_was_imported() ->
 
 def test_a_copy_refused_at_the_lease_says_why_and_what_happens_next(
         caplog: pytest.LogCaptureFixture) -> None:
-    from pikku_celery import InMemoryLeaseService, keys
+    from pikku_celery import InMemoryLeaseService
+    from pikku_celery.model import keys
 
     app = Celery("dup", broker="memory://")
     pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),

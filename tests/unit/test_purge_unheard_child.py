@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pikku_celery.records import RUN_COMPLETED, RUN_RUNNING
+from pikku_celery.model.records import RUN_COMPLETED, RUN_RUNNING
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from tests.contract.test_store import KINDS, T0, _make_store
 

@@ -16,7 +16,7 @@ from celery.app.task import Context
 from celery.backends.mongodb import MongoBackend
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.backend import ATTEMPT_FIELD, PikkuResultBackend, record_attempt
+from pikku_celery.worker.backend import ATTEMPT_FIELD, PikkuResultBackend, record_attempt
 from tests.support.mongod import MongoTarget
 
 

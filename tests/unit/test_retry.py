@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pikku_celery.errors import WorkflowRunNotFoundError
+from pikku_celery.model.errors import WorkflowRunNotFoundError
 from tests.unit.test_in_place import _app
 
 

@@ -24,11 +24,11 @@ from pikku_celery import (
     InMemoryWorkflowStore,
     MongoWorkflowStore,
     PikkuCelery,
-    replay,
 )
-from pikku_celery.records import RUN_RUNNING, RUN_SUSPENDED
+from pikku_celery.model.records import RUN_RUNNING, RUN_SUSPENDED
 from pikku_celery.store import _retry
 from pikku_celery.store._slots import holder_run, slot_id
+from pikku_celery.workflow import replay
 from tests.conftest import pooled_database
 from tests.unit.test_in_place import Worker
 

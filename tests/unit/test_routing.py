@@ -1,4 +1,4 @@
-"""pikku's routing and worker set-up (``pikku_celery/routing.py``), on in-process apps and
+"""pikku's routing and worker set-up (``pikku_celery/worker/routing.py``), on in-process apps and
 unstarted ``WorkController`` instances (built exactly as ``celery worker`` builds one, up to
 its consumer; nothing connects). The same behaviour on real worker processes and brokers is
 in ``tests/integration/test_non_interference.py``."""
@@ -14,8 +14,8 @@ from celery import Celery
 from celery.worker import WorkController
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.routing import conf_sets
-from pikku_celery.tasks import internal_task, internal_task_names
+from pikku_celery.worker.routing import conf_sets
+from pikku_celery.worker.tasks import internal_task, internal_task_names
 
 DEFAULT_PREFETCH = 4
 CONCURRENCY = 2

@@ -15,7 +15,7 @@ from celery.worker import state as worker_state
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
 from pikku_celery.store.memory import InMemoryWorkflowStore
-from pikku_celery.tasks import CeleryDispatcher, internal_task
+from pikku_celery.worker.tasks import CeleryDispatcher, internal_task
 
 
 def _pikku(task_cls: Any = None, **conf: Any) -> tuple[Celery, PikkuCelery]:

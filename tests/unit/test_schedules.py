@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from pikku_celery import PikkuCelery, keys
-from pikku_celery.errors import InvalidInputError
+from pikku_celery import PikkuCelery
+from pikku_celery.model import keys
+from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.schedules import firing
 from pikku_celery.schedules.firing import MISSED_AFTER_MS, Scheduler
-from pikku_celery.schedules.spec import Timing
 from pikku_celery.schedules.ticker import (
     MAX_BACKOFF_S,
     ROUND_DEADLINE_S,
@@ -30,6 +30,7 @@ from pikku_celery.schedules.ticker import (
 )
 from pikku_celery.store.base import NewRun
 from pikku_celery.testing import InlineKit, inline
+from pikku_celery.workflow.schedule_spec import Timing
 
 TEN_MIN = 600_000
 

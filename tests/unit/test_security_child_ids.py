@@ -9,11 +9,11 @@ import pytest
 from pikku_celery import (
     InMemoryWorkflowStore,
     InvalidInputError,
-    keys,
 )
-from pikku_celery.inline import InlineDispatcher
-from pikku_celery.replay import CHILD_PREFIX
+from pikku_celery.model import keys
 from pikku_celery.store.base import NewRun, NewStep
+from pikku_celery.worker.inline import InlineDispatcher
+from pikku_celery.workflow.replay import CHILD_PREFIX
 from tests.support.family import make_family
 
 # --- 4: child run ids cannot be squatted --------------------------------------------------------

@@ -1,5 +1,5 @@
 """Issue 22, item 1: no secret of an error message is stored (the masking in
-``pikku_celery.redaction`` and the user's ``redact_error`` hook). Each test fails without
+``pikku_celery.model.redaction`` and the user's ``redact_error`` hook). Each test fails without
 the fix."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pikku_celery import (
     MongoWorkflowStore,
     PikkuCelery,
 )
-from pikku_celery.redaction import load_redactor, mask_secrets, redact_error
+from pikku_celery.model.redaction import load_redactor, mask_secrets, redact_error
 from tests.conftest import pooled_database
 
 SECRET = "S3cretPw"

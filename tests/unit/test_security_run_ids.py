@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from pikku_celery import InMemoryWorkflowStore, InvalidInputError
-from pikku_celery.validate import check_run_id
+from pikku_celery.model.validate import check_run_id
 from tests.support.family import make_family
 
 # --- 11: run ids that could never be served -----------------------------------------------------

@@ -17,7 +17,8 @@ from pymongo import monitoring
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from pikku_celery import MongoWorkflowStore, PikkuCelery, keys
+from pikku_celery import MongoWorkflowStore, PikkuCelery
+from pikku_celery.model import keys
 from pikku_celery.store._concerns import DEFAULT_WTIMEOUT_MS
 from pikku_celery.store.base import NewRun
 from tests.conftest import REDIS_URL

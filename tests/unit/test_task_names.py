@@ -12,8 +12,8 @@ import pytest
 from celery import Celery, signals
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.errors import PikkuConfigurationError
-from pikku_celery.tasks import (
+from pikku_celery.model.errors import PikkuConfigurationError
+from pikku_celery.worker.tasks import (
     ORCHESTRATE,
     REAP,
     TIMER,

@@ -165,7 +165,7 @@ def test_the_fixture_reaches_instances_created_during_the_test_and_cancels_inlin
             assert pikku.get_run(run_id).status == "cancelled"
 
         def test_outside_the_fixture_the_configured_engine_is_back():
-            from pikku_celery.shared import instances
+            from pikku_celery.worker.shared import instances
             late = [p for p in instances() if p.app.main == "late"]
             assert late
             with pytest.raises(PikkuConfigurationError):

@@ -1,4 +1,4 @@
-"""The per-attempt timeline the CLI and the dashboard draw (``pikku_celery.timeline``):
+"""The per-attempt timeline the CLI and the dashboard draw (``pikku_celery.operate.timeline``):
 outcomes, spans and waits read from a store's steps and history; event waits, publishes and
 the events sent to a run (each with the wait that took it)."""
 
@@ -13,16 +13,10 @@ import pytest
 from celery import Celery
 
 from pikku_celery import InMemoryWorkflowStore, PikkuCelery, WorkflowContext
+from pikku_celery.operate._text import format_duration, format_time
+from pikku_celery.operate.timeline import EVENT, PUBLISH, Timeline, build
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.testing import InlineKit, inline
-from pikku_celery.timeline import (
-    EVENT,
-    PUBLISH,
-    Timeline,
-    build,
-    format_duration,
-    format_time,
-)
 from tests.support.operate import ADD, LEASE_MS
 
 T0 = 1_700_000_000_000

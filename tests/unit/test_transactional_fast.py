@@ -34,7 +34,7 @@ from pikku_celery import (
     PikkuCelery,
     WorkflowStepSupersededError,
 )
-from pikku_celery.inline import run_inline
+from pikku_celery.worker.inline import run_inline
 from tests.conftest import pooled_database
 
 STEP = "txn.place"

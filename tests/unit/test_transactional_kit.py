@@ -43,9 +43,9 @@ class _Here:
 
 def test_a_transactional_step_is_never_run_in_place() -> None:
     """Its settle commits in its own transaction, not with the next step's claim."""
-    from pikku_celery.definitions import Registry, make_step
-    from pikku_celery.in_place import InPlace
+    from pikku_celery.engine.in_place import InPlace
     from pikku_celery.store.base import NewStep
+    from pikku_celery.workflow.definitions import Registry, make_step
 
     registry = Registry()
     for name, transactional in (("plain", False), ("txn", True)):

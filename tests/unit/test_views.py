@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery, keys
-from pikku_celery.errors import LeaseTakenError
+from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
 from pikku_celery.leases.base import Lease, LeaseBusy
+from pikku_celery.model import keys
+from pikku_celery.model.errors import LeaseTakenError
 from pikku_celery.store.base import NewStep
 from tests.support.threads import ThreadsJoined
 from tests.unit.test_engine import Recorder

@@ -20,8 +20,8 @@ from pikku_celery import (
     PikkuCelery,
     PikkuConfigurationError,
 )
-from pikku_celery.cli import pikku as pikku_group
 from pikku_celery.dashboard import standalone
+from pikku_celery.operate.cli import pikku as pikku_group
 from pikku_celery.store.base import NewRun, NewStep
 from tests.conftest import pooled_database
 from tests.support.operate import now_ms
@@ -380,7 +380,7 @@ def test_default_isolation_is_reported_by_check_and_at_worker_start(
         mongo_server: Any, caplog: pytest.LogCaptureFixture) -> None:
     from celery import Celery
 
-    from pikku_celery._isolation import warn_at_worker_start
+    from pikku_celery.model._isolation import warn_at_worker_start
 
     url = mongo_server.url.split("?")[0].rstrip("/") + "/"
     celery_app = Celery("proj", broker="memory://", set_as_current=False)

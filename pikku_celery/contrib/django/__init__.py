@@ -7,13 +7,13 @@
 - ``path("pikku/", include("pikku_celery.contrib.django.urls"))`` mounts the JSON API
   (``views``): staff users only unless ``PIKKU_AUTHORIZE`` says otherwise, CSRF on every
   POST.
-- ``python manage.py pikku ...`` runs the ``pikku`` command group (``pikku_celery.cli``).
+- ``python manage.py pikku ...`` runs the ``pikku`` command group (``pikku_celery.operate.cli``).
 - ``pikku.start_on_commit(...)`` starts a run once the current transaction commits: this
   module registers Django's ``transaction.on_commit`` with the core when it is imported
   (``after_commit``; the core never imports Django or ``contrib/``), and the start intent
   written in that transaction (``intents.record_start``, the ``StartIntent`` model), which
   every worker's reaper drains after its sweep (``drain_start_intents``, registered with
-  ``pikku_celery.sweep_hooks``) when the start at the commit failed.
+  ``pikku_celery.engine.sweep_hooks``) when the start at the commit failed.
 
 The ``PikkuCelery`` is the one bound to the project's Celery app: the app named by the
 ``PIKKU_CELERY_APP`` setting (a dotted path, ``"proj.celery.app"``), else Celery's current
@@ -26,9 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pikku_celery import on_commit, sweep_hooks
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib.django import intents
+from pikku_celery.engine import sweep_hooks
+from pikku_celery.worker import on_commit
 
 WORKFLOWS_MODULE = "workflows"
 
@@ -51,7 +52,7 @@ def start_on_commit(pikku: PikkuCelery, workflow: str | Callable[..., Any], data
 
 
 def after_commit(start: Callable[[], object], using: str | None) -> None:
-    """Django's side of ``PikkuCelery.start_on_commit`` (``pikku_celery.on_commit``):
+    """Django's side of ``PikkuCelery.start_on_commit`` (``pikku_celery.worker.on_commit``):
     ``start`` runs when the transaction on database ``using`` commits."""
     from django.db import transaction
 

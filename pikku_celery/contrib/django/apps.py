@@ -34,7 +34,7 @@ class PikkuConfig(AppConfig):
 def check_settings(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
     """``manage.py check``: the API's access settings can work."""
     from pikku_celery.contrib._access import import_authorize, import_run_filter
-    from pikku_celery.errors import PikkuConfigurationError
+    from pikku_celery.model.errors import PikkuConfigurationError
 
     found: list[checks.CheckMessage] = []
     authorize = getattr(settings, "PIKKU_AUTHORIZE", None)
@@ -65,8 +65,8 @@ def check_services(app_configs: Any = None, **_: Any) -> list[checks.CheckMessag
     use, and ``migrate`` and friends need neither; but a worker or a start would fail."""
     from django.core.exceptions import ImproperlyConfigured
 
-    from pikku_celery.config import conf_value, setting_names
     from pikku_celery.contrib.django import project_pikku
+    from pikku_celery.worker.config import conf_value, setting_names
 
     try:
         pikku = project_pikku()

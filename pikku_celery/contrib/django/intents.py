@@ -4,7 +4,7 @@ rolls back with the caller's rows. Once the transaction commits, the run is star
 once (``pikku.start(workflow, data, run_id=...)``) and the row deleted; when that fails
 (MongoDB unreachable) the failure is logged, the commit is not disturbed, and the row
 stays for ``drain_start_intents``, which every worker's reaper runs after its sweep
-(``pikku_celery.sweep_hooks``). A start by run id is idempotent, so a row started twice
+(``pikku_celery.engine.sweep_hooks``). A start by run id is idempotent, so a row started twice
 (at the commit and by a drain that read it before it was deleted) still makes one run.
 
 The input is converted to JSON data before it is stored, with the JSON encoder named by
@@ -19,9 +19,9 @@ import json
 import logging
 from typing import Any
 
-from pikku_celery.config import conf_value
-from pikku_celery.errors import InvalidInputError, WorkflowRunConflictError
-from pikku_celery.validate import check_run_id, check_value
+from pikku_celery.model.errors import InvalidInputError, WorkflowRunConflictError
+from pikku_celery.model.validate import check_run_id, check_value
+from pikku_celery.worker.config import conf_value
 
 log = logging.getLogger("pikku_celery.contrib")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from pikku_celery.keys import StepField as S
+from pikku_celery.model.keys import StepField as S
 
 Doc = dict[str, Any]
 

@@ -7,13 +7,13 @@ import copy
 from collections.abc import Collection
 from typing import Any
 
-from pikku_celery.errors import WorkflowEventError, WorkflowRunNotFoundError
-from pikku_celery.keys import EventField as E
-from pikku_celery.keys import RunField as R
-from pikku_celery.records import RUN_LIVE, WorkflowEvent
+from pikku_celery.model.errors import WorkflowEventError, WorkflowRunNotFoundError
+from pikku_celery.model.keys import EventField as E
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.records import RUN_LIVE, WorkflowEvent
+from pikku_celery.model.validate import as_stored, check_name
 from pikku_celery.store import _events
 from pikku_celery.store.memory.base import MemoryStoreBase
-from pikku_celery.validate import as_stored, check_name
 
 
 class MemoryEvents(MemoryStoreBase):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pikku_celery import keys
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import STEP_RUNNING, STEP_SCHEDULED, STEP_SUCCEEDED
+from pikku_celery.model import keys
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import STEP_RUNNING, STEP_SCHEDULED, STEP_SUCCEEDED
+from pikku_celery.model.validate import as_stored, check_value
 from pikku_celery.store import _docs
 from pikku_celery.store._decide import is_due
 from pikku_celery.store._settle import waiting_fields
 from pikku_celery.store.memory.base import Doc, MemoryStoreBase
-from pikku_celery.validate import as_stored, check_value
 
 
 class MemoryGates(MemoryStoreBase):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection
 
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import (
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import (
     RUN_RUNNING,
     RUN_STATUSES,
     STEP_FAILED,
@@ -19,11 +19,11 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
+from pikku_celery.model.validate import check_listing, check_name
 from pikku_celery.store import _docs, _ended
 from pikku_celery.store._decide import is_due, lease_lapsed
 from pikku_celery.store.base import RunMatch, check_run_match, due_sweep_key, run_matches
 from pikku_celery.store.memory.base import Doc, MemoryStoreBase
-from pikku_celery.validate import check_listing, check_name
 
 
 class MemoryListing(MemoryStoreBase):

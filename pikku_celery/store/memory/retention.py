@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pikku_celery.keys import EventField as E
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING
+from pikku_celery.model.keys import EventField as E
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import RUN_TERMINAL, STEP_RUNNING
 from pikku_celery.store import _retention
 from pikku_celery.store.base import RunMatch, check_run_match, run_matches
 from pikku_celery.store.memory.base import MemoryStoreBase

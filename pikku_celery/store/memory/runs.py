@@ -7,10 +7,10 @@ import copy
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from pikku_celery import keys
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import (
+from pikku_celery.model import keys
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import (
     RUN_CANCELLED,
     RUN_FAILED,
     RUN_QUEUED,
@@ -21,11 +21,11 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
+from pikku_celery.model.validate import as_stored, check_name, check_state_write
 from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_run, check_run_end, run_conflict
 from pikku_celery.store.base import NewRun, RunRead
 from pikku_celery.store.memory.base import Doc, MemoryStoreBase
-from pikku_celery.validate import as_stored, check_name, check_state_write
 
 
 class MemoryRuns(MemoryStoreBase):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection
 
-from pikku_celery.keys import ScheduleField as F
-from pikku_celery.records import WorkflowSchedule
+from pikku_celery.model.keys import ScheduleField as F
+from pikku_celery.model.records import WorkflowSchedule
+from pikku_celery.model.validate import as_stored, check_name
 from pikku_celery.store import _schedules
 from pikku_celery.store._schedules import FIRING, MAX_LISTED, NewSchedule
 from pikku_celery.store.memory.base import MemoryStoreBase
-from pikku_celery.validate import as_stored, check_name
 
 
 class MemorySchedules(MemoryStoreBase):

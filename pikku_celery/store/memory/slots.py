@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pikku_celery.keys import RunField as R
-from pikku_celery.records import RUN_QUEUED, WorkflowRun
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.records import RUN_QUEUED, WorkflowRun
 from pikku_celery.store import _docs
 from pikku_celery.store._slots import SlotField as F
 from pikku_celery.store._slots import check_slot

@@ -8,22 +8,22 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from pikku_celery import keys
-from pikku_celery.errors import (
+from pikku_celery.model import keys
+from pikku_celery.model.errors import (
     InvalidInputError,
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
+from pikku_celery.model.validate import as_stored, check_name, check_value
 from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._decide import Action, claimed_step_doc, decide_claim, running_fields
 from pikku_celery.store._settle import expired_fields, failed_fields, succeeded_fields
 from pikku_celery.store.base import ClaimResult, NewClaim, NewStep
 from pikku_celery.store.memory.base import Doc, MemoryStoreBase
-from pikku_celery.validate import as_stored, check_name, check_value
 
 
 class MemorySteps(MemoryStoreBase):

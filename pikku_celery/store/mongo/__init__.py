@@ -1,7 +1,7 @@
 """The MongoDB store (pymongo): ``MongoWorkflowStore``, one class over the concerns of the
 modules beside this one.
 
-Schema (names live in ``pikku_celery.keys``; times are int epoch ms on the lease clock):
+Schema (names live in ``pikku_celery.model.keys``; times are int epoch ms on the lease clock):
 
 ``workflow_runs``   ``_id`` run id, ``run_id`` (the same id again: see below), ``workflow``,
                     ``status``, ``input``, ``output``, ``error``, ``version``,
@@ -110,8 +110,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pymongo import MongoClient
 
-from pikku_celery import keys
-from pikku_celery.durations import Duration, to_seconds
+from pikku_celery.model import keys
+from pikku_celery.model.durations import Duration, to_seconds
 from pikku_celery.store import _concerns
 from pikku_celery.store._concerns import ReadConcernLike, WriteConcernLike
 from pikku_celery.store.mongo.base import INDEXES, Doc

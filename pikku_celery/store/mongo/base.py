@@ -15,11 +15,11 @@ from pymongo import ASCENDING, DESCENDING
 from pymongo.client_session import ClientSession
 from pymongo.database import Database
 
-from pikku_celery import keys
-from pikku_celery.keys import EventField as E
-from pikku_celery.keys import HistoryField as H
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
+from pikku_celery.model import keys
+from pikku_celery.model.keys import EventField as E
+from pikku_celery.model.keys import HistoryField as H
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
 from pikku_celery.store._slots import SlotField as F
 from pikku_celery.store.mongo.errors import describe_database
 from pikku_celery.store.mongo.session import CausalClock

@@ -11,7 +11,7 @@ from typing import Any
 from bson.errors import InvalidDocument
 from pymongo.errors import DocumentTooLarge, OperationFailure, ServerSelectionTimeoutError
 
-from pikku_celery.errors import InvalidInputError
+from pikku_celery.model.errors import InvalidInputError
 
 DUPLICATE_KEY = 11000
 IMMUTABLE_FIELD = 66  # an upsert that would insert: how a guarded statement says "no match"

@@ -24,13 +24,13 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
-from pikku_celery.errors import WorkflowEventError, WorkflowRunNotFoundError
-from pikku_celery.keys import EventField as E
-from pikku_celery.keys import RunField as R
-from pikku_celery.records import RUN_LIVE, WorkflowEvent
+from pikku_celery.model.errors import WorkflowEventError, WorkflowRunNotFoundError
+from pikku_celery.model.keys import EventField as E
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.records import RUN_LIVE, WorkflowEvent
+from pikku_celery.model.validate import check_name
 from pikku_celery.store import _events
 from pikku_celery.store.mongo.base import MongoStoreBase
-from pikku_celery.validate import check_name
 
 Doc = dict[str, Any]
 _COUNTER = {R.STATUS: 1, R.EVENTS_SENT: 1, R.EVENT_PENDING: 1}

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pikku_celery import keys
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import STEP_RUNNING, STEP_SCHEDULED, STEP_SUCCEEDED
+from pikku_celery.model import keys
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import STEP_RUNNING, STEP_SCHEDULED, STEP_SUCCEEDED
+from pikku_celery.model.validate import check_value
 from pikku_celery.store._settle import waiting_fields
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
-from pikku_celery.validate import check_value
 
 
 class MongoGates(MongoStoreBase):

@@ -10,9 +10,9 @@ from collections.abc import Collection
 
 from pymongo import ASCENDING, DESCENDING
 
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import (
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import (
     RUN_RUNNING,
     RUN_STATUSES,
     STEP_FAILED,
@@ -23,10 +23,10 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
+from pikku_celery.model.validate import check_listing, check_name
 from pikku_celery.store import _docs, _ended
 from pikku_celery.store.base import RunMatch, check_run_match, due_sweep_key
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
-from pikku_celery.validate import check_listing, check_name
 
 
 class MongoListing(MongoStoreBase):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pikku_celery import keys
-from pikku_celery.keys import EventField as E
-from pikku_celery.keys import HistoryField as H
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING
+from pikku_celery.model import keys
+from pikku_celery.model.keys import EventField as E
+from pikku_celery.model.keys import HistoryField as H
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import RUN_TERMINAL, STEP_RUNNING
 from pikku_celery.store import _retention
 from pikku_celery.store.base import RunMatch, check_run_match
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase

@@ -9,11 +9,11 @@ from typing import Any
 from pymongo import ReturnDocument, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from pikku_celery import keys
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.keys import VersionField as V
-from pikku_celery.records import (
+from pikku_celery.model import keys
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.keys import VersionField as V
+from pikku_celery.model.records import (
     RUN_CANCELLED,
     RUN_FAILED,
     RUN_QUEUED,
@@ -25,12 +25,12 @@ from pikku_celery.records import (
     StepState,
     WorkflowRun,
 )
+from pikku_celery.model.validate import check_name, check_state_write
 from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_run, check_run_end, run_conflict
 from pikku_celery.store.base import NewRun, RunRead
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
 from pikku_celery.store.mongo.errors import IMMUTABLE_FIELD, storable
-from pikku_celery.validate import check_name, check_state_write
 
 
 class MongoRuns(MongoStoreBase):

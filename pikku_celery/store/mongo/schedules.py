@@ -9,13 +9,13 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
-from pikku_celery.keys import ScheduleField as F
-from pikku_celery.records import WorkflowSchedule
+from pikku_celery.model.keys import ScheduleField as F
+from pikku_celery.model.records import WorkflowSchedule
+from pikku_celery.model.validate import check_name
 from pikku_celery.store import _schedules
 from pikku_celery.store._schedules import FIRING, MAX_LISTED, NewSchedule
 from pikku_celery.store.mongo.base import MongoStoreBase
 from pikku_celery.store.mongo.errors import storable
-from pikku_celery.validate import check_name
 
 _SAVE_ROUNDS = 5  # a save that keeps losing races to other writers gives up after these
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
-from pikku_celery.keys import RunField as R
-from pikku_celery.records import RUN_QUEUED, WorkflowRun
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.records import RUN_QUEUED, WorkflowRun
 from pikku_celery.store import _docs
 from pikku_celery.store._slots import SlotField as F
 from pikku_celery.store._slots import check_slot

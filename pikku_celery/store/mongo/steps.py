@@ -13,16 +13,17 @@ from typing import Any
 from pymongo import ASCENDING, ReturnDocument, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from pikku_celery import keys
-from pikku_celery.errors import (
+from pikku_celery.model import keys
+from pikku_celery.model.errors import (
     InvalidInputError,
     WorkflowStepNotFoundError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.keys import HistoryField as H
-from pikku_celery.keys import RunField as R
-from pikku_celery.keys import StepField as S
-from pikku_celery.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
+from pikku_celery.model.keys import HistoryField as H
+from pikku_celery.model.keys import RunField as R
+from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
+from pikku_celery.model.validate import check_name, check_value
 from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._decide import (
@@ -42,7 +43,6 @@ from pikku_celery.store.mongo.errors import (
     PERMANENT_WRITE_CODES,
     storable,
 )
-from pikku_celery.validate import check_name, check_value
 
 _AFTER = ReturnDocument.AFTER
 

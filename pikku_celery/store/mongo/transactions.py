@@ -21,8 +21,8 @@ from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from pikku_celery.errors import PikkuConfigurationError
-from pikku_celery.records import StepState
+from pikku_celery.model.errors import PikkuConfigurationError
+from pikku_celery.model.records import StepState
 
 TRANSIENT = "TransientTransactionError"
 COMMIT_UNKNOWN = "UnknownTransactionCommitResult"

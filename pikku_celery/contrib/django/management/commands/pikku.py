@@ -1,4 +1,4 @@
-"""``python manage.py pikku ...``: the ``pikku`` command group of ``pikku_celery.cli``, on
+"""``python manage.py pikku ...``: the ``pikku`` command group of ``pikku_celery.operate.cli``, on
 the project's ``PikkuCelery``, after Django set up (so every app's workflows are
 registered)."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import click
 from django.core.management.base import BaseCommand, CommandError
 
-from pikku_celery.cli import bound
 from pikku_celery.contrib._access import REMOVED_ALLOW_LOCAL
 from pikku_celery.contrib.django import project_pikku
+from pikku_celery.operate.cli import bound
 
 
 def web_problems() -> list[str]:

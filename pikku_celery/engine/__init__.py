@@ -1,0 +1,1 @@
+"""The runtime, with no Celery import: claims, passes, runs, gates, events, the Engine."""

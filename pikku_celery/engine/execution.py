@@ -1,0 +1,417 @@
+"""Step execution, the check-run-record core: claim one attempt through the claim layer
+(``claims.py``: one guarded write), run the body, settle its outcome once (a write the
+attempt no longer owns is refused with ``WorkflowStepSupersededError``), then tell the run
+(in place under the run lease, or with a message).
+
+One delivery of a step message, in order: ``claim`` (or, claiming nothing, report how the
+step settled) -> the body, renewed by the heartbeat -> ``succeed`` or ``fail`` (a retry
+delay arms a timer) -> ``_continue`` (a pass of the run). No Celery: ``tasks.py`` maps the
+``StepOutcome`` to the task's result.
+
+A pass that records a step it may run at once (``passes``: running in place) calls
+``run_new_step`` instead: the same attempt from an insert that is already its claim, and no
+continuation, since the pass itself goes on from the settled step."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pikku_celery.engine.claims import (
+    Claimed,
+    Claimer,
+    NotClaimed,
+    StepContext,
+    Succeeded,
+    serialize_error,
+)
+from pikku_celery.engine.heartbeat import HeldStep
+from pikku_celery.engine.protocols import (
+    Advancer,
+    ContinuationRefused,
+    Dispatcher,
+    Emit,
+    PendingSettle,
+    Settings,
+)
+from pikku_celery.engine.transactional import BodyFailed, TransactionalAttempt
+from pikku_celery.model.clock import Clock
+from pikku_celery.model.errors import (
+    InvalidInputError,
+    LeaseLostError,
+    LeaseTakenError,
+    WorkflowStepSupersededError,
+)
+from pikku_celery.model.records import STEP_FAILED, STEP_SUCCEEDED, StepState
+from pikku_celery.model.redaction import redact_error
+from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
+from pikku_celery.workflow.definitions import StepDefinition
+
+log = logging.getLogger("pikku_celery")
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one delivery of a step message did."""
+
+    kind: str  # "succeeded" | "failed" | "not_claimed" | "settled"
+    result: Any = None
+    error: BaseException | None = None
+    attempt: int = 0  # the attempt that ran (0 when not claimed)
+    max_attempts: int = 0
+    retry_at: datetime | None = None  # failed with attempts left: when the next may start
+
+
+class RecordedStepError(Exception):
+    """A step's failure as its store recorded it (``error``: type, message, traceback),
+    for a delivery that reports an outcome it did not produce (see ``_settled_outcome``)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.error = error
+        super().__init__(error)
+
+
+class StepExecution:
+    """Executes step deliveries; ``dispatcher`` and ``clock`` are the engine's (it sets
+    them again when they are replaced)."""
+
+    def __init__(self, store: WorkflowStore, claimer: Claimer, passes: Advancer,
+                 settings: Settings, clock: Clock, dispatcher: Dispatcher,
+                 emit: Emit) -> None:
+        self.store = store
+        self.claimer = claimer
+        self.passes = passes
+        self.settings = settings
+        self.clock = clock
+        self.dispatcher = dispatcher
+        self.emit = emit
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def recorded_error(self, error: dict[str, Any]) -> dict[str, Any]:
+        """``error`` masked as ``runs.Runs.recorded_error`` masks it."""
+        return redact_error(error, self.settings.redact_error)
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def execute_step(self, definition: StepDefinition, run_id: str, step_name: str,
+                     dispatcher: Dispatcher | None = None, *, task_id: str | None = None
+                     ) -> StepOutcome:
+        """Claim, run and settle one attempt. Raises ``WorkflowStepSupersededError`` when
+        the attempt lost the step before it could record its outcome. ``task_id`` (the
+        Celery task id of this delivery) is recorded with the attempt."""
+        dispatcher = dispatcher or self.dispatcher
+        lease_ms = definition.lease_ms or self.settings.step_lease_ms
+        # The claim hands its attempt to ``holding`` before the heartbeat starts renewing
+        # it, so the ``finally`` covers everything from ``heartbeat.add`` on: an exception
+        # landing after it (a heartbeat thread that cannot start, Celery's soft time limit
+        # between the claim and the body) must not leave an attempt renewed forever.
+        holding: list[HeldStep] = []
+        try:
+            claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms,
+                                       task_id=task_id, holding=holding)
+            if isinstance(claim, NotClaimed):
+                if claim.wake_run:  # it failed the step for good: its lease had lapsed
+                    dispatcher.wake_run(run_id, step_name=step_name)
+                return self._settled_outcome(run_id, step_name, task_id, dispatcher)
+            return self._run_claimed(definition, claim, task_id, dispatcher)
+        finally:
+            # Whatever escaped (a settle that raised, an error whose message cannot be
+            # read, a time limit while the result was checked), the heartbeat must not keep
+            # renewing an attempt nothing runs: its lease lapses and the reaper takes the
+            # step back. After a settle this changes nothing (the settle let go already).
+            for held in holding:
+                self.claimer.heartbeat.remove(held)
+
+    def _run_claimed(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
+                     dispatcher: Dispatcher) -> StepOutcome:
+        outcome, settled = self._attempt(definition, claim, task_id, dispatcher)
+        if settled.due_at is None:  # settled for good: the run goes on
+            self._continue(settled, dispatcher)
+        return outcome
+
+    def run_new_step(self, definition: StepDefinition, step: NewStep, seq: int,
+                     dispatcher: Dispatcher, *, after: PendingSettle | None = None
+                     ) -> tuple[StepState | NewClaim | None, PendingSettle | None]:
+        """Run ``step``, which the pass holding its run (token ``seq``) records just now,
+        here and at once: inserted claimed (``Claimer.claim_new``; with ``after``, the
+        settle of the step run before it travels in the same command), then its body.
+        Returns the step as settled and, when it succeeded, its settle still to write
+        (``InPlaceSettle``: with the next step's claim, or ``finish_settle``); a failure
+        is settled here (a retry to come has its timer armed). Else what ``claim_new``
+        returned instead of a claim. ``ContinuationRefused`` when ``after``'s result was
+        not recorded; ``WorkflowStepSupersededError`` when this step's failure was not.
+        The pass goes on from the step: nothing continues the run from here."""
+        lease_ms = definition.lease_ms or self.settings.step_lease_ms
+        holding: list[HeldStep] = []
+        pending: InPlaceSettle | None = None
+        try:
+            if after is None:
+                claim = self.claimer.claim_new(step, lease_ms, seq=seq, holding=holding)
+            else:
+                claim = self._settle_then_claim(_pending(after), step, lease_ms, seq, holding)
+            if not isinstance(claim, Claimed):
+                return claim, None
+            report = _AttemptReport(self, definition.name, claim, None)
+            try:
+                result = self._call_body(definition, claim)
+                succeeded = self.claimer.checked(claim, result)
+            except InvalidInputError as exc:  # a result that can never be stored
+                return self._record_failure(definition, claim, exc, dispatcher, report,
+                                            final=True)[1], None
+            except Exception as exc:
+                return self._record_failure(definition, claim, exc, dispatcher, report)[1], None
+            pending = InPlaceSettle(definition, succeeded, report, holding)
+            return succeeded.settled(self.now_ms()), pending
+        except WorkflowStepSupersededError as exc:  # its failure's settle was refused
+            _log_superseded(exc)
+            raise
+        finally:
+            if pending is None:
+                for held in holding:  # as in ``execute_step``
+                    self.claimer.heartbeat.remove(held)
+
+    def _settle_then_claim(self, after: InPlaceSettle, step: NewStep, lease_ms: int,
+                           seq: int, holding: list[HeldStep]) -> Claimed | NewClaim | None:
+        try:
+            claim = self.claimer.settle_then_claim(after.succeeded, step, lease_ms, seq=seq,
+                                                   holding=holding)
+        except BaseException as exc:
+            self._refused(after, exc)
+            raise
+        after.report.finished("succeeded", result=after.succeeded.result)
+        return claim
+
+    def finish_settle(self, pending: PendingSettle) -> StepState:
+        """Write the settle of a step run in place alone (the pass is about to make another
+        write, or to end). ``ContinuationRefused`` when it could not record the result the
+        workflow went on with."""
+        after = _pending(pending)
+        try:
+            settled = self.claimer.succeed(after.succeeded.claimed, after.succeeded.result)
+        except BaseException as exc:
+            self._refused(after, exc)
+            raise
+        finally:
+            for held in after.holding:
+                self.claimer.heartbeat.remove(held)
+        after.report.finished("succeeded", result=after.succeeded.result)
+        return settled
+
+    def _refused(self, after: InPlaceSettle, exc: BaseException) -> None:
+        """A settle that did not record the result the pass went on with: superseded (its
+        attempt lost the step), or a result MongoDB refused after all (failed for good,
+        as a delivery records it). Raises ``ContinuationRefused``; anything else is left
+        to propagate (the step's lease lapses for the reaper)."""
+        claim = after.succeeded.claimed
+        if isinstance(exc, WorkflowStepSupersededError):
+            after.report.superseded(exc)
+            _log_superseded(exc)
+            raise ContinuationRefused(str(exc)) from exc
+        if isinstance(exc, InvalidInputError):
+            self._record_failure(after.definition, claim, exc, self.dispatcher, after.report,
+                                 final=True)
+            raise ContinuationRefused(str(exc)) from exc
+
+    def _attempt(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
+                 dispatcher: Dispatcher) -> tuple[StepOutcome, StepState]:
+        """The body of a claimed attempt and its settle; a retry to come gets its timer."""
+        attempt = _AttemptReport(self, definition.name, claim, task_id)
+        if definition.transactional and TransactionalAttempt.possible(self.store):
+            return self._transactional(definition, claim, dispatcher, attempt)
+        try:
+            result = self._call_body(definition, claim)
+        except Exception as exc:
+            return self._record_failure(definition, claim, exc, dispatcher, attempt)
+        try:
+            settled = self.claimer.succeed(claim, result)
+        except InvalidInputError as exc:
+            # The body returned something that can never be stored (a datetime, a result
+            # too large beside the step's data): another attempt would return the same, so
+            # the step fails at once, whatever attempts are left.
+            return self._record_failure(definition, claim, exc, dispatcher, attempt,
+                                        final=True)
+        except WorkflowStepSupersededError as exc:
+            attempt.superseded(exc)
+            raise
+        attempt.finished("succeeded", result=result)
+        return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
+                           max_attempts=claim.state.max_attempts), settled
+
+    def _transactional(self, definition: StepDefinition, claim: Claimed,
+                       dispatcher: Dispatcher, attempt: _AttemptReport
+                       ) -> tuple[StepOutcome, StepState]:
+        """``_attempt`` for a transactional step (``pikku_celery.engine.transactional``)."""
+        lease_ms = definition.lease_ms or self.settings.step_lease_ms
+        try:
+            done = TransactionalAttempt(self.store, self.claimer, lease_ms,
+                                        self.now_ms).run(definition, claim)
+        except WorkflowStepSupersededError as exc:
+            attempt.superseded(exc)
+            raise
+        if isinstance(done, BodyFailed):
+            return self._record_failure(definition, claim, done.error, dispatcher, attempt,
+                                        final=done.final)
+        attempt.finished("succeeded", result=done.result)
+        return StepOutcome("succeeded", result=done.result, attempt=claim.state.attempt,
+                           max_attempts=claim.state.max_attempts), done.settled
+
+    def _recheck(self, run_id: str, step_name: str, dispatcher: Dispatcher) -> None:
+        """The redelivery of the delivery that settled a step may follow a worker that
+        died in the pass after the step (in place, that pass runs inside the step's task,
+        before its message is acknowledged): make sure the run heard of the step, with a
+        pass here or a mark for the pass holding the run. Without it, such a run would wait
+        for the stalled-run sweep. Other deliveries that claim nothing stay cheap (a storm
+        of redeliveries must not become a storm of passes)."""
+        try:
+            self.passes.advance(run_id, dispatcher, mark=step_name)
+        except (LeaseTakenError, LeaseLostError):
+            pass  # marked, or another pass has the run: it will see the step
+        except Exception:
+            log.exception("pikku: the pass after a duplicate of step %r of run %s failed",
+                          step_name, run_id)
+
+    def _settled_outcome(self, run_id: str, step_name: str, task_id: str | None,
+                         dispatcher: Dispatcher) -> StepOutcome:
+        """A delivery that claimed nothing. When the step has settled for good and this
+        delivery is not the one whose attempt settled it (a re-dispatch by replay or the
+        reaper carries a new task id), its task reports the recorded outcome (``settled``:
+        ``result`` or the stored ``error`` dict, and the attempt that recorded it), so
+        ``AsyncResult`` of every task id of the step sees how it ended. Anything else (a
+        live worker holds the step, it waits for a retry, or this is the settling
+        delivery itself, whose task already reported) is ``not_claimed``: nothing runs and
+        nothing is reported. One read, on this rare path only."""
+        state = self.store.get_step(run_id, step_name)
+        if state is not None and state.status == STEP_FAILED and state.due_at is not None:
+            # A retry not due yet on the lease service's clock, which the claim reads
+            # exactly: its timer fired on this process's estimate of that clock, which a
+            # stalled round trip can put ahead. Arm it again, or only a reaper sweep would
+            # send the retry (an inline run has none: it waited forever).
+            dispatcher.arm_timer(run_id, step_name, round(state.due_at.timestamp() * 1000))
+            return StepOutcome("not_claimed")
+        settled = state is not None and (state.status == STEP_SUCCEEDED or (
+            state.status == STEP_FAILED and state.due_at is None))
+        if (settled and state is not None and task_id is not None
+                and state.task_id == task_id and self.settings.continue_in_place):
+            self._recheck(run_id, step_name, dispatcher)  # the settling delivery, again
+        if state is None or task_id is None or state.task_id == task_id or not settled:
+            return StepOutcome("not_claimed")
+        return StepOutcome("settled", result=state.result, attempt=state.attempt,
+                           max_attempts=state.max_attempts,
+                           error=None if state.status == STEP_SUCCEEDED
+                           else RecordedStepError(state.error or {}))
+
+    def _continue(self, settled: StepState, dispatcher: Dispatcher) -> None:
+        """Tell the run a step settled: in place (replay here, under the run lease) when
+        configured, else with a message to the orchestrator. In place, a run being advanced
+        elsewhere gets a mark instead (the holder passes again before it lets go): no
+        message either way."""
+        run_id, step_name = settled.run_id, settled.step_name
+        if self.settings.continue_in_place:
+            try:
+                self.passes.advance(run_id, dispatcher, mark=step_name, settled=settled)
+                return
+            except LeaseTakenError:
+                return  # marked: the pass holding the run sees this step before it lets go
+            except LeaseLostError:
+                pass  # our pass lost the run: whoever has it now may not know, so wake
+            except Exception:
+                log.exception("pikku: in-place continuation of run %s failed", run_id)
+        dispatcher.wake_run(run_id, step_name=step_name)
+
+    def _call_body(self, definition: StepDefinition, claim: Claimed) -> Any:
+        try:
+            if definition.bind:
+                return definition.fn(StepContext(claim.state, claim.held), claim.state.data)
+            return definition.fn(claim.state.data)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # SystemExit & co: let the lease lapse
+                self.claimer.heartbeat.remove(claim.held)
+            raise
+
+    def _record_failure(self, definition: StepDefinition, claim: Claimed, exc: Exception,
+                        dispatcher: Dispatcher, attempt: _AttemptReport, *,
+                        final: bool = False) -> tuple[StepOutcome, StepState]:
+        state = claim.state
+        override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
+        delay_ms = definition.delay_before(state.attempt + 1, override)
+        final = final or isinstance(exc, definition.no_retry_for)
+        error = self.recorded_error(serialize_error(exc))
+        try:
+            try:
+                settled = self.claimer.fail(claim, error, delay_ms, final=final)
+            except InvalidInputError as unstorable:
+                # Even the error does not fit beside the step's data: record its type alone.
+                error = self.recorded_error({
+                    "type": type(exc).__name__,
+                    "message": f"the error could not be stored: {unstorable}"[:2000]})
+                settled = self.claimer.fail(claim, error, delay_ms, final=final)
+        except WorkflowStepSupersededError as superseded:
+            attempt.superseded(superseded)
+            raise
+        attempt.finished("failed", error=error, retry_at=settled.due_at)
+        if settled.due_at is not None:
+            dispatcher.arm_timer(state.run_id, state.step_name,
+                                 int(settled.due_at.timestamp() * 1000))
+        return StepOutcome("failed", error=exc, attempt=state.attempt,
+                           max_attempts=state.max_attempts, retry_at=settled.due_at), settled
+
+
+@dataclass
+class InPlaceSettle:
+    """A step run in place whose body succeeded, its settle not written yet (see
+    ``protocols.PendingSettle``); its lease is held and renewed until it is."""
+
+    definition: StepDefinition
+    succeeded: Succeeded
+    report: _AttemptReport
+    holding: list[HeldStep]
+
+    @property
+    def running(self) -> StepState:
+        return self.succeeded.claimed.state
+
+
+def _log_superseded(exc: WorkflowStepSupersededError) -> None:
+    """What a step task logs when its attempt was superseded (``tasks.py``)."""
+    log.warning("WorkflowStepSupersededError: %s (the step ran in place)", exc)
+
+
+def _pending(pending: PendingSettle) -> InPlaceSettle:
+    assert isinstance(pending, InPlaceSettle)  # the only kind this runner hands out
+    return pending
+
+
+class _AttemptReport:
+    """The signals of one claimed attempt: started now, then finished or superseded."""
+
+    def __init__(self, execution: StepExecution, function: str, claim: Claimed,
+                 task_id: str | None) -> None:
+        self._execution = execution
+        self._function = function
+        self._state = claim.state
+        self._task_id = task_id
+        self._started_ms = execution.now_ms()
+        self._emit("step_attempt_started", worker=execution.claimer.worker)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        state = self._state
+        self._execution.emit(event, self._function, run_id=state.run_id,
+                          step_name=state.step_name, attempt=state.attempt,
+                          max_attempts=state.max_attempts, function=self._function,
+                          task_id=self._task_id, **fields)
+
+    def _duration(self) -> float:
+        return max(0.0, (self._execution.now_ms() - self._started_ms) / 1000)
+
+    def finished(self, status: str, *, result: Any = None, error: dict[str, Any] | None = None,
+                 retry_at: datetime | None = None) -> None:
+        self._emit("step_attempt_finished", status=status, result=result, error=error,
+                   retry_at=retry_at, duration=self._duration())
+
+    def superseded(self, exc: WorkflowStepSupersededError) -> None:
+        self._emit("step_attempt_superseded", status="superseded",
+                   current_attempt=exc.current_attempt, duration=self._duration())

@@ -1,0 +1,29 @@
+"""What follows the reopening of an ended run's steps (``store.retry_run``, or the admission
+of a run a retry queued, ``store.admit_run``): each reopened step of a function is sent
+again, after its stale Redis lease is freed.
+
+A step settled for good keeps its Redis lease until it lapses (a command saved per step,
+``claims``): the claim of a reopened step would find it held and wait out the lease. It is
+freed by its own holder and token; a body still running under it (fenced by a cancel) is
+told at its next renewal, and its writes are refused as ever. A step parked on a child run
+sends nothing: the child, retried first, tells it how it ended."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pikku_celery.engine.protocols import Dispatcher
+from pikku_celery.leases.base import LeaseService
+from pikku_celery.model import keys
+from pikku_celery.model.records import StepState
+
+
+def send_reopened(leases: LeaseService, dispatcher: Dispatcher, run_id: str,
+                  reopened: Iterable[StepState]) -> None:
+    for state in reopened:
+        if state.function is None or state.child_run_id is not None:
+            continue
+        current = leases.get(keys.step_lease_key(run_id, state.step_name))
+        if current is not None:
+            leases.release(current)
+        dispatcher.dispatch_step(state.function, run_id, state.step_name)

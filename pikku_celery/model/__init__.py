@@ -1,0 +1,1 @@
+"""The vocabulary every layer speaks: records, errors, keys, durations, validation, clock."""

@@ -1,0 +1,138 @@
+"""``pikku check``: can this deployment run workflows?
+
+In order, each check only when the one before it passed: the settings resolve (a missing
+``pikku_mongo_url`` is named), MongoDB answers a ping, the store's indexes exist (a
+database no ``start`` has touched has none yet: ``--create-indexes`` makes them), Redis
+answers a ping; then what is registered. Every problem is one line; stores and lease
+services without ``ping`` (the in-memory ones) have nothing to reach.
+
+Then what is insecure: runs shared with any other app left at the defaults (the default
+database and key prefix, ``_isolation``), the standalone dashboard's environment (a short
+``PIKKU_DASHBOARD_TOKEN`` or ``PIKKU_DASHBOARD_SECRET_KEY``), and, run as ``flask pikku
+check`` or ``manage.py pikku check``, the framework's web settings (``web_checks``: a
+session or CSRF cookie that is not Secure, HttpOnly or SameSite, the removed
+``allow-local``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pikku_celery.app import PikkuCelery
+from pikku_celery.model._isolation import shared_by_default
+from pikku_celery.operate._text import error_line
+
+MIN_TOKEN_CHARS = 16       # dashboard.standalone's (not imported: it needs Flask)
+MIN_SECRET_KEY_CHARS = 32
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def ok(self, line: str) -> None:
+        self.lines.append(f"ok       {line}")
+
+    def problem(self, line: str) -> None:
+        self.problems.append(line)
+
+
+def run_checks(app: PikkuCelery, *, create_indexes: bool = False,
+               web_checks: Callable[[], list[str]] | None = None) -> Report:
+    report = Report()
+    try:
+        engine = app.engine
+    except Exception as exc:
+        report.problem(_line(exc))
+    else:
+        _check_store(report, engine.store, create_indexes)
+        _check_leases(report, engine.leases)
+        shared = shared_by_default(app.app, engine.store, engine.leases)
+        if shared is not None:
+            report.problem(shared.removeprefix("pikku: "))
+    _list_registered(report, app)
+    for problem in _dashboard_environment() + (web_checks() if web_checks else []):
+        report.problem(f"insecure: {problem}")
+    return report
+
+
+def _dashboard_environment() -> list[str]:
+    found = []
+    token = os.environ.get("PIKKU_DASHBOARD_TOKEN")
+    if token and len(token) < MIN_TOKEN_CHARS:
+        found.append(f"PIKKU_DASHBOARD_TOKEN has fewer than {MIN_TOKEN_CHARS} characters")
+    key = os.environ.get("PIKKU_DASHBOARD_SECRET_KEY")
+    if key and len(key) < MIN_SECRET_KEY_CHARS:
+        found.append(f"PIKKU_DASHBOARD_SECRET_KEY has fewer than {MIN_SECRET_KEY_CHARS} "
+                     "characters")
+    return found
+
+
+def _check_store(report: Report, store: Any, create_indexes: bool) -> None:
+    where = _describe(store, "the store")
+    ping = getattr(store, "ping", None)
+    if ping is None:
+        report.ok(f"{where}: nothing to reach")
+        return
+    try:
+        ping()
+    except Exception as exc:
+        report.problem(_line(exc, where, "did not answer"))
+        return
+    report.ok(f"{where} answered")
+    try:
+        if create_indexes:
+            store.create_indexes()
+        missing = store.check_indexes() if hasattr(store, "check_indexes") else []
+    except Exception as exc:
+        report.problem(_line(exc, where, "indexes could not be read"))
+        return
+    for index in missing:
+        report.problem(f"{where} lacks the index {index} (the first start creates it, or "
+                       "run `pikku check --create-indexes`)")
+    if not missing:
+        report.ok(f"{where}: every index exists")
+
+
+def _check_leases(report: Report, leases: Any) -> None:
+    where = _describe(leases, "the lease service")
+    ping = getattr(leases, "ping", None)
+    if ping is None:
+        report.ok(f"{where}: nothing to reach")
+        return
+    try:
+        ping()
+    except Exception as exc:
+        report.problem(_line(exc, where, "did not answer"))
+        return
+    report.ok(f"{where} answered")
+
+
+def _list_registered(report: Report, app: PikkuCelery) -> None:
+    workflows = sorted(app.registry.workflows)
+    steps = sorted(app.registry.steps)
+    if not workflows:
+        report.problem("no workflow is registered: is the module that declares them "
+                       "imported by the app (-A) module?")
+    report.lines.append(f"workflows ({len(workflows)}): {', '.join(workflows) or '-'}")
+    report.lines.append(f"steps ({len(steps)}): {', '.join(steps) or '-'}")
+
+
+def _describe(service: Any, fallback: str) -> str:
+    describe = getattr(service, "describe", None)
+    if describe is None:
+        return f"{fallback} ({type(service).__name__})"
+    try:
+        return str(describe())
+    except Exception:
+        return fallback
+
+
+def _line(exc: BaseException, where: str | None = None, what: str = "") -> str:
+    """``Type: message``, after ``<where> <what>:`` unless the message names ``where``."""
+    message = error_line({"type": type(exc).__name__, "message": str(exc)}, limit=400)
+    return message if where is None or where in str(exc) else f"{where} {what}: {message}"

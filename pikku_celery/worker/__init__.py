@@ -1,0 +1,1 @@
+"""Celery: tasks, result backend, routing, signals, settings, inline driving, retention."""

@@ -1,0 +1,317 @@
+"""pikku's settings, read from the Celery app's configuration when first needed.
+
+Celery's way: settings live in ``app.conf`` and are read when used, never at import. A
+Flask factory configures its Celery app after the module that built ``PikkuCelery`` was
+imported, and Django settings reach ``app.conf`` through
+``config_from_object("django.conf:settings", namespace="CELERY")``, which is itself lazy.
+So ``PikkuCelery(app)`` only remembers its explicit arguments; this module turns them and
+the app's configuration into settings, a store and a lease service the first time the
+engine is needed (a ``start``, a task, a worker's reaper).
+
+Names: the constructor argument ``x`` is the setting ``pikku_x``; with a namespace, Celery
+also reads ``<NAMESPACE>_PIKKU_X`` (``CELERY_PIKKU_MONGO_URL`` in Django settings). An
+explicit argument wins over the setting, the setting over the default.
+
+========================================  ================================================
+setting                                   default
+========================================  ================================================
+``pikku_mongo_url``                       required unless ``store=`` is given
+``pikku_redis_url``                       required unless ``leases=`` is given
+``pikku_key_prefix``                      the Celery app's main name
+``pikku_server_selection_timeout``        5 s (``MongoWorkflowStore.from_url``)
+``pikku_write_concern``                   ``"majority"``, ``wtimeout`` 10 s, per option
+                                          unless the URL sets it (``w``, ``wtimeoutMS``)
+``pikku_read_concern``                    ``"majority"`` (``"local"`` when writes are not
+                                          majority) unless the URL sets it
+``pikku_step_lease``                      60 s
+``pikku_run_lease``                       30 s
+``pikku_reaper_interval``                 half the step lease
+``pikku_max_countdown``                   300 s
+``pikku_undispatched_after``              30 s
+``pikku_stalled_after``                   30 s
+``pikku_continue_in_place``               ``True``
+``pikku_in_place_steps``                  100 (0: never run a step in place)
+``pikku_in_place_for``                    10 s
+``pikku_worker_reaper``                   ``True``
+``pikku_queue``                           none (read by ``pikku_celery.worker.routing``)
+``pikku_task_namespace``                  ``pikku.<main>`` (the Celery app's main name),
+                                          ``pikku`` when the app has none or it is
+                                          ``__main__``: pikku's own tasks are named
+                                          ``<namespace>.orchestrate``, ``.timer`` and
+                                          ``.reap`` (read when the app is finalized, by
+                                          ``pikku_celery.worker.tasks``)
+``pikku_redact_error``                    none: a callable ``(text) -> str``, or its
+                                          dotted path, run on every recorded error's
+                                          message and traceback after the built-in
+                                          masking of credentials (``redaction.py``)
+========================================  ================================================
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pikku_celery.leases.base import LeaseService
+from pikku_celery.model._urls import carries_secret, redact_url, reserved_in_userinfo
+from pikku_celery.model.durations import Duration, to_ms, to_seconds
+from pikku_celery.model.errors import PikkuConfigurationError
+from pikku_celery.model.redaction import Redactor, load_redactor
+from pikku_celery.store.base import WorkflowStore
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+PREFIX = "pikku_"
+DEFAULT_STEP_LEASE_S = 60.0
+DEFAULT_RUN_LEASE_S = 30.0
+DEFAULT_MAX_COUNTDOWN_S = 300.0
+DEFAULT_UNDISPATCHED_AFTER_S = 30.0
+DEFAULT_STALLED_AFTER_S = 30.0
+DEFAULT_IN_PLACE_STEPS = 100
+DEFAULT_IN_PLACE_FOR_S = 10.0
+_POSITIVE = ("step_lease", "run_lease")
+_DURATIONS = ("reaper_interval", "max_countdown", "undispatched_after", "stalled_after",
+              "in_place_for")
+_COUNTS = ("in_place_steps",)
+_FLAGS = ("continue_in_place", "worker_reaper")
+# Dot-separated words of letters, digits, '_' and '-': a task name Celery's glob routes
+# ("pikku.*") and its command line read as written, with no glob characters of its own.
+_NAMESPACE = re.compile(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")
+_NOT_IN_NAMESPACE = re.compile(r"[^A-Za-z0-9_\-.]")
+MAX_NAMESPACE_LEN = 150
+LEGACY_TASK_NAMESPACE = "pikku"  # the names of pikku's tasks before namespaces
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Every setting of one ``PikkuCelery``, explicit arguments and ``app.conf`` merged."""
+
+    step_lease_ms: int
+    run_lease_ms: int
+    reaper_interval_s: float
+    max_countdown_s: float
+    undispatched_after_ms: int
+    stalled_after_ms: int
+    continue_in_place: bool
+    worker_reaper: bool
+    in_place_steps: int = DEFAULT_IN_PLACE_STEPS
+    in_place_ms: int = round(DEFAULT_IN_PLACE_FOR_S * 1000)
+    redact_error: Redactor | None = None
+
+
+def setting_names(app: Celery, name: str) -> str:
+    """How a user writes ``pikku_<name>``: ``pikku_mongo_url``, and the namespaced form when
+    the app reads its configuration with a namespace (``CELERY_PIKKU_MONGO_URL``)."""
+    key = PREFIX + name
+    namespace = getattr(app, "namespace", None)
+    if namespace:
+        return f"{key} ({namespace.rstrip('_')}_{key.upper()} in your settings)"
+    return f"{key} (CELERY_{key.upper()} in Django settings read with namespace='CELERY')"
+
+
+def conf_value(app: Celery, name: str) -> Any:
+    """``pikku_<name>`` from ``app.conf`` (any layer, any namespace), else ``None``."""
+    return app.conf.get(PREFIX + name)
+
+
+def default_task_namespace(app: Celery) -> str:
+    """``pikku.<main>``: unique to the app as its main name is (each character a namespace
+    cannot hold becomes ``_``); ``pikku`` for an app with no main name or ``__main__``."""
+    main = getattr(app, "main", None)
+    if not isinstance(main, str) or main in ("", "__main__"):
+        return LEGACY_TASK_NAMESPACE
+    words = [w for w in _NOT_IN_NAMESPACE.sub("_", main).split(".") if w]
+    return ".".join([LEGACY_TASK_NAMESPACE, *words]) if words else LEGACY_TASK_NAMESPACE
+
+
+def task_namespace(app: Celery) -> str:
+    """The ``pikku_task_namespace`` setting (``default_task_namespace`` when unset or
+    empty). Raises ``PikkuConfigurationError`` naming the setting for a value that cannot
+    start a task name."""
+    value = conf_value(app, "task_namespace")
+    if value is None or value == "":
+        return default_task_namespace(app)
+    if (not isinstance(value, str) or len(value) > MAX_NAMESPACE_LEN
+            or not _NAMESPACE.fullmatch(value)):
+        shown = repr(value) if isinstance(value, str) else f"a {type(value).__name__}"
+        raise PikkuConfigurationError(
+            f"invalid {setting_names(app, 'task_namespace')}: {shown[:MAX_NAMESPACE_LEN + 20]} "
+            f"(1 to {MAX_NAMESPACE_LEN} characters: words of letters, digits, '_' and '-' "
+            "joined by single dots, such as 'pikku.shop'; pikku's tasks are named "
+            "<namespace>.orchestrate, <namespace>.timer and <namespace>.reap)")
+    return value
+
+
+class Settings:
+    """The explicit constructor arguments of one ``PikkuCelery`` (``None``: not given)."""
+
+    def __init__(self, app: Celery, explicit: dict[str, Any]) -> None:
+        self._app = app
+        self._explicit = explicit
+
+    def raw(self, name: str) -> tuple[Any, str]:
+        """The value to use for ``name`` and what to call it in an error message."""
+        given = self._explicit.get(name)
+        if given is not None:
+            return given, name
+        return conf_value(self._app, name), PREFIX + name
+
+    def duration_ms(self, name: str, default_s: float, *, positive: bool = False) -> int:
+        value, what = self.raw(name)
+        ms = to_ms(default_s if value is None else _duration(value), what=what)
+        if positive and ms <= 0:
+            raise ValueError(f"invalid {what}: {value!r} (must be greater than zero)")
+        return ms
+
+    def count(self, name: str, default: int) -> int:
+        value, what = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"invalid {what}: {value!r} (a whole number, 0 or more)")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        value, what = self.raw(name)
+        if value is None:
+            return default
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ValueError(f"invalid {what}: {value!r} (use True or False)")
+
+    def check_explicit(self) -> None:
+        """Refuse a bad explicit argument at construction; reads no configuration."""
+        for name in _POSITIVE + _DURATIONS:
+            if self._explicit.get(name) is not None:
+                self.duration_ms(name, 0, positive=name in _POSITIVE)
+        for name in _FLAGS:
+            if self._explicit.get(name) is not None:
+                self.flag(name, False)
+        for name in _COUNTS:
+            if self._explicit.get(name) is not None:
+                self.count(name, 0)
+        if self._explicit.get("redact_error") is not None:
+            self.redactor()
+
+    def redactor(self) -> Redactor | None:
+        """The user's ``redact_error`` hook: a callable, or the dotted path of one."""
+        value, what = self.raw("redact_error")
+        return load_redactor(value, what)
+
+    def resolve(self) -> Resolved:
+        task_namespace(self._app)  # a bad one fails where every bad setting does
+        step_lease_ms = self.duration_ms("step_lease", DEFAULT_STEP_LEASE_S, positive=True)
+        interval, what = self.raw("reaper_interval")
+        return Resolved(
+            step_lease_ms=step_lease_ms,
+            run_lease_ms=self.duration_ms("run_lease", DEFAULT_RUN_LEASE_S, positive=True),
+            reaper_interval_s=(step_lease_ms / 2000 if interval is None
+                               else to_seconds(_duration(interval), what=what)),
+            max_countdown_s=self.duration_ms("max_countdown", DEFAULT_MAX_COUNTDOWN_S) / 1000,
+            undispatched_after_ms=self.duration_ms("undispatched_after",
+                                                   DEFAULT_UNDISPATCHED_AFTER_S),
+            stalled_after_ms=self.duration_ms("stalled_after", DEFAULT_STALLED_AFTER_S),
+            continue_in_place=self.flag("continue_in_place", True),
+            worker_reaper=self.flag("worker_reaper", True),
+            in_place_steps=self.count("in_place_steps", DEFAULT_IN_PLACE_STEPS),
+            in_place_ms=self.duration_ms("in_place_for", DEFAULT_IN_PLACE_FOR_S),
+            redact_error=self.redactor(),
+        )
+
+    def store(self) -> WorkflowStore:
+        """The explicit store, else a ``MongoWorkflowStore`` on ``pikku_mongo_url`` (which
+        connects at its first call, not here)."""
+        given = self._explicit.get("store")
+        if given is not None:
+            return given  # type: ignore[no-any-return]
+        url = self._url("mongo_url", "MongoDB", "store")
+        from pymongo.errors import ConfigurationError
+
+        from pikku_celery.store.mongo import MongoWorkflowStore
+
+        timeout = conf_value(self._app, "server_selection_timeout")
+        server_selection_timeout = None if timeout is None else to_seconds(
+            _duration(timeout), what=PREFIX + "server_selection_timeout")
+        concerns = {name: conf_value(self._app, name)
+                    for name in ("write_concern", "read_concern")}
+        try:
+            return MongoWorkflowStore.from_url(
+                url, server_selection_timeout=server_selection_timeout,
+                **{name: value for name, value in concerns.items() if value not in (None, "")})
+        except ValueError as exc:
+            if str(exc).startswith(("invalid write_concern", "invalid read_concern")):
+                raise ValueError(f"invalid {PREFIX}{str(exc).removeprefix('invalid ')}") from exc
+            raise self._unusable_url("mongo_url", "MongoDB", "pymongo", url, exc) from None
+        except ConfigurationError as exc:  # pymongo's InvalidURI among them
+            raise self._unusable_url("mongo_url", "MongoDB", "pymongo", url, exc) from None
+
+    def leases(self) -> LeaseService:
+        """The explicit lease service, else a ``RedisLeaseService`` on ``pikku_redis_url``
+        under ``pikku_key_prefix`` (default: the app's main name)."""
+        given = self._explicit.get("leases")
+        if given is not None:
+            return given  # type: ignore[no-any-return]
+        url = self._url("redis_url", "Redis", "leases")
+        from pikku_celery.leases.redis import RedisLeaseService
+
+        prefix = conf_value(self._app, "key_prefix")
+        try:
+            leases = RedisLeaseService.from_url(url, key_prefix=prefix or None)
+        except (ValueError, TypeError) as exc:
+            if str(exc).startswith("invalid key_prefix"):  # pikku_key_prefix, not the URL
+                raise ValueError(f"invalid {PREFIX}{str(exc).removeprefix('invalid ')}"
+                                 ) from exc
+            cluster = url.startswith(("redis+cluster://", "rediss+cluster://"))
+            raise self._unusable_url("redis_url", "Redis", "pikku's Redis Cluster URL parser"
+                                     if cluster else "redis-py", url, exc) from None
+        leases.adopt_prefix(self._app.main)
+        return leases
+
+    def _url(self, name: str, service: str, argument: str) -> str:
+        url = conf_value(self._app, name)
+        if url is None or url == "":
+            raise PikkuConfigurationError(
+                f"pikku has no {service} for Celery app {self._app.main!r}: set "
+                f"{setting_names(self._app, name)} in the Celery app's configuration, or pass "
+                f"{argument}= to PikkuCelery")
+        if not isinstance(url, str):
+            raise PikkuConfigurationError(  # not its repr: it can hold the password
+                f"invalid {setting_names(self._app, name)}: a {type(url).__name__} (must be "
+                "a URL string)")
+        return url
+
+    def _unusable_url(self, name: str, service: str, driver: str, url: str,
+                      exc: Exception) -> PikkuConfigurationError:
+        """The error for a configured URL the driver refused, raised ``from None``: it
+        names the setting and shows the URL with its password masked, and the driver's
+        message only when the URL carries no secret (it can quote a piece of the URL: a
+        password's tail read as the port). The log of a web request that built the engine
+        shows this error, not the driver's."""
+        if reserved_in_userinfo(url):
+            why = ("its user name or password holds a character a URL reserves ('/', '?', "
+                   "'#' or '@'), which ends the address early: percent-encode them "
+                   "(urllib.parse.quote(password, safe=''): '/' is %2F, '@' is %40)")
+        elif carries_secret(url):
+            why = (f"{driver} refused it ({type(exc).__name__}; its message is not shown, "
+                   "as it can quote the password)")
+        else:
+            why = f"{driver} refused it: {exc}"
+        return PikkuConfigurationError(
+            f"invalid {setting_names(self._app, name)}: {redact_url(url)} is not a usable "
+            f"{service} URL: {why}")
+
+
+def _duration(value: Any) -> Duration:
+    """Settings come from anywhere (environment-fed Django settings): a number in a string
+    is seconds, like a number."""
+    if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
+        return float(value)
+    return value  # type: ignore[no-any-return]

@@ -1,0 +1,158 @@
+"""Steps and workflows declared without an instance, like Celery's ``shared_task``.
+
+A reusable Django app (or any library) cannot import the project's ``PikkuCelery``: it does
+not know where the project builds it, and importing it would tie the app to one project.
+``shared_step`` and ``shared_workflow`` bind to every ``PikkuCelery`` of the process, those
+created before the declaration and those created after, the way Celery binds a shared task
+to every app.
+
+How: every instance registers here when it is built (``bind``), and every declaration is a
+hook run once per instance, now for the existing ones and at creation for later ones. The
+test kit uses the same hooks to reach every instance of the process for one test.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from celery import current_app
+
+from pikku_celery.model.durations import Duration
+from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.workflow.definitions import (
+    DEFAULT_RETRIES,
+    StepDefinition,
+    WorkflowDefinition,
+    make_step,
+    make_workflow,
+)
+
+if TYPE_CHECKING:
+    from celery import Task
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Instance(Protocol):
+    """What a declaration needs of a ``PikkuCelery`` (this module is below ``app``: the
+    instances register here, it never imports them)."""
+
+    def add_step(self, definition: StepDefinition, task_options: dict[str, Any]) -> Any: ...
+
+    def add_workflow(self, definition: WorkflowDefinition) -> None: ...
+
+
+Hook = Callable[[Any], None]  # given each ``PikkuCelery``
+
+_lock = threading.RLock()
+_instances: weakref.WeakSet[Instance] = weakref.WeakSet()
+_hooks: list[Hook] = []
+_shared_workflows: dict[str, Callable[..., Any]] = {}
+
+
+def bind(pikku: Instance) -> None:
+    """Register a new instance and run every hook on it (called by ``PikkuCelery``)."""
+    with _lock:
+        _instances.add(pikku)
+        hooks = list(_hooks)
+    for hook in hooks:
+        hook(pikku)
+
+
+def on_every_instance(hook: Hook) -> Callable[[], None]:
+    """Run ``hook`` on every instance, existing and future; returns a function that stops
+    it for future instances. A hook that raises on an existing instance is not kept."""
+    with _lock:
+        existing = list(_instances)
+        _hooks.append(hook)
+
+    def remove() -> None:
+        with _lock:
+            if hook in _hooks:
+                _hooks.remove(hook)
+    try:
+        for pikku in existing:
+            hook(pikku)
+    except BaseException:
+        remove()
+        raise
+    return remove
+
+
+def instances() -> list[Instance]:
+    """Every live ``PikkuCelery`` of the process."""
+    with _lock:
+        return list(_instances)
+
+
+class SharedStep:
+    """What ``shared_step`` returns: the step's definition (``pikku_step``, all that
+    ``wf.do`` needs), and for anything else the step task of Celery's current app, as
+    ``shared_task``'s proxy does (``my_step.name``, ``my_step.pikku_step.fn``)."""
+
+    def __init__(self, definition: StepDefinition) -> None:
+        self.pikku_step = definition
+        self.name = definition.name
+        functools.update_wrapper(self, definition.fn)
+
+    def task(self, app: Any = None) -> Task:
+        """The step's Celery task on ``app`` (default: Celery's current app)."""
+        return (app or current_app).tasks[self.name]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.task()(*args, **kwargs)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        return getattr(self.task(), attribute)
+
+    def __repr__(self) -> str:
+        return f"<shared pikku step {self.name}>"
+
+
+def shared_step(name: str | None = None, *, retries: int = DEFAULT_RETRIES,
+                retry_delay: Duration | None = None, lease: Duration | None = None,
+                bind: bool = False, no_retry_for: tuple[type[BaseException], ...] = (),
+                **task_options: Any) -> Callable[[F], SharedStep]:
+    """``@pikku.step`` for code that has no instance: the step is registered on every
+    ``PikkuCelery`` of the process, created before or after. Same arguments; the task name
+    defaults to ``<module>.<function name>`` (set ``name`` for a module run as
+    ``__main__``)."""
+    def decorate(fn: F) -> SharedStep:
+        task_name = name or f"{fn.__module__}.{fn.__name__}"
+        definition = make_step(fn, task_name, retries=retries, retry_delay=retry_delay,
+                               lease=lease, bind=bind, no_retry_for=tuple(no_retry_for))
+        on_every_instance(lambda pikku: pikku.add_step(definition, task_options))
+        return SharedStep(definition)
+    return decorate
+
+
+def shared_workflow(name: str | None = None) -> Callable[[F], F]:
+    """``@pikku.workflow`` for code that has no instance: registered on every
+    ``PikkuCelery`` of the process, created before or after."""
+    def decorate(fn: F) -> F:
+        definition = make_workflow(fn, name or fn.__name__)
+        with _lock:  # refused here, not in every instance created later
+            taken = _shared_workflows.get(definition.name)
+            if taken is not None and taken is not fn:
+                raise InvalidInputError(
+                    f"a shared workflow named {definition.name!r} is already declared (by "
+                    f"{taken.__module__}.{taken.__qualname__})")
+            _shared_workflows[definition.name] = fn
+        fn.pikku_workflow = definition  # type: ignore[attr-defined]
+        try:
+            on_every_instance(lambda pikku: pikku.add_workflow(definition))
+        except BaseException:
+            with _lock:
+                _shared_workflows.pop(definition.name, None)
+            raise
+        return fn
+    return decorate
+
+
+__all__ = ["SharedStep", "shared_step", "shared_workflow"]

@@ -1,0 +1,1 @@
+"""What users write and how it is replayed: definitions, graphs, schedule specs, replay."""
