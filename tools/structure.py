@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store", "leases"),                           # where state lives
     ("workflow",),                                 # what users write, and replay
     ("engine",),                                   # the runtime, no Celery
-    ("worker", "schedules"),                       # Celery, and schedules on the engine
+    ("worker", "schedules", "observe"),            # Celery, schedules, what tools are told
     ("operations", "app", "testing", "signals", "backend", ""),  # the public face
     ("operate", "dashboard", "contrib"),           # what people use
 )

@@ -25,6 +25,7 @@ from pikku_celery.engine.execution import RecordedStepError, StepExecution, Step
 from pikku_celery.engine.forks import Forks
 from pikku_celery.engine.gates import Gates
 from pikku_celery.engine.heartbeat import Heartbeat
+from pikku_celery.engine.observed import ObservedPasses
 from pikku_celery.engine.passes import Passes
 from pikku_celery.engine.protocols import Dispatcher, Emit, Settings, no_emit
 from pikku_celery.engine.reads import Reads
@@ -94,7 +95,8 @@ class Engine:
         self.forks = Forks(self.runs)  # reads the runs' store, clock and dispatcher
         self.gates = Gates(store, settings, clock, dispatcher)
         self.passes = Passes(store, leases, registry, settings, clock, self.runs)
-        self.execution = StepExecution(store, self.claimer, self.passes, settings, clock,
+        self.advancer = ObservedPasses(self.passes, self.emit)
+        self.execution = StepExecution(store, self.claimer, self.advancer, settings, clock,
                                        dispatcher, self.emit)
         self.passes.runner = self.execution  # a pass runs the steps it may run in place
         self._reaper = Reaper(store, leases, registry, settings, self.runs)
@@ -205,9 +207,9 @@ class Engine:
         ``dispatched`` when the passes sent a step or ran one in place, ``waiting`` when
         they sent none (the run waits on a timer, a gate, an event or steps in flight)."""
         noting = _Noting(dispatcher or self.dispatcher)
-        status = self.passes.advance(run_id, noting,
-                                     mark=ALL if step_name is None else step_name,
-                                     settled=settled)
+        status = self.advancer.advance(run_id, noting,
+                                       mark=ALL if step_name is None else step_name,
+                                       settled=settled)
         return DISPATCHED if status == WAITING and noting.dispatched else status
 
     # --- steps (execution.py) -------------------------------------------------------------

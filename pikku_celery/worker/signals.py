@@ -45,6 +45,9 @@ from typing import Any
 
 from celery.utils.dispatch import Signal
 
+from pikku_celery import observe
+from pikku_celery.observe import Observer, tell
+
 _STEP_FIELDS = {"pikku", "run_id", "step_name", "attempt", "max_attempts", "function",
                 "task_id"}
 
@@ -72,15 +75,19 @@ _BY_EVENT = {
 
 
 class SignalSender:
-    """The engine's ``emit`` for one ``PikkuCelery``: each event as its signal."""
+    """The engine's ``emit`` for one ``PikkuCelery``: each public event as its signal, and
+    every event to the observers (``pikku_celery.observe``: traces, metrics, logs...)."""
 
-    def __init__(self, pikku: Any) -> None:
+    def __init__(self, pikku: Any, observers: list[Observer] | None = None) -> None:
         self._pikku = pikku
+        self._observers = observe.install(pikku) if observers is None else observers
 
     def __call__(self, event: str, sender: str, **fields: Any) -> None:
-        signal = _BY_EVENT[event]
-        if signal.receivers:  # the common case costs one attribute read
+        signal = _BY_EVENT.get(event)  # passes have no public signal
+        if signal is not None and signal.receivers:  # the common case: one attribute read
             signal.send(sender=sender, pikku=self._pikku, **fields)
+        if self._observers:
+            tell(self._observers, event, sender, fields)
 
 
 __all__ = ["run_finished", "run_started", "step_attempt_finished", "step_attempt_started",
