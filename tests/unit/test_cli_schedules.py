@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 from click.testing import CliRunner
@@ -23,11 +25,16 @@ from tests.support.operate import now_ms
 from tests.unit.test_cli import one_line_error, run_cli
 from tests.unit.test_contrib import make_pikku
 
+# Half a day from now, so "nightly" never ticks inside a test's hour of virtual time
+# (a fixed 03:30 ticked when the suite ran at that hour).
+NIGHTLY_HOUR = (datetime.now(ZoneInfo("Europe/Helsinki")).hour + 12) % 24
+NIGHTLY = f"30 {NIGHTLY_HOUR} * * *"
+
 
 @pytest.fixture
 def pikku() -> PikkuCelery:
     pikku = make_pikku()
-    pikku.schedule("nightly", "sum", cron="30 3 * * *", tz="Europe/Helsinki",
+    pikku.schedule("nightly", "sum", cron=NIGHTLY, tz="Europe/Helsinki",
                    data={"a": 1, "b": 2})
     pikku.schedule("often", "sum", every="10m", data={"a": 2, "b": 2}, catch_up="all")
     return pikku
@@ -68,7 +75,7 @@ def test_schedules_lists_each_with_its_timing_state_and_ticks(pikku: PikkuCelery
     found = rows(listed.output)
     assert sorted(found) == ["nightly", "often"]
     nightly = found["nightly"]
-    assert nightly[1:8] == ["sum", "cron", "30", "3", "*", "*", "*"]
+    assert nightly[1:8] == ["sum", "cron", *NIGHTLY.split()]
     assert nightly[8:11] == ["Europe/Helsinki", "latest", "active"]
     assert nightly[-2:] == ["-", "-"]  # no tick yet, no run
     often = found["often"]
@@ -86,7 +93,7 @@ def test_schedules_lists_each_with_its_timing_state_and_ticks(pikku: PikkuCelery
 
     data = json.loads(run_cli(pikku, "schedules", "--json").output)["schedules"]
     assert [(s["name"], s["timing"], s["paused"], s["declared"]) for s in data] == [
-        ("nightly", "cron 30 3 * * *", True, True),
+        ("nightly", f"cron {NIGHTLY}", True, True),
         ("often", "every 10m", False, False)]
     assert data[1]["every"] == 600 and data[1]["last_run_id"] == last_run
     assert data[0]["data"] == {"a": 1, "b": 2} and data[0]["tz"] == "Europe/Helsinki"
