@@ -47,12 +47,13 @@ BROKERS = {"redis": None, "amqp": "amqp://guest:guest@127.0.0.1:5672//"}
 MODES = ("plain", "chain", "pikku", "pikku-sent", "pikku-messages")
 
 
-def start_workers(env: dict[str, str], count: int, logdir: Path) -> list[subprocess.Popen[bytes]]:
+def start_workers(env: dict[str, str], count: int, logdir: Path,
+                  app: str = "benchmarks.benchapp") -> list[subprocess.Popen[bytes]]:
     procs = []
     for i in range(count):
         log = open(logdir / f"w{i}.log", "wb")  # noqa: SIM115 - lives with the process
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "benchmarks.benchapp", "worker", "-P",
+            [sys.executable, "-m", "celery", "-A", app, "worker", "-P",
              "threads", "-c", "8", "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
              "--without-gossip", "--without-mingle", "--without-heartbeat",
              "--loglevel", "WARNING"], stdout=log, stderr=subprocess.STDOUT, env=env))
@@ -90,14 +91,17 @@ def run_mode(env: dict[str, str], mode: str, tasks: int, steps: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def measure(mode: str, tasks: int, steps: int) -> float:
+def measure(mode: str, tasks: int, steps: int, app: str = "benchmarks.benchapp") -> float:
+    """Units per second of one mode on two fresh workers of ``app`` (a module with
+    ``pikku``, ``plain_noop`` and the ``bench.sequence`` workflow, as ``benchapp``)."""
+    import importlib
+
     logdir = Path(tempfile.mkdtemp(prefix="pikku-bench-"))
     env = dict(os.environ)
     from celery import chain
 
-    from benchmarks import benchapp
-
-    procs = start_workers(env, 2, logdir)
+    benchapp = importlib.import_module(app)
+    procs = start_workers(env, 2, logdir, app)
     try:
         wait_ready(benchapp.pikku)
         started = time.perf_counter()

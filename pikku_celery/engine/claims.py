@@ -215,7 +215,8 @@ class Claimer:
         return self._hold(outcome.state, lease_ms, lease, sent, holding)
 
     def claim_new(self, step: NewStep, lease_ms: int, *, seq: int,
-                  holding: list[HeldStep]) -> Claimed | NewClaim | None:
+                  holding: list[HeldStep], task_id: str | None = None
+                  ) -> Claimed | NewClaim | None:
         """Record ``step`` already claimed by its first attempt, for a pass that runs it at
         once (``store.claim_new_step``): the step lease first, as for any claim, then one
         insert (and the run read after it). ``NewClaim`` when nothing was claimed (the step
@@ -232,7 +233,8 @@ class Claimer:
         try:
             with deadline(lease_ms / 1000):
                 outcome = self.store.claim_new_step(step, lease.granted_at_ms, lease_ms,
-                                                    seq=seq, worker=self.worker)
+                                                    seq=seq, worker=self.worker,
+                                                    task_id=task_id)
         except BaseException:
             self.leases.release(lease)
             raise
@@ -288,7 +290,8 @@ class Claimer:
             raise
 
     def settle_then_claim(self, succeeded: Succeeded, step: NewStep, lease_ms: int, *,
-                          seq: int, holding: list[HeldStep]) -> Claimed | NewClaim | None:
+                          seq: int, holding: list[HeldStep], task_id: str | None = None
+                          ) -> Claimed | NewClaim | None:
         """Write ``succeeded``'s result and claim ``step`` (``claim_new``) in one round trip
         (``store.settle_and_claim_new``); returns what ``claim_new`` would return for
         ``step``. ``WorkflowStepSupersededError`` when the attempt lost its step (nothing
@@ -312,7 +315,7 @@ class Claimer:
                 outcome = self.store.settle_and_claim_new(
                     claimed.state.run_id, claimed.state.step_name, claimed.state.attempt,
                     succeeded.result, lease.granted_at_ms, step, lease_ms, seq=seq,
-                    worker=self.worker)
+                    worker=self.worker, task_id=task_id)
         except WorkflowStepSupersededError:
             self._release_quietly(lease)
             held.mark_lost("superseded at settle")

@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from pikku_celery.engine.protocols import Dispatcher, Settings
+from pikku_celery.engine.protocols import Dispatcher, Emit, Settings, no_emit
 from pikku_celery.model.errors import WorkflowEventNotSentError, WorkflowRunNotFoundError
 from pikku_celery.model.records import STEP_SUCCEEDED, WorkflowEvent
 from pikku_celery.model.validate import check_event_name, check_name
@@ -45,6 +45,12 @@ class _Engine(Protocol):
     def now_ms(self) -> int: ...
 
 
+def _emit_of(engine: _Engine) -> Emit:
+    """The engine's ``emit`` (one without it reports nothing)."""
+    emit: Emit = getattr(engine, "emit", no_emit)
+    return emit
+
+
 class Events:
     """Events on ``engine``'s store, woken through its dispatcher (both read at each call:
     the test kit replaces them)."""
@@ -64,6 +70,8 @@ class Events:
         if not created:
             log.info("pikku: event %r (key %r) for run %s was sent before: not sent again",
                      name, key, run_id)
+        else:
+            _emit_of(engine)("event_sent", "events", run_id=run_id, name=name, key=key)
         # Woken even when the key's first send was the one that kept it: that sender may
         # have stopped before it woke the run, and a second wake costs one pass. The wake,
         # *then* the check's end: a wake that fails leaves the check for the reaper. The
@@ -97,6 +105,9 @@ class Events:
                                                     wake_check_ms=wake_check_ms,
                                                     send_id=send_id)
             except Exception as exc:
+                if transient(exc) or type(exc).__module__.startswith("pymongo"):
+                    _emit_of(self.engine)("service_error", "events", where="events",
+                                          exception=exc)
                 if not transient(exc):
                     raise
                 said = kept_as_marked(exc)

@@ -15,6 +15,7 @@ continuation, since the pass itself goes on from the settled step."""
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -134,7 +135,8 @@ class StepExecution:
         return outcome
 
     def run_new_step(self, definition: StepDefinition, step: NewStep, seq: int,
-                     dispatcher: Dispatcher, *, after: PendingSettle | None = None
+                     dispatcher: Dispatcher, *, after: PendingSettle | None = None,
+                     workflow: str | None = None
                      ) -> tuple[StepState | NewClaim | None, PendingSettle | None]:
         """Run ``step``, which the pass holding its run (token ``seq``) records just now,
         here and at once: inserted claimed (``Claimer.claim_new``; with ``after``, the
@@ -148,14 +150,20 @@ class StepExecution:
         lease_ms = definition.lease_ms or self.settings.step_lease_ms
         holding: list[HeldStep] = []
         pending: InPlaceSettle | None = None
+        # A task id of its own, as Celery would give the step's message: recorded with the
+        # attempt, so Flower, the worker log and the dashboard can name the attempt.
+        task_id = str(uuid.uuid4())
         try:
             if after is None:
-                claim = self.claimer.claim_new(step, lease_ms, seq=seq, holding=holding)
+                claim = self.claimer.claim_new(step, lease_ms, seq=seq, holding=holding,
+                                               task_id=task_id)
             else:
-                claim = self._settle_then_claim(_pending(after), step, lease_ms, seq, holding)
+                claim = self._settle_then_claim(_pending(after), step, lease_ms, seq, holding,
+                                                task_id)
             if not isinstance(claim, Claimed):
                 return claim, None
-            report = _AttemptReport(self, definition.name, claim, None)
+            report = _AttemptReport(self, definition.name, claim, task_id, in_place=True,
+                                    workflow=workflow)
             try:
                 result = self._call_body(definition, claim)
                 succeeded = self.claimer.checked(claim, result)
@@ -175,10 +183,11 @@ class StepExecution:
                     self.claimer.heartbeat.remove(held)
 
     def _settle_then_claim(self, after: InPlaceSettle, step: NewStep, lease_ms: int,
-                           seq: int, holding: list[HeldStep]) -> Claimed | NewClaim | None:
+                           seq: int, holding: list[HeldStep], task_id: str
+                           ) -> Claimed | NewClaim | None:
         try:
             claim = self.claimer.settle_then_claim(after.succeeded, step, lease_ms, seq=seq,
-                                                   holding=holding)
+                                                   holding=holding, task_id=task_id)
         except BaseException as exc:
             self._refused(after, exc)
             raise
@@ -352,7 +361,7 @@ class StepExecution:
         except WorkflowStepSupersededError as superseded:
             attempt.superseded(superseded)
             raise
-        attempt.finished("failed", error=error, retry_at=settled.due_at)
+        attempt.finished("failed", error=error, retry_at=settled.due_at, exception=exc)
         if settled.due_at is not None:
             dispatcher.arm_timer(state.run_id, state.step_name,
                                  int(settled.due_at.timestamp() * 1000))
@@ -389,11 +398,14 @@ class _AttemptReport:
     """The signals of one claimed attempt: started now, then finished or superseded."""
 
     def __init__(self, execution: StepExecution, function: str, claim: Claimed,
-                 task_id: str | None) -> None:
+                 task_id: str | None, *, in_place: bool = False,
+                 workflow: str | None = None) -> None:
         self._execution = execution
+        self._workflow = workflow  # known to the pass that runs it in place
         self._function = function
         self._state = claim.state
         self._task_id = task_id
+        self._in_place = in_place  # run by a pass, not by its own delivery
         self._started_ms = execution.now_ms()
         self._emit("step_attempt_started", worker=execution.claimer.worker)
 
@@ -402,15 +414,20 @@ class _AttemptReport:
         self._execution.emit(event, self._function, run_id=state.run_id,
                           step_name=state.step_name, attempt=state.attempt,
                           max_attempts=state.max_attempts, function=self._function,
-                          task_id=self._task_id, **fields)
+                          task_id=self._task_id, in_place=self._in_place,
+                          workflow=self._workflow, **fields)
 
     def _duration(self) -> float:
         return max(0.0, (self._execution.now_ms() - self._started_ms) / 1000)
 
     def finished(self, status: str, *, result: Any = None, error: dict[str, Any] | None = None,
-                 retry_at: datetime | None = None) -> None:
+                 retry_at: datetime | None = None, exception: BaseException | None = None
+                 ) -> None:
+        """``exception``: the body's (or the refusal's) exception object of a failure, for
+        the observers that report it as such (error trackers); ``error`` is its stored
+        form."""
         self._emit("step_attempt_finished", status=status, result=result, error=error,
-                   retry_at=retry_at, duration=self._duration())
+                   retry_at=retry_at, duration=self._duration(), exception=exception)
 
     def superseded(self, exc: WorkflowStepSupersededError) -> None:
         self._emit("step_attempt_superseded", status="superseded",

@@ -95,11 +95,12 @@ class Engine:
         self.forks = Forks(self.runs)  # reads the runs' store, clock and dispatcher
         self.gates = Gates(store, settings, clock, dispatcher)
         self.passes = Passes(store, leases, registry, settings, clock, self.runs)
+        self.passes.emit = self.emit
         self.advancer = ObservedPasses(self.passes, self.emit)
         self.execution = StepExecution(store, self.claimer, self.advancer, settings, clock,
                                        dispatcher, self.emit)
         self.passes.runner = self.execution  # a pass runs the steps it may run in place
-        self._reaper = Reaper(store, leases, registry, settings, self.runs)
+        self._reaper = Reaper(store, leases, registry, settings, self.runs, self.emit)
         self._store, self._settings = store, settings
         self._dispatcher, self._clock = dispatcher, clock
 

@@ -56,11 +56,13 @@ class InPlace:
         self._left -= 1
 
     def run(self, definition: StepDefinition, step: NewStep, seq: int,
-            dispatcher: Dispatcher) -> StepState | NewClaim | None:
+            dispatcher: Dispatcher, *, workflow: str | None = None
+            ) -> StepState | NewClaim | None:
         after, self.pending = self.pending, None
         try:
             ran, self.pending = self._context.run(
-                self._runner.run_new_step, definition, step, seq, dispatcher, after=after)
+                self._runner.run_new_step, definition, step, seq, dispatcher, after=after,
+                workflow=workflow)
             return ran
         finally:
             restart_deadline(self._pass_s)

@@ -33,8 +33,11 @@ class ObservedPasses:
         if emit is no_emit:  # nothing listens: not even a clock read
             return self.passes.advance(run_id, dispatcher, mark=mark, settled=settled)
         started = time.monotonic()
-        emit("pass_started", "pass", run_id=run_id, mark=mark)
+        views = self.passes.views  # the run's workflow, when a pass here has seen the run
+        emit("pass_started", "pass", run_id=run_id, mark=mark,
+             workflow=views.workflow_of(run_id))
         outcome = ERROR
+        failure: Exception | None = None
         try:
             status = self.passes.advance(run_id, dispatcher, mark=mark, settled=settled)
             outcome = ENDED if status in RUN_TERMINAL else WAITING
@@ -42,9 +45,13 @@ class ObservedPasses:
         except LeaseTakenError:
             outcome = BUSY
             raise
-        except LeaseLostError:
-            outcome = LOST
+        except LeaseLostError as exc:
+            outcome, failure = LOST, exc
+            raise
+        except Exception as exc:  # what ended the pass: a MongoDB or Redis error counts
+            failure = exc
             raise
         finally:
             emit("pass_finished", "pass", run_id=run_id, outcome=outcome,
-                 duration=time.monotonic() - started)
+                 duration=time.monotonic() - started, workflow=views.workflow_of(run_id),
+                 exception=failure)

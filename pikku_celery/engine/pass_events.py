@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pikku_celery.engine._guard import guarded
-from pikku_celery.engine.protocols import Settings
+from pikku_celery.engine.protocols import Emit, Settings
 from pikku_celery.model.records import RUN_RUNNING, RUN_SUSPENDED, STEP_SUCCEEDED, StepState
 from pikku_celery.model.validate import as_stored
 from pikku_celery.model.views import RunView
@@ -28,6 +28,7 @@ class _Passes(Protocol):
 
     store: WorkflowStore
     settings: Settings
+    emit: Emit
 
 
 class EventWrites:
@@ -68,6 +69,8 @@ class EventWrites:
         if self._view.run.status == RUN_SUSPENDED:
             self._view.run = dataclasses.replace(self._view.run, status=RUN_RUNNING)
         guarded(lambda: store.clear_wake_check(run_id, gate, check))
+        self._passes.emit("event_taken", "events", run_id=run_id, name=name, seq=event.seq,
+                          workflow=self._view.run.workflow)
         return self._settled(gate, result, now)
 
     def publish(self, run_id: str, step_name: str, value: Any) -> None:

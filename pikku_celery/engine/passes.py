@@ -37,15 +37,17 @@ from pikku_celery.engine.pass_events import EventWrites
 from pikku_celery.engine.protocols import (
     ContinuationRefused,
     Dispatcher,
+    Emit,
     RunEnds,
     Settings,
     StepRunner,
+    no_emit,
 )
 from pikku_celery.leases.base import Lease, LeaseBusy, LeaseService
 from pikku_celery.leases.hold import hold_granted
 from pikku_celery.leases.memory import WATCH_SLACK_MS
 from pikku_celery.model import keys
-from pikku_celery.model.clock import Clock
+from pikku_celery.model.clock import Clock, epoch_ms
 from pikku_celery.model.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -83,10 +85,6 @@ class _Void(BaseException):
     (``ContinuationRefused``): not an ``Exception``, so the workflow cannot swallow it."""
 
 
-def _ms(when: datetime) -> int:
-    return round(when.timestamp() * 1000)
-
-
 class Passes:
     """The passes of one engine, and the views of the runs they advanced. A run that ends
     is finished through ``runs`` (the lifecycle, ``runs.Runs``); ``clock`` is the engine's
@@ -101,9 +99,10 @@ class Passes:
         self.clock = clock
         self.runs = runs
         self.views = Views()
-        # Runs the steps a pass runs in place (``execution.StepExecution``, set by the
-        # engine): none, and every step is sent as a message.
+        # Set by the engine: what runs steps in place (``execution.StepExecution``; none:
+        # every step is sent as a message), and where a pass reports (events taken).
         self.runner: StepRunner | None = None
+        self.emit: Emit = no_emit
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -224,7 +223,7 @@ class Passes:
                     and copy_missing(store, read.run, self.clock.now_ms())):
                 # A fork that stopped before its copy: the steps it replays, read back.
                 steps = store.read_run(run_id, run=False, all_steps=True).steps
-            view = RunView(read.run, {}, token, _ms(read.run.updated_at))
+            view = RunView(read.run, {}, token, epoch_ms(read.run.updated_at))
             for state in steps:
                 view.put(state)
             return view, set(view.steps)
@@ -243,7 +242,7 @@ class Passes:
             if read.run is None:
                 raise WorkflowRunNotFoundError(run_id)
             view.run = dataclasses.replace(read.run, input=view.run.input)
-            view.touched_ms = _ms(read.run.updated_at)
+            view.touched_ms = epoch_ms(read.run.updated_at)
         for state in read.steps:
             view.put(state)
             fresh.add(state.step_name)
@@ -441,7 +440,8 @@ class _PassHost(EventWrites):
             raise PassInterrupted() from LeaseLostError(keys.run_lease_key(step.run_id))
         self._pending = []
         try:
-            ran = in_place.run(definition, step, self._token, self._dispatcher)
+            ran = in_place.run(definition, step, self._token, self._dispatcher,
+                               workflow=self._view.run.workflow)
         except InvalidInputError:
             self._pending = [step]  # the step cannot be stored: the flush fails the run
             return None
@@ -533,9 +533,9 @@ class _PassHost(EventWrites):
             return False
         now = self.now_ms()
         if state.status == STEP_RUNNING and state.lease_expires_at is not None:
-            return _ms(state.lease_expires_at) < now
+            return epoch_ms(state.lease_expires_at) < now
         if state.status == STEP_PENDING:
-            return now - _ms(state.updated_at) > self._passes.settings.undispatched_after_ms
+            return now - epoch_ms(state.updated_at) > self._passes.settings.undispatched_after_ms
         return False
 
     def run_state(self) -> tuple[Mapping[str, Any], tuple[str, ...]]:

@@ -11,6 +11,7 @@ No Celery here, nor anywhere in the core (``tasks.py`` is the adapter)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +31,25 @@ class Emit(Protocol):
 
 def no_emit(event: str, sender: str, **fields: Any) -> None:
     return None
+
+
+class TraceContext(Protocol):
+    """The trace context a run created now saves with it (``WorkflowRun.trace``: a W3C
+    ``traceparent``/``tracestate`` map), ``None`` when nothing traces: what joins the run's
+    spans, in any process, to the trace of whoever started it."""
+
+    def __call__(self, run_id: str, workflow: str) -> Mapping[str, str] | None: ...
+
+
+def no_trace_context(run_id: str, workflow: str) -> None:
+    return None
+
+
+#: Asked by ``runs.Runs.create_run`` for every run it creates. Process-wide, as the
+#: OpenTelemetry state it reads is (the global tracer provider, the current context):
+#: ``pikku_celery.observe.tracing`` sets it when opentelemetry-api is installed; the engine
+#: never imports the tracing it serves. Without it: one call that returns ``None``.
+trace_context: TraceContext = no_trace_context
 
 
 class Dispatcher(Protocol):
@@ -112,7 +132,8 @@ class StepRunner(Protocol):
     with the settle still to write), or why it was not run."""
 
     def run_new_step(self, definition: StepDefinition, step: NewStep, seq: int,
-                     dispatcher: Dispatcher, *, after: PendingSettle | None = None
+                     dispatcher: Dispatcher, *, after: PendingSettle | None = None,
+                     workflow: str | None = None
                      ) -> tuple[StepState | NewClaim | None, PendingSettle | None]: ...
 
     def finish_settle(self, pending: PendingSettle) -> StepState: ...

@@ -17,7 +17,7 @@ from datetime import datetime
 
 from pikku_celery.engine.concurrency import Admission
 from pikku_celery.engine.events import wake_lost_sends
-from pikku_celery.engine.protocols import Dispatcher, RunEnds, Settings
+from pikku_celery.engine.protocols import Dispatcher, Emit, RunEnds, Settings, no_emit
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model.records import (
     RUN_RUNNING,
@@ -38,10 +38,14 @@ _MEMORY = 10_000  # redispatch memory entries before it is cleared
 
 class Reaper:
     """One engine's sweeps; a child run that ended unheard is reported through ``runs``
-    (the lifecycle, ``runs.Runs``). Its clock is the lease service's."""
+    (the lifecycle, ``runs.Runs``). Its clock is the lease service's. Reports through
+    ``emit``: ``step_lease_expired`` for each lapsed attempt it re-sends, ``reaper_recovered``
+    (``kind``, ``count``) after each sweep for each kind it resumed, ``service_error``
+    (``where="reaper"``, ``exception``) for a sweep that raised."""
 
     def __init__(self, store: WorkflowStore, leases: LeaseService, registry: Registry,
-                 settings: Settings, runs: RunEnds) -> None:
+                 settings: Settings, runs: RunEnds, emit: Emit = no_emit) -> None:
+        self.emit = emit
         self.store = store
         self.leases = leases
         self.registry = registry
@@ -54,13 +58,28 @@ class Reaper:
         self._unknown: set[str] = set()
 
     def sweep(self, dispatcher: Dispatcher) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        children = {"children": 0}  # reported, not returned (the sweep's result stays)
+        try:
+            self._sweep(dispatcher, counts, children)
+        except Exception as exc:
+            self.emit("service_error", "reaper", where="reaper", exception=exc)
+            raise
+        finally:
+            for kind, count in {**counts, **children}.items():
+                if count:
+                    self.emit("reaper_recovered", "reaper", kind=kind, count=count)
+        return counts
+
+    def _sweep(self, dispatcher: Dispatcher, counts: dict[str, int],
+               children: dict[str, int]) -> None:
         store, s = self.store, self.settings
         now = self.leases.now_ms()
         admission = Admission(store, self.registry.concurrency_of, self.leases.now_ms,
                               leases=self.leases)
-        counts = {"events": wake_lost_sends(store, dispatcher, now, s.sweep_limit),
-                  "slots": admission.sweep(dispatcher, s.sweep_limit),
-                  "lapsed": 0, "due": 0, "stalled": 0}
+        counts["events"] = wake_lost_sends(store, dispatcher, now, s.sweep_limit)
+        counts["slots"] = admission.sweep(dispatcher, s.sweep_limit)
+        counts.update(lapsed=0, due=0, stalled=0)
         lapsed = store.find_lapsed_steps(now, s.sweep_limit,
                                                 after=self._cursor.get("lapsed"))
         self._advance("lapsed", lapsed, lambda step: step.lease_expires_at)
@@ -68,6 +87,9 @@ class Reaper:
             if step.function and self._first_in("lapsed", step, now, s.step_lease_ms):
                 self._dispatch(step, dispatcher)
                 counts["lapsed"] += 1
+                self.emit("step_lease_expired", step.function, run_id=step.run_id,
+                          step_name=step.step_name, attempt=step.attempt,
+                          function=step.function)
         due = store.find_due_steps(now, now - s.undispatched_after_ms, s.sweep_limit,
                                           after=self._cursor.get("due"))
         # The store's order (``due_sweep_key``): pending steps by dispatch, others by due time.
@@ -85,7 +107,7 @@ class Reaper:
                 self._dispatch(step, dispatcher)
         stalled = store.find_stalled_runs(now - s.stalled_after_ms, s.sweep_limit)
         if not stalled:
-            return counts
+            return
         # Three commands however many runs wait (a backlog of waiting runs is checked
         # again every ``stalled_after``): touched either way, so the sweep rotates through
         # idle runs instead of re-checking the same ``sweep_limit`` ones forever.
@@ -95,11 +117,10 @@ class Reaper:
         for step in store.find_unsettled_steps(run_ids):
             unsettled[step.run_id].append(step)
         for run_id, steps in unsettled.items():
-            live_children = self._recover_children(steps, dispatcher)
+            live_children = self._recover_children(steps, dispatcher, children)
             if not any(self._in_flight(step, now, live_children) for step in steps):
                 dispatcher.wake_run(run_id)  # its wake-up message was lost
                 counts["stalled"] += 1
-        return counts
 
     def _finish_opening(self, gate: StepState, now: int, dispatcher: Dispatcher) -> None:
         """A gate opened (a decision, an expiry, a resume) whose wake check is due: its
@@ -121,7 +142,8 @@ class Reaper:
         store.clear_wake_check(gate.run_id, gate.step_name,
                                round(gate.due_at.timestamp() * 1000))
 
-    def _recover_children(self, steps: list[StepState], dispatcher: Dispatcher) -> set[str]:
+    def _recover_children(self, steps: list[StepState], dispatcher: Dispatcher,
+                          counts: dict[str, int]) -> set[str]:
         """Report children that ended while the parent was not told (a crash between the two
         writes); the parent's step settles once, whoever gets there first. Returns the
         names of steps whose child run is alive: only those wait on something.
@@ -137,6 +159,7 @@ class Reaper:
                     continue
                 if child.is_terminal:
                     self.runs.notify_parent(child.run_id, dispatcher)
+                    counts["children"] += 1
                 else:
                     live.add(step.step_name)
         return live

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pikku_celery.engine import protocols
 from pikku_celery.engine.concurrency import Admission, slot_of
 from pikku_celery.engine.protocols import Dispatcher, Emit, Settings
 from pikku_celery.engine.reads import get_run
@@ -36,6 +37,7 @@ from pikku_celery.model.records import (
     WorkflowRun,
 )
 from pikku_celery.model.redaction import redact_error
+from pikku_celery.model.trace_context import check_trace
 from pikku_celery.model.validate import as_stored, check_run_id
 from pikku_celery.model.views import ALL
 from pikku_celery.store.base import NewRun, WorkflowStore
@@ -100,7 +102,8 @@ class Runs:
             schedule=scheduled[0] if scheduled else None,
             scheduled_ms=scheduled[1] if scheduled else None, slot=slot,
             forked_from=forked[0] if forked else None,
-            lineage=(forked[1],) if forked else ()), now)
+            lineage=(forked[1],) if forked else (),
+            trace=self._trace_context(run_id, definition.name)), now)
         if created and on_created is not None:
             on_created(run)
         if created:
@@ -117,6 +120,17 @@ class Runs:
             raise WorkflowRunConflictError(
                 run_id, f"it is a run of {run.workflow!r} with another input")
         return run, created
+
+    @staticmethod
+    def _trace_context(run_id: str, workflow: str) -> dict[str, str] | None:
+        """The caller's trace context, saved with the run (``protocols.trace_context``).
+        Tracing never stops a start: a hook that fails, or hands a context no propagator
+        would take back, is logged and the run is created without one."""
+        try:
+            return check_trace(protocols.trace_context(run_id, workflow))
+        except Exception:
+            log.warning("pikku: no trace context saved with run %s", run_id, exc_info=True)
+            return None
 
     def finish(self, run: WorkflowRun, status: str, *, output: Any = None,
                error: dict[str, Any] | None = None, dispatcher: Dispatcher | None = None,

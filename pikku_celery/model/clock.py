@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from typing import Protocol
 
 from pikku_celery.model._fork import reset_in_forked_child
@@ -78,3 +79,8 @@ class ServerClock:
         with self._lock:
             self._offset_ms = server_ms - midpoint * 1000
             self._sampled_at = received
+
+
+def epoch_ms(when: datetime) -> int:
+    """``when`` as the epoch milliseconds the leases' and the stores' clocks count in."""
+    return round(when.timestamp() * 1000)

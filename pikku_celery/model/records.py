@@ -79,6 +79,12 @@ class WorkflowRun:
     # other way; ``lineage``: the forks and retries of this run, oldest first.
     forked_from: str | None = None
     lineage: tuple[RunLineage, ...] = ()
+    # The trace the run belongs to, as a W3C Trace Context carrier (``traceparent``, and
+    # ``tracestate`` when there is one): taken when the run was created, so every span of
+    # the run joins the trace of whoever started it (``pikku_celery.observe.tracing``).
+    # ``None`` when no tracing was on then. A retry keeps it; a child run's is taken inside
+    # its parent's pass, so it is in its parent's trace.
+    trace: Mapping[str, str] | None = None
 
     @property
     def is_terminal(self) -> bool:

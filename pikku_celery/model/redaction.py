@@ -31,6 +31,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pikku_celery.model.dotted import import_dotted
+
 log = logging.getLogger("pikku_celery.redaction")
 
 MASK = "***"
@@ -116,13 +118,8 @@ def load_redactor(value: object, what: str) -> Redactor | None:
     if value is None or value == "":
         return None
     if isinstance(value, str):
-        from importlib import import_module
-
-        module, colon, name = value.partition(":")
-        if not colon:
-            module, _, name = value.rpartition(".")
         try:
-            value = getattr(import_module(module), name)
+            value = import_dotted(value)
         except (ImportError, AttributeError, ValueError) as exc:
             raise ValueError(f"invalid {what}: cannot import {value!r} ({exc})") from None
     if not callable(value):

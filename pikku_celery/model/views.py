@@ -120,6 +120,13 @@ class Views:
                 self._steps -= len(view.steps)
             return view
 
+    def workflow_of(self, run_id: str) -> str | None:
+        """The workflow of a run whose view is kept, leaving it kept: what a report of a
+        pass names (``engine.observed``) without a read of its own."""
+        with self._lock:
+            view = self._views.get(run_id)
+        return view.run.workflow if view is not None else None
+
     def put(self, view: RunView) -> None:
         """Keep ``view`` (the newest), dropping the least recently used beyond the bound."""
         size = len(view.steps)

@@ -39,7 +39,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pikku_celery.engine.protocols import Dispatcher
+from pikku_celery.engine.protocols import Dispatcher, Emit, no_emit
 from pikku_celery.model.errors import (
     InvalidInputError,
     WorkflowNotFoundError,
@@ -257,6 +257,11 @@ class Scheduler:
                 log.info("pikku: schedule %s: tick %s started run %s", state.name,
                          _iso(tick), run.run_id)
             self.host.dispatcher.wake_run(run.run_id)
+            emit: Emit = getattr(self.host, "emit", no_emit)  # the engine's
+            if emit is not no_emit:
+                emit("schedule_fired", state.name, schedule=state.name,
+                     workflow=state.workflow, run_id=run.run_id, tick_ms=tick,
+                     lag=max(0.0, (self.host.now_ms() - tick) / 1000))
         return run.run_id
 
     def _once(self, key: str, level: int, message: str, *args: Any) -> None:

@@ -81,6 +81,7 @@ class ScheduleTicker:
             wait_s = self.round()
         except Exception as exc:
             self.failures += 1
+            self._report(exc)
             backoff = float(min(MAX_BACKOFF_S, BACKOFF_S * 2.0 ** min(self.failures - 1, 16)))
             if self.failures == 1 and _outage(exc):
                 # The worker's reaper names the service that does not answer, once: the
@@ -100,6 +101,15 @@ class ScheduleTicker:
                         "ticks fire again", self.failures)
             self.failures = 0
         return wait_s
+
+    def _report(self, exc: Exception) -> None:
+        """A failed round, told to the engine's observers (``service_error``)."""
+        try:
+            emit = getattr(self._engine(), "emit", None)
+            if emit is not None:
+                emit("service_error", "schedules", where="schedules", exception=exc)
+        except Exception:  # no engine (a setting missing): the round's own log says why
+            pass
 
     def round(self) -> float:
         """Fire what is due; return the time to the earliest next tick, in seconds

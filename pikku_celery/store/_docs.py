@@ -28,6 +28,9 @@ from pikku_celery.model.records import (
 from pikku_celery.store.base import NewRun, NewStep
 
 Doc = dict[str, Any]
+#: A run's trace context (``WorkflowRun.trace``): ``{"traceparent", "tracestate"}``, only on
+#: a run created while tracing was on.
+RUN_TRACE = "trace"
 
 
 def history_id(step_id: str, attempt: int) -> str:
@@ -63,6 +66,7 @@ def new_run_doc(run: NewRun, now_ms: int) -> Doc:
         # Only on a fork: other runs' documents stay as they were (a retry pushes its entry).
         **({R.FORKED_FROM: run.forked_from} if run.forked_from is not None else {}),
         **({R.LINEAGE: [dict(entry) for entry in run.lineage]} if run.lineage else {}),
+        **({RUN_TRACE: dict(run.trace)} if run.trace else {}),
     }
 
 
@@ -120,7 +124,16 @@ def run_from_doc(doc: Doc) -> WorkflowRun:
         forked_from=doc.get(R.FORKED_FROM),
         lineage=tuple(lineage_from_doc(e) for e in doc.get(R.LINEAGE) or ()
                       if isinstance(e, dict)),
+        trace=_trace(doc.get(RUN_TRACE)),
     )
+
+
+def _trace(stored: Any) -> dict[str, str] | None:
+    """A run's stored trace context; one that is not a map of text (written by hand) is
+    read as none: tracing is never a reason a run cannot be read."""
+    if not isinstance(stored, dict):
+        return None
+    return {k: v for k, v in stored.items() if isinstance(k, str) and isinstance(v, str)} or None
 
 
 def lineage_entry(op: str, now_ms: int, *, by: str | None = None,

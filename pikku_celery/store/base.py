@@ -30,6 +30,7 @@ from pikku_celery.model.records import (
     WorkflowEvent,
     WorkflowRun,
 )
+from pikku_celery.model.trace_context import check_trace
 from pikku_celery.model.validate import check_name
 from pikku_celery.store._schedules import ScheduleStore
 from pikku_celery.store._slots import SlotStore
@@ -52,6 +53,12 @@ class NewRun:
     # creates the run, so a repeat of the fork recognizes its own run exactly.
     forked_from: str | None = None
     lineage: tuple[Mapping[str, Any], ...] = ()
+    # The trace context of whoever creates the run (``WorkflowRun.trace``), checked here:
+    # a W3C traceparent and tracestate, nothing else, bounded.
+    trace: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trace", check_trace(self.trace))
 
 
 @dataclass(frozen=True)
@@ -288,12 +295,14 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, P
 
     def settle_and_claim_new(self, run_id: str, step_name: str, attempt: int, result: Any,
                              now_ms: int, step: NewStep, lease_ms: int, *, seq: int = 0,
-                             worker: str | None = None) -> NewClaim:
+                             worker: str | None = None, task_id: str | None = None
+                             ) -> NewClaim:
         """``set_result`` of ``step_name``'s attempt ``attempt`` and ``claim_new_step`` of
         ``step`` (the step the workflow reached with that result), in one round trip, the
         insert only once the result is recorded. ``WorkflowStepSupersededError`` when the
         attempt no longer owns its step: then nothing is written. For a pass running steps
-        in place: a step's settle and the next step's claim, one command."""
+        in place: a step's settle and the next step's claim, one command. ``worker`` and
+        ``task_id`` are recorded with the new step's attempt, as ``claim_new_step``'s."""
         ...
 
     def insert_replayed_steps(self, run_id: str, steps: Sequence[StepState], now_ms: int,

@@ -44,6 +44,12 @@ setting                                   default
                                           dotted path, run on every recorded error's
                                           message and traceback after the built-in
                                           masking of credentials (``redaction.py``)
+``pikku_metrics_registry``                prometheus-client's default registry: a
+                                          ``CollectorRegistry`` or its dotted path, where
+                                          ``pikku_celery.observe.metrics`` counts
+``pikku_metrics_port``                    none: the port on which a worker's main process
+                                          serves the metrics (``observe/serve.py``)
+``pikku_metrics_addr``                    ``0.0.0.0``: the address it listens on
 ========================================  ================================================
 """
 
@@ -55,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model._urls import carries_secret, redact_url, reserved_in_userinfo
+from pikku_celery.model.dotted import import_dotted
 from pikku_celery.model.durations import Duration, to_ms, to_seconds
 from pikku_celery.model.errors import PikkuConfigurationError
 from pikku_celery.model.redaction import Redactor, load_redactor
@@ -101,6 +108,11 @@ class Resolved:
     in_place_steps: int = DEFAULT_IN_PLACE_STEPS
     in_place_ms: int = round(DEFAULT_IN_PLACE_FOR_S * 1000)
     redact_error: Redactor | None = None
+    # prometheus-client's registry to count into (None: its default one), and where a
+    # worker serves it (``pikku_celery.observe``).
+    metrics_registry: Any = None
+    metrics_port: int | None = None
+    metrics_addr: str = "0.0.0.0"
 
 
 def setting_names(app: Celery, name: str) -> str:
@@ -152,6 +164,10 @@ class Settings:
     def __init__(self, app: Celery, explicit: dict[str, Any]) -> None:
         self._app = app
         self._explicit = explicit
+        # A worker serves the metrics when ``pikku_metrics_port`` is set (read at its start).
+        from pikku_celery.observe import serve
+
+        self.metrics_server = serve.connect(app)
 
     def raw(self, name: str) -> tuple[Any, str]:
         """The value to use for ``name`` and what to call it in an error message."""
@@ -224,6 +240,9 @@ class Settings:
             in_place_steps=self.count("in_place_steps", DEFAULT_IN_PLACE_STEPS),
             in_place_ms=self.duration_ms("in_place_for", DEFAULT_IN_PLACE_FOR_S),
             redact_error=self.redactor(),
+            metrics_registry=metrics_registry(self._app),
+            metrics_port=metrics_port(self._app),
+            metrics_addr=metrics_addr(self._app),
         )
 
     def store(self) -> WorkflowStore:
@@ -315,3 +334,53 @@ def _duration(value: Any) -> Duration:
     if isinstance(value, str) and value.strip().replace(".", "", 1).isdigit():
         return float(value)
     return value  # type: ignore[no-any-return]
+
+
+def metrics_registry(app: Celery) -> Any:
+    """The ``pikku_metrics_registry`` setting: a prometheus-client ``CollectorRegistry``, or
+    the dotted path of one (``proj.metrics:REGISTRY``); ``None`` (unset): the default
+    registry. Raises ``PikkuConfigurationError`` naming the setting for anything else."""
+    value = conf_value(app, "metrics_registry")
+    if value is None or value == "":
+        return None
+    what = setting_names(app, "metrics_registry")
+    if isinstance(value, str):
+        try:
+            value = import_dotted(value)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise PikkuConfigurationError(
+                f"invalid {what}: cannot import {value!r} ({exc})") from None
+    if not (callable(getattr(value, "register", None))
+            and callable(getattr(value, "collect", None))):
+        raise PikkuConfigurationError(
+            f"invalid {what}: {value!r} is not a prometheus_client CollectorRegistry (nor "
+            "the dotted path of one, such as 'proj.metrics:REGISTRY')")
+    return value
+
+
+def metrics_port(app: Celery) -> int | None:
+    """The ``pikku_metrics_port`` setting: the port a worker serves its metrics on (0: any
+    free port), ``None`` when unset. Raises ``PikkuConfigurationError`` naming the setting
+    for a value that is not a port."""
+    value = conf_value(app, "metrics_port")
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise PikkuConfigurationError(
+            f"invalid {setting_names(app, 'metrics_port')}: {value!r} (a port number, 0 to "
+            "65535)")
+    return value
+
+
+def metrics_addr(app: Celery) -> str:
+    """The ``pikku_metrics_addr`` setting: where the metrics server listens."""
+    value = conf_value(app, "metrics_addr")
+    if value is None or value == "":
+        return "0.0.0.0"
+    if not isinstance(value, str):
+        raise PikkuConfigurationError(
+            f"invalid {setting_names(app, 'metrics_addr')}: {value!r} (an address to listen "
+            "on, such as '0.0.0.0' or '127.0.0.1')")
+    return value

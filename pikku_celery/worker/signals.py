@@ -22,12 +22,18 @@ signal                       sender           fields (besides ``pikku``, the ins
                                               since the run was created)
 ``step_attempt_started``     step task name   ``run_id``, ``step_name``, ``attempt``,
                                               ``max_attempts``, ``function``, ``task_id``
-                                              (the Celery task id; ``None`` inline),
-                                              ``worker``
+                                              (the Celery task id of the delivery; for a
+                                              step run in place, the id pikku gave the
+                                              attempt; ``None`` for an inline delivery),
+                                              ``worker``, ``in_place`` (``True`` when a
+                                              pass ran the step itself, with no message
+                                              of its own)
 ``step_attempt_finished``    step task name   the same, and ``status`` (``succeeded`` or
                                               ``failed``), ``result``, ``error``,
                                               ``retry_at`` (when the next attempt may start;
-                                              ``None`` when none will), ``duration``
+                                              ``None`` when none will), ``duration``,
+                                              ``exception`` (the exception object of a
+                                              failure; ``None`` otherwise)
 ``step_attempt_superseded``  step task name   the same as started, and ``status``
                                               (``superseded``), ``current_attempt``,
                                               ``duration``: the attempt's outcome was refused
@@ -49,7 +55,7 @@ from pikku_celery import observe
 from pikku_celery.observe import Observer, tell
 
 _STEP_FIELDS = {"pikku", "run_id", "step_name", "attempt", "max_attempts", "function",
-                "task_id"}
+                "task_id", "in_place"}
 
 run_started = Signal(name="pikku_run_started",
                      providing_args={"pikku", "run_id", "workflow", "parent_run_id"})
@@ -60,7 +66,8 @@ step_attempt_started = Signal(name="pikku_step_attempt_started",
                               providing_args=_STEP_FIELDS | {"worker"})
 step_attempt_finished = Signal(name="pikku_step_attempt_finished",
                                providing_args=_STEP_FIELDS | {"status", "result", "error",
-                                                              "retry_at", "duration"})
+                                                              "retry_at", "duration",
+                                                              "exception"})
 step_attempt_superseded = Signal(name="pikku_step_attempt_superseded",
                                  providing_args=_STEP_FIELDS | {"status", "current_attempt",
                                                                 "duration"})

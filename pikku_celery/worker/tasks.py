@@ -33,6 +33,10 @@ from pikku_celery.model.errors import (
     WorkflowStepSupersededError,
 )
 from pikku_celery.model.validate import check_name
+
+# Imported with the tasks, before a worker starts: ``celery_events`` connects
+# ``worker_init`` (read before the pool forks), ``logs`` puts its filter on pikku's loggers.
+from pikku_celery.observe import celery_events, logs  # noqa: F401
 from pikku_celery.store._concerns import deadline
 from pikku_celery.worker.backend import record_attempt
 from pikku_celery.worker.config import task_namespace
@@ -170,7 +174,7 @@ class CeleryDispatcher:
             return False
         if task.rate_limit or _time_limited(task) or _time_limited(current):
             return False
-        if type(task).__call__ is not type(current).__call__:
+        if _task_call(type(task)) is not _task_call(type(current)):
             return False
         here = self._here(current)
         return here is not None and here == self._destination(function, (run_id, step_name),
@@ -210,6 +214,19 @@ class CeleryDispatcher:
         task = internal_task(self._app, TIMER_KIND)
         task.apply_async((run_id, step_name), countdown=min(wait_s, self.max_countdown_s) or None,
                          **self._route(task.name, (run_id, step_name), task))
+
+
+def _task_call(task_type: type) -> Any:
+    """The ``__call__`` a task class runs, seen through sentry-sdk's Celery integration:
+    in a worker (where Celery's stack protection makes ``__call__`` look custom to it) it
+    wraps each task class's ``__call__`` on its own, so no two tasks would share one and
+    no step could run in place. Its wrapper reports the task's exception and times it; a
+    step run in place is reported to Sentry by ``observe.errors`` instead."""
+    call: Any = task_type.__call__
+    while (getattr(call, "__wrapped__", None) is not None
+           and "sentry_sdk" in getattr(getattr(call, "__code__", None), "co_filename", "")):
+        call = call.__wrapped__
+    return call
 
 
 def _time_limited(task: Task) -> bool:
@@ -281,14 +298,15 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
             # The result backend fences on this: a superseded attempt cannot replace the
             # outcome a later attempt stored under the same task id.
             record_attempt(task.request, exc.attempt)
-            log.warning("WorkflowStepSupersededError: %s", exc)
+            log.warning("WorkflowStepSupersededError: %s", exc,
+                        extra=log_fields(run_id, step_name, exc.attempt))
             raise
         if outcome.kind == "not_claimed":
             log.info("pikku: step %r of run %s: task %s ran nothing: a live worker holds "
                      "the step, it has settled, or its next attempt is not due (a duplicate "
                      "or redelivered copy). The holder's outcome stands; should its worker "
                      "die, the reaper runs the step again once its lease lapses", step_name,
-                     run_id, task.request.id)
+                     run_id, task.request.id, extra=log_fields(run_id, step_name, None))
             raise Ignore()
         record_attempt(task.request, outcome.attempt)
         if outcome.kind == "settled":
@@ -297,7 +315,7 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
             # attempt that recorded it, so it can never replace a later attempt's.
             log.info("pikku: step %r of run %s had already settled (attempt %d); task %s "
                      "reports its recorded outcome", step_name, run_id, outcome.attempt,
-                     task.request.id)
+                     task.request.id, extra=log_fields(run_id, step_name, outcome.attempt))
             if outcome.error is not None:
                 raise recorded_failure(getattr(outcome.error, "error", {}))
             return outcome.result
@@ -344,6 +362,12 @@ def recorded_failure(error: dict[str, Any]) -> BaseException:
     return exc
 
 
+def log_fields(run_id: str, step_name: str, attempt: int | None) -> dict[str, Any]:
+    """The structured fields (``observe.logs``) of a line a step task logs once its attempt
+    has ended (the attempt's own fields are gone by then)."""
+    return {"run_id": run_id, "step": step_name, "attempt": attempt}
+
+
 def recordable_task_id(task_id: object) -> str | None:
     """The task id to record with the attempt: Celery's ids are UUIDs, but a caller may
     choose one, and a forged message must not store an arbitrarily large one."""
@@ -363,7 +387,7 @@ def retry_of(run_id: str, step_name: str, outcome: StepOutcome) -> Retry:
     when = outcome.retry_at.isoformat(timespec="milliseconds")
     log.warning("pikku: step %r of run %s attempt %d of %d failed (%s); attempt %d runs at "
                 "%s", step_name, run_id, outcome.attempt, outcome.max_attempts, text,
-                outcome.attempt + 1, when)
+                outcome.attempt + 1, when, extra=log_fields(run_id, step_name, outcome.attempt))
     return Retry(message=f"attempt {outcome.attempt} of {outcome.max_attempts} failed "
                          f"({text}); pikku runs attempt {outcome.attempt + 1} at {when}",
                  exc=error, when=outcome.retry_at)

@@ -1,9 +1,9 @@
 """Steps run in place (issue 24) on real ``celery -A`` workers: a pass in a worker runs the
 step it records itself, with no message, inserted already claimed, and every fence holds.
 
-* a sequential run sends one message in all (the start's), its attempts carry no task id,
-  and ``in_place_steps`` bounds a streak (the next step is sent, and its task starts a new
-  streak);
+* a sequential run sends one message in all (the start's), each attempt has a task id of
+  its own that no message carries, and ``in_place_steps`` bounds a streak (the next step
+  is sent, and its task starts a new streak);
 * a step routed to a queue of its own is always sent;
 * a worker killed in the middle of a step run in place: its lease lapses, the reaper sends
   the step, another worker runs it as attempt 2;
@@ -57,8 +57,10 @@ def test_a_sequential_run_sends_no_message_per_step(make_cluster: Callable[..., 
     history = c.pikku.get_history(run_id)
     assert [(h.step_name, h.attempt, h.status) for h in history] == [
         (f"s{i}", 1, "succeeded") for i in range(12)]
-    # Run in place: no delivery of their own (no task id), each by this worker's process.
-    assert all(h.task_id is None for h in history), history
+    # Run in place: each attempt a task id of its own (issue 33: Flower, the worker log), no
+    # message of its own, each by this worker's process.
+    assert all(h.task_id for h in history) and len({h.task_id for h in history}) == 12
+    assert not any(f"[{h.task_id}] received" in worker.log() for h in history), worker.log()
     assert all(worker.owns(int((h.worker or "").rpartition(":")[2])) for h in history)
     # One message for the whole run: the start's; not one step task.
     assert received(worker, internal_task(c.pikku.app, "orchestrate").name) == 1, worker.log()
@@ -72,7 +74,8 @@ def test_a_streak_ends_after_in_place_steps_and_the_next_step_is_sent(
     c.wait_ready(worker)
     run_id = c.pikku.start("chain", {"n": 13})
     assert c.wait(run_id, 30).output == 13, c.diagnostics()
-    sent = {h.step_name for h in c.pikku.get_history(run_id) if h.task_id is not None}
+    log = worker.log()
+    sent = {h.step_name for h in c.pikku.get_history(run_id) if f"[{h.task_id}] received" in log}
     # Steps 0-4 in the start's pass, s5 sent; its task runs it and s6-s10 in place, s11
     # sent; its task runs it and s12.
     assert sent == {"s5", "s11"}, c.pikku.get_history(run_id)
@@ -88,7 +91,8 @@ def test_a_step_routed_to_another_queue_is_sent(make_cluster: Callable[..., Clus
                       "the parked step to be recorded", c.diagnostics)
     assert parked.status == "pending"  # sent to <queue>.parked, which nobody consumes
     first = c.pikku.get_history(run_id)[0]
-    assert (first.step_name, first.status, first.task_id) == ("first", "succeeded", None)
+    assert (first.step_name, first.status) == ("first", "succeeded") and first.task_id
+    assert f"[{first.task_id}] received" not in worker.log()  # run in place
     c.pikku.cancel(run_id)
 
 
@@ -99,7 +103,8 @@ def test_a_worker_killed_in_a_step_run_in_place_loses_it_to_another(
     run_id = c.pikku.start("one_slow", {"seconds": 2.0, "ledger": c.ledger_key})
     start1 = wait_for(lambda: c.starts(), 20, "the slow step to start", c.diagnostics)[0]
     running = c.history(run_id, "slow")
-    assert attempts(running) == [(1, "running")] and running[0].task_id is None
+    assert attempts(running) == [(1, "running")] and running[0].task_id
+    assert not any(f"[{running[0].task_id}] received" in w.log() for w in c.workers)
     doomed = c.holder_of(start1["pid"])
     doomed.kill()
     start2 = wait_for(lambda: [s for s in c.starts() if s["attempt"] == 2],

@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.contrib.testing.worker import start_worker
+from celery.signals import task_prerun
 from flask import Flask, current_app
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
@@ -58,12 +59,21 @@ def test_a_step_reads_the_flask_app_context_on_a_worker(key_prefix: str) -> None
     def sent(wf: Any, name: str) -> list[str]:  # a fan-out: each step a task of its own
         return wf.gather(*(wf.call(f"c{i}", greet, f"{name}{i}") for i in range(2)))
 
+    ran_as_tasks: set[str] = set()
+
+    def ran(task_id: str | None = None, **_: Any) -> None:
+        ran_as_tasks.add(str(task_id))
+
+    task_prerun.connect(ran, weak=False)
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                       shutdown_timeout=10):
         in_place = pikku.start(flow, "ann")
         assert pikku.wait(in_place, 30).output == ["hello ann", "hello ann!"]
         tasks = pikku.start(sent, f"bo-{uuid.uuid4().hex[:4]}")
         run = pikku.wait(tasks, 30)
+    task_prerun.disconnect(ran)
     assert run.status == "completed", run
-    assert [h.task_id is None for h in pikku.get_history(in_place)] == [True, True]
+    # Run in place: a task id of their own each (issue 33), no task of Celery's ran them.
+    ids = [h.task_id for h in pikku.get_history(in_place)]
+    assert all(ids) and not set(ids) & ran_as_tasks, (ids, ran_as_tasks)
     assert all(h.task_id for h in pikku.get_history(tasks))  # ran as tasks of their own

@@ -87,5 +87,6 @@ def test_the_top_level_holds_only_the_public_face_and_the_folders() -> None:
     assert sorted(p.name for p in top.glob("*.py")) == [
         "__init__.py", "app.py", "backend.py", "operations.py", "signals.py", "testing.py"]
     assert {p.name for p in top.iterdir() if (p / "__init__.py").exists()} == {
-        "model", "store", "leases", "workflow", "engine", "worker", "schedules", "operate",
+        "model", "store", "leases", "workflow", "engine", "worker", "schedules", "observe",
+        "operate",
         "dashboard", "contrib"}

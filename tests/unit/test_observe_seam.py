@@ -61,6 +61,11 @@ def test_every_event_reaches_the_observers_passes_around_their_steps(
     assert depth == 0
     finished = [f for e, _, f in seen if e == "pass_finished"]
     assert finished[-1]["outcome"] == ENDED
+    # An attempt run in place names its workflow and says it ran in place (logs, traces).
+    attempts = [f for e, _, f in seen if e.startswith("step_attempt")]
+    assert attempts and all(f["in_place"] and f["workflow"] == f"seam-{tag}"
+                            for f in attempts)
+    assert {f["workflow"] for f in finished} <= {None, f"seam-{tag}"}
 
 
 def test_a_pass_that_finds_the_run_held_is_reported_busy(

@@ -66,13 +66,14 @@ class MemorySteps(MemoryStoreBase):
 
     def settle_and_claim_new(self, run_id: str, step_name: str, attempt: int, result: Any,
                              now_ms: int, step: NewStep, lease_ms: int, *, seq: int = 0,
-                             worker: str | None = None) -> NewClaim:
+                             worker: str | None = None, task_id: str | None = None
+                             ) -> NewClaim:
         check_value(f"result of step {step_name!r}", result)
         check_new_steps([step])
         with self._lock:  # one atomic step, as MongoDB's one command
             settled = self._fenced(run_id, step_name, attempt)
             _docs.apply_set(settled, succeeded_fields(attempt, as_stored(result), now_ms))
-            return self._claim_new(step, now_ms, lease_ms, seq, worker, None)
+            return self._claim_new(step, now_ms, lease_ms, seq, worker, task_id)
 
     def insert_replayed_steps(self, run_id: str, steps: Sequence[StepState], now_ms: int,
                               *, source_run_id: str) -> int:

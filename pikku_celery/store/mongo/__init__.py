@@ -8,7 +8,8 @@ Schema (names live in ``pikku_celery.model.keys``; times are int epoch ms on the
                     ``parent_run_id``, ``parent_step_name``, ``cancel_reason``,
                     ``created_ms``, ``updated_ms``; a fork's ``forked_from`` (its source
                     run); ``lineage`` (its forks and retries: ``[{op, at, by, from_step,
-                    run_id}]``).
+                    run_id}]``); ``trace`` (the W3C ``traceparent``/``tracestate`` of
+                    whoever created the run, when tracing was on).
                     Indexes: ``(status, updated_ms)`` for the stalled sweep and purges;
                     ``(forked_from, created_ms, run_id)`` for a run's forks;
                     ``(status, created_ms desc, run_id desc)`` and ``(workflow, status,

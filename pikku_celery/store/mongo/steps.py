@@ -100,7 +100,8 @@ class MongoSteps(MongoStoreBase):
 
     def settle_and_claim_new(self, run_id: str, step_name: str, attempt: int, result: Any,
                              now_ms: int, step: NewStep, lease_ms: int, *, seq: int = 0,
-                             worker: str | None = None) -> NewClaim:
+                             worker: str | None = None, task_id: str | None = None
+                             ) -> NewClaim:
         """``claim_new_step``'s command with the settle as its first statement: an upsert
         guarded on the attempt whose insert would change ``_id`` (refused, error 66), so a
         settle that matches nothing stops the ordered command before the claim, and writes
@@ -111,7 +112,7 @@ class MongoSteps(MongoStoreBase):
              S.STATUS: STEP_RUNNING},
             {"$set": succeeded_fields(attempt, result, now_ms),
              "$setOnInsert": {S.ID: {"never": "inserted"}}}, upsert=True)
-        return self._claim_new(step, now_ms, lease_ms, seq, worker, None,
+        return self._claim_new(step, now_ms, lease_ms, seq, worker, task_id,
                                settle=(guarded, run_id, step_name, attempt))
 
     def _claim_new(self, step: NewStep, now_ms: int, lease_ms: int, seq: int,
