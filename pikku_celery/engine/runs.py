@@ -61,6 +61,10 @@ class Runs:
         self.clock = clock
         self.dispatcher = dispatcher
         self.emit = emit
+        # The (workflow, version) pairs this engine has recorded: a definition's source is
+        # written once per process, not again on every start (where it failed on its
+        # duplicate key: a second write per start).
+        self._versions_recorded: set[tuple[str, str]] = set()
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -107,8 +111,7 @@ class Runs:
         if created and on_created is not None:
             on_created(run)
         if created:
-            self.store.record_version(definition.name, definition.version, definition.source,
-                                      now)
+            self._record_version(definition.name, definition.version, definition.source, now)
             self.emit("run_started", run.workflow, run_id=run.run_id, workflow=run.workflow,
                       parent_run_id=run.parent_run_id)
             if slot is not None:  # queued: admitted now if its group has a free slot
@@ -120,6 +123,12 @@ class Runs:
             raise WorkflowRunConflictError(
                 run_id, f"it is a run of {run.workflow!r} with another input")
         return run, created
+
+    def _record_version(self, workflow: str, version: str, source: str, now: int) -> None:
+        """Keep the definition's source under its version, once per process."""
+        if (workflow, version) not in self._versions_recorded:
+            self.store.record_version(workflow, version, source, now)
+            self._versions_recorded.add((workflow, version))
 
     @staticmethod
     def _trace_context(run_id: str, workflow: str) -> dict[str, str] | None:

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import redis
 
+from benchmarks.starts import Starter
 from benchmarks.step_cost import Result, measure
 from pikku_celery.worker.tasks import internal_task
 from tests.conftest import REDIS_URL
@@ -115,3 +116,17 @@ def test_on_two_worker_processes_a_step_run_in_place_costs_1_and_1(
     assert cost["redis"] <= steps + 3, cost
     assert messages <= 0.1 * steps, cost
     assert cost["documents"] <= 2, cost  # the run's read, the last settle's reply
+
+
+def test_a_start_is_one_mongodb_write_and_one_message(mongo_server: Any) -> None:
+    """Issue 34 item 4: the run's insert and the orchestrator's message, nothing else (the
+    definition's source is kept once per process, not inserted again on every start)."""
+    starter = Starter(REDIS_URL, REDIS_URL, mongo_server.url)
+    try:
+        counts = starter.counts_per_start(10)
+        kept = starter.store.get_version("starts.one",
+                                         starter.pikku.registry.workflow("starts.one").version)
+    finally:
+        starter.close()
+    assert counts == {"mongo": 1.0, "mongo writes": 1.0, "redis": 0.0, "messages": 1.0}, counts
+    assert kept is not None and "wf.do" in kept["source"]
