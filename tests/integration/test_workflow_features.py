@@ -117,15 +117,18 @@ def test_a_duplicate_of_a_settled_step_reports_its_recorded_outcome_under_its_ta
         wait_for(lambda: runs[-1:] == ["hold"], 30, "the held step to start", lambda: "")
         seen: list[str] = []
         done = threading.Event()
+        # The id is chosen before the send: the duplicate can end before send_task returns.
+        duplicate_id = str(uuid.uuid4())
 
         def postrun(sender: Any = None, task_id: str = "", **_: Any) -> None:
-            if task_id == duplicate.id:
+            if task_id == duplicate_id:
                 seen.append(task_id)
                 done.set()
 
         signals.task_postrun.connect(postrun, weak=False)
         try:
-            duplicate = app.send_task("dup.hold", args=[held_run, "hold"])
+            duplicate = app.send_task("dup.hold", args=[held_run, "hold"],
+                                      task_id=duplicate_id)
             assert done.wait(30)
         finally:
             signals.task_postrun.disconnect(postrun)
