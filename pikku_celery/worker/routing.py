@@ -187,6 +187,19 @@ class Routing:
             for note in self._notes:
                 log.info(note)
             self._notes.clear()
+            self._say_why_steps_are_sent()
             from pikku_celery.model._isolation import warn_at_worker_start
 
             warn_at_worker_start(self._app)  # runs shared with other apps by default
+
+    def _say_why_steps_are_sent(self) -> None:
+        pikku = getattr(self._app, "pikku", None)
+        if pikku is None:
+            return
+        from pikku_celery.worker.in_place_notes import sent_reasons
+
+        settings = pikku.settings
+        for line in sent_reasons(self._app, list(pikku.registry.steps),
+                                 continue_in_place=settings.continue_in_place,
+                                 in_place_steps=settings.in_place_steps):
+            log.info(line)
