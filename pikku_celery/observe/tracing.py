@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pikku_celery.engine import protocols
-from pikku_celery.observe import Observer
+from pikku_celery.observe import Observer, trace_messages
 
 log = logging.getLogger("pikku_celery")
 
@@ -154,8 +154,9 @@ class _Thread(threading.local):
         #: its end may be reported in the pass's): undone when that Context is current
         #: here again, or dropped with the pass they ran in.
         self.stale: list[_Frame] = []
-        #: The ``pikku.start`` span of the run being created, until ``run_started``.
-        self.starting: tuple[str, Any] | None = None
+        #: The ``pikku.start`` span of the run being created and the context saved with
+        #: the run, until ``run_started``.
+        self.starting: tuple[str, Any, dict[str, str]] | None = None
 
 
 _local = _Thread()
@@ -172,9 +173,9 @@ def _capture(run_id: str, workflow: str) -> dict[str, str] | None:
     api = _API
     span = tracer.start_span(f"pikku.start {workflow}",
                              attributes={RUN_ID: run_id, WORKFLOW: workflow})
-    _local.starting = (run_id, span)
     carrier: dict[str, str] = {}
     api.propagator.inject(carrier, context=api.set_span_in_context(span))
+    _local.starting = (run_id, span, carrier)
     return carrier
 
 
@@ -198,12 +199,14 @@ class _RunContexts:
         self._runs: OrderedDict[str, _RunInfo] = OrderedDict()
         self._lock = threading.Lock()
 
-    def remember(self, run_id: str, info: _RunInfo) -> None:
+    def remember(self, run_id: str, info: _RunInfo,
+                 carrier: Mapping[str, str] | None) -> None:
         with self._lock:
             self._runs[run_id] = info
             self._runs.move_to_end(run_id)
             while len(self._runs) > CACHED_RUNS:
                 self._runs.popitem(last=False)
+        trace_messages.know(run_id, carrier, info.workflow)  # carried by its messages
 
     def get(self, run_id: str) -> _RunInfo:
         with self._lock:
@@ -211,14 +214,19 @@ class _RunContexts:
             if info is not None:
                 self._runs.move_to_end(run_id)
                 return info
+        carried = trace_messages.carried(run_id)  # in the message the task runs for
+        if carried is not None:
+            info = _RunInfo(_extract(carried[0]), carried[1])
+            self.remember(run_id, info, carried[0])
+            return info
         try:
             run = self._read_run(run_id)
         except Exception:  # the store is down: the span goes on without its parent
             log.debug("pikku: no trace context read for run %s", run_id, exc_info=True)
             return _RunInfo(None, None)
-        info = _RunInfo(_extract(run.trace if run is not None else None),
-                        run.workflow if run is not None else None)
-        self.remember(run_id, info)
+        carrier = run.trace if run is not None else None
+        info = _RunInfo(_extract(carrier), run.workflow if run is not None else None)
+        self.remember(run_id, info, carrier)
         return info
 
 
@@ -284,7 +292,8 @@ class Tracing:
         if fields.get("parent_run_id"):
             span.set_attribute(PARENT_RUN_ID, fields["parent_run_id"])
         span.end()
-        self._runs.remember(run_id, _RunInfo(span.get_span_context(), fields.get("workflow")))
+        self._runs.remember(run_id, _RunInfo(span.get_span_context(), fields.get("workflow")),
+                            starting[2])
 
     def _run_finished(self, tracer: Any, sender: str, fields: dict[str, Any]) -> None:
         api = _API
@@ -322,7 +331,7 @@ class Tracing:
             # the trace its first pass here began.
             info = _RunInfo(span.get_span_context(), workflow or None)
             state.stack[-1].info = info
-            self._runs.remember(run_id, info)
+            self._runs.remember(run_id, info, None)  # nothing saved: nothing to carry
 
     def _pass_finished(self, tracer: Any, sender: str, fields: dict[str, Any]) -> None:
         state = _local

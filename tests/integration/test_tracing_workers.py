@@ -13,7 +13,8 @@ as a task of its own (so Celery's task spans are there), Redis broker:
 
 And on RabbitMQ, steps run in place (the default): two workers run pipelines (a step, a
 fan-out of two, a timer, a step failing once), each run one trace across the processes
-that ran its passes, every attempt a span under the pass that ran it or Celery's task.
+that ran its passes, every attempt a span under the pass that ran it or Celery's task, and
+no worker reads a run from the store to find its context (the messages carry it).
 """
 
 from __future__ import annotations
@@ -220,3 +221,6 @@ def test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run(
                 in_place += 1
                 assert parent["name"] == "pikku.pass pipeline" and parent["pid"] == span["pid"]
     assert in_place >= len(run_ids), "steps ran in place, inside their passes' spans"
+    # The starter's messages carried each run's context: no worker read a run to find it.
+    reads = [line for path in span_dir.glob("*.reads") for line in path.read_text().split()]
+    assert not set(reads) & set(run_ids), reads

@@ -54,7 +54,27 @@ class JsonLinesExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+def _count_reads() -> None:
+    """Each store read the tracing observer makes for a run's context, as a line of
+    ``$PIKKU_IT_SPANS/<pid>.reads`` (the messages should carry the context instead)."""
+    from pikku_celery.observe import tracing
+
+    original = tracing._RunContexts.__init__
+
+    def init(self: Any, read_run: Any) -> None:
+        def counted(run_id: str) -> Any:
+            with open(os.path.join(os.environ[ENV_SPANS], f"{os.getpid()}.reads"), "a",
+                      encoding="utf-8") as out:
+                out.write(run_id + "\n")
+            return read_run(run_id)
+
+        original(self, counted)
+
+    tracing._RunContexts.__init__ = init  # type: ignore[method-assign]
+
+
 def _configure() -> None:
+    _count_reads()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(os.environ[ENV_SPANS])))
     trace.set_tracer_provider(provider)
