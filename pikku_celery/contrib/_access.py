@@ -10,14 +10,19 @@ A deployment's rules (``Rules``) are:
   ``retry``, ``fork``, ``send_event``, ``pause_schedule``, ``resume_schedule``,
   ``trigger_schedule``) to run ``run_id`` (``None``: listing, a start without ``run_id``,
   and the schedule actions, which act on no run; reading the schedules is ``read`` with
-  ``None``)? A callable that also takes a
-  ``gate`` keyword (or ``**kwargs``) is told, for ``approve``, which gate is decided:
-  ``authorize(request, "approve", run_id, gate="manager")``.
+  ``None``)? A callable that also takes one of ``TOLD``'s keywords (by name, or
+  ``**kwargs``) is told it, so a rule can tell one gate, event, schedule or input from
+  another: ``gate`` (``approve``: ``authorize(request, "approve", run_id,
+  gate="manager")``), ``event`` (``send_event``: the event's name), ``schedule`` (the
+  schedule actions: the schedule's name) and ``input`` (``start``: the input of the run
+  it would create, asked once, after the body is read, with the body's ``run_id``). A
+  3-argument callable is called as before.
 - ``run_filter(request)`` (``PIKKU_RUN_FILTER``, optional): the runs this caller may read, as
   a store query: ``{"input.owner": request.user.username}`` keeps the runs whose input's
   ``owner`` is that name (``pikku_celery.store.base.check_run_match`` says what a filter may
   hold); ``None``: no narrowing. The listing, its ``before`` cursor and the dashboard's
-  counts are queried with it, and a run outside it reads as unknown (404) everywhere.
+  counts are queried with it, a run outside it reads as unknown (404) everywhere, and a
+  start must create a run it keeps (``_readable.check_startable``).
 - ``identify(request)`` (Flask's ``PIKKU_IDENTIFY``; Django: the signed-in user): the
   caller's name, recorded as an approval's ``by``.
 
@@ -56,14 +61,26 @@ PAUSE_SCHEDULE, RESUME_SCHEDULE, TRIGGER_SCHEDULE = (
 SCHEDULE_ACTIONS = (PAUSE_SCHEDULE, RESUME_SCHEDULE, TRIGGER_SCHEDULE)
 ACTIONS = (READ, START, CANCEL, RESUME, APPROVE, RETRY, FORK, SEND_EVENT, *SCHEDULE_ACTIONS)
 
-#: ``authorize(request, action, run_id[, gate=...]) -> bool``.
+#: The keywords ``authorize`` is told, each only when the callable takes it (by name or
+#: ``**kwargs``) and only when known: ``gate`` (``approve``), ``event`` (``send_event``;
+#: absent when the dashboard asks whether its Send event form is shown, before a name is
+#: typed), ``schedule`` (``SCHEDULE_ACTIONS``) and ``input`` (``start``; given even when
+#: it is ``None``, the input of a run started without one).
+TOLD = ("gate", "event", "schedule", "input")
+#: The keyword a route's ``<name>`` path parameter is told as, by action.
+NAMED = {APPROVE: "gate", SEND_EVENT: "event",
+         **dict.fromkeys(SCHEDULE_ACTIONS, "schedule")}
+
+#: ``authorize(request, action, run_id[, gate=..., event=..., schedule=..., input=...])
+#: -> bool``.
 Authorize = Callable[..., bool]
 #: ``identify(request) -> str | None``: the caller's name, an approval's ``by``.
 Identify = Callable[[Any], "str | None"]
 #: ``run_filter(request) -> {"input.<field>": value, ...} | None``.
 RunFilter = Callable[[Any], "Mapping[str, Any] | None"]
-#: An adapter's check of one action: returns, or raises ``_api.ApiError`` (401/403).
-Check = Callable[[str, "str | None", "str | None"], None]
+#: An adapter's check of one action (the action, its run, what ``authorize`` is told):
+#: returns, or raises ``_api.ApiError`` (401/403).
+Check = Callable[[str, "str | None", "Mapping[str, Any]"], None]
 
 REMOVED_ALLOW_LOCAL = "allow-local"
 ALLOW_LOCAL_REMOVED = (
@@ -105,29 +122,37 @@ class Rules:
     identify: Identify | None = None
 
     def allowed(self, request: Any, action: str, run_id: str | None,
-                gate: str | None = None) -> bool:
-        """``authorize`` called as its signature takes it: with ``gate`` when it has one."""
-        if gate is not None and takes_gate(self.authorize):
-            return bool(self.authorize(request, action, run_id, gate=gate))
-        return bool(self.authorize(request, action, run_id))
+                about: Mapping[str, Any] | None = None) -> bool:
+        """``authorize`` called as its signature takes it: told each keyword of ``about``
+        (``TOLD``) it takes, so a 3-argument callable is called as it always was."""
+        told = {k: v for k, v in (about or {}).items() if takes(self.authorize, k)}
+        return bool(self.authorize(request, action, run_id, **told))
 
 
-def takes_gate(authorize: Authorize) -> bool:
-    """Whether ``authorize`` takes a ``gate`` keyword (named, or ``**kwargs``)."""
+def takes(authorize: Authorize, keyword: str) -> bool:
+    """Whether ``authorize`` takes ``keyword`` (named, or ``**kwargs``)."""
     try:
         parameters = inspect.signature(authorize).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any((p.name == "gate" and p.kind is not p.POSITIONAL_ONLY)
+    return any((p.name == keyword and p.kind is not p.POSITIONAL_ONLY)
                or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def named(action: str, name: str | None) -> dict[str, str]:
+    """What ``authorize`` is told of a route's ``<name>`` for ``action`` (``NAMED``):
+    the gate of an approval, the event sent, the schedule acted on; else nothing."""
+    keyword = NAMED.get(action)
+    return {} if keyword is None or name is None else {keyword: name}
 
 
 class Caller:
     """One request's caller under the rules, as the JSON API and the pages ask about it.
 
-    ``check(action, run_id, gate)`` is the adapter's: it calls the rules with its request
-    and raises ``ApiError`` (401 anonymous, 403 refused) or returns. ``match`` and ``name``
-    are read once per request, when first needed."""
+    ``check(action, run_id, about)`` is the adapter's: it calls the rules with its
+    request and what ``authorize`` is told (``TOLD``), and raises ``ApiError`` (401
+    anonymous, 403 refused) or returns. ``match`` and ``name`` are read once per request,
+    when first needed."""
 
     def __init__(self, rules: Rules, request: Any, check: Check, *,
                  name: Callable[[], str | None] | None = None) -> None:
@@ -138,16 +163,27 @@ class Caller:
         self._match: dict[str, Any] | None = None
         self._match_read = False
 
-    def check(self, action: str, run_id: str | None = None, gate: str | None = None) -> None:
-        self._check(action, run_id, gate)
+    def check(self, action: str, run_id: str | None = None, gate: str | None = None,
+              **about: Any) -> None:
+        """Refuse (``ApiError``) or pass ``action`` on ``run_id``; ``authorize`` is told
+        ``gate`` (when not ``None``) and ``about`` (``event=``, ``schedule=``,
+        ``input=``)."""
+        if unknown := set(about) - set(TOLD):
+            raise TypeError(f"authorize is never told {sorted(unknown)}")
+        self._check(action, run_id, {**about, **({} if gate is None else {"gate": gate})})
 
-    def can(self, action: str, run_id: str | None = None, gate: str | None = None) -> bool:
+    def can(self, action: str, run_id: str | None = None, gate: str | None = None,
+            **about: Any) -> bool:
         """Whether ``check`` passes (for buttons and a page's rows: a refusal is no row)."""
         try:
-            self._check(action, run_id, gate)
+            self.check(action, run_id, gate, **about)
         except ApiError:
             return False
         return True
+
+    def takes(self, keyword: str) -> bool:
+        """Whether the deployment's ``authorize`` is told ``keyword`` (``TOLD``)."""
+        return takes(self._rules.authorize, keyword)
 
     def match(self) -> dict[str, Any] | None:
         """The run filter for this caller (checked), or ``None`` for every run."""

@@ -4,9 +4,11 @@ The Django and Flask adapters translate requests and responses; everything a req
 through is decided here, once, in this order:
 
 1. the caller is authorized for the route's action (``ACTIONS``) by the deployment's rules
-   (``_access``): 401 for an anonymous caller, 403 for one without the right; an
-   approval's check is told the gate; what the caller may read narrows every read
-   (``_access.Caller.match``) and every listed run is checked on its own;
+   (``_access``): 401 for an anonymous caller, 403 for one without the right; the check
+   is told the gate of an approval, the event sent, the schedule acted on
+   (``_access.named``) and, after the body is read, a start's input and run id; what
+   the caller may read narrows every read (``_access.Caller.match``), every listed run is
+   checked on its own, and a start must create a run the caller may read (``start``);
 2. a POST body must be ``application/json`` (415 otherwise: a cross-site form can only send
    ``text/plain``, form or multipart bodies), at most ``max_body_bytes`` (413), and nested
    no deeper than MongoDB stores (400);
@@ -65,6 +67,7 @@ from pikku_celery.contrib._access import (
     ApiError,
     Caller,
     forbidden,
+    named,
     not_authenticated,
 )
 from pikku_celery.contrib._json import present, sent_events_json, to_json
@@ -72,6 +75,8 @@ from pikku_celery.contrib._readable import (
     MAX_SEARCHED,
     SEARCH_BATCH,
     RunSearch,
+    check_startable,
+    hidden_run,
     readable_count,
     readable_forks,
     readable_page,
@@ -94,7 +99,6 @@ from pikku_celery.engine.forks import kept_approvals
 from pikku_celery.model.errors import (
     InvalidInputError,
     WorkflowRunConflictError,
-    WorkflowRunNotFoundError,
 )
 from pikku_celery.model.records import StepAttempt, StepState, WorkflowEvent, WorkflowRun
 from pikku_celery.operate.timeline import Timeline, build
@@ -246,22 +250,31 @@ class RunsApi:
         return served
 
     def start(self, workflow: str, body: Any) -> Response:
+        """``pikku.start``, refused in this order, each refusal the same whatever else the
+        body holds: ``authorize`` told the body's ``run_id`` and, when it takes it, the
+        ``input`` (403); a run the caller's run filter would not keep as theirs (403,
+        ``check_startable``); a ``run_id`` taken by a run the caller may not read, or by
+        another workflow's or input's run (409, one message for all: nothing of the run
+        that has it, not even whether the input was its input)."""
         fields = _fields(body, allowed=("input", "run_id"),
                          what="'input' (and optionally 'run_id')")
-        run_id = fields.get("run_id")
-        conflict = ApiError(409, "WorkflowRunConflictError",
-                            f"run id {run_id!r} is taken by a run of another workflow or "
-                            "with another input")
-        if isinstance(run_id, str) and not self.caller.can(READ, run_id) \
-                and _exists(self.pikku, run_id):
-            # Before the idempotent match: a caller who may not read that run must not
-            # learn whether its input is the one they sent (202 for the same, else 409).
-            raise conflict
+        run_id, data = fields.get("run_id"), fields.get("input")
+        if run_id is not None and not isinstance(run_id, str):
+            raise InvalidInputError(f"'run_id' must be a string, got {run_id!r}")
+        if run_id is not None or self.caller.takes("input"):
+            # Route.serve asked ("start", None) before the body was read, or nothing of a
+            # rule told the input: now with what the body names.
+            self.caller.check(START, run_id, input=data)
+        check_startable(self.caller, data)
+        taken = ApiError(409, "WorkflowRunConflictError", RUN_ID_TAKEN.format(run_id=run_id))
+        if run_id is not None and hidden_run(self.pikku, self.caller, run_id):
+            # Before the idempotent match, which would answer 202 for its very input.
+            raise taken
         try:
-            started = self.pikku.start(workflow, fields.get("input"), run_id=run_id)
+            started = self.pikku.start(workflow, data, run_id=run_id)
         except WorkflowRunConflictError:
             # Not which workflow owns it: a caller allowed to start may not read that run.
-            raise conflict from None
+            raise taken from None
         return 202, {"run_id": started}
 
     def cancel(self, run_id: str, body: Any) -> Response:
@@ -367,16 +380,11 @@ class RunsApi:
         return 200, {"sent": True, "event": self._present(event)}
 
 
+#: The one refusal of a start under a taken run id, whoever's run has it.
+RUN_ID_TAKEN = ("run id {run_id!r} is taken by another run (of another workflow, with "
+                "another input, or one you may not read): start it under another id")
 VALUE_FIELDS = ("data", "result")
 MAX_EVENTS = 1000  # what one read of a run's events serves at most
-
-
-def _exists(pikku: PikkuCelery, run_id: str) -> bool:
-    try:
-        pikku.get_run(run_id)
-    except WorkflowRunNotFoundError:
-        return False
-    return True
 
 
 def bounded_int(raw: str | None, name: str, default: int, maximum: int) -> int:
@@ -430,11 +438,14 @@ class Route:
 
     def serve(self, api: RunsApi, params: Mapping[str, str], query: Mapping[str, str],
               read_body: Callable[[], Any]) -> Response:
-        """Authorize the caller for the route's action (an approval: for its gate), read
-        the body (POST) and run the handler; every failure becomes a response."""
+        """Authorize the caller for the route's action (told the gate, event or schedule
+        the path names: ``_access.named``), read the body (POST) and run the handler;
+        every failure becomes a response."""
         def call() -> Response:
-            api.caller.check(self.action, params.get("run_id"),
-                             params.get("name") if self.action == APPROVE else None)
+            # An authorize told a start's input is asked once, after the body is read.
+            if not (self.action == START and api.caller.takes("input")):
+                api.caller.check(self.action, params.get("run_id"),
+                                 **named(self.action, params.get("name")))
             body = read_body() if self.method == "POST" else None
             return self.call(api, params, query, body)
         return handle(call)

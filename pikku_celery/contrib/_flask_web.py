@@ -10,7 +10,7 @@ dashboard imports no Flask extension code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +52,9 @@ def served() -> _api.Served:
 def _caller(rules: _access.Rules) -> _access.Caller:
     req = request._get_current_object()  # type: ignore[attr-defined]
 
-    def check(action: str, run_id: str | None, gate: str | None) -> None:
+    def check(action: str, run_id: str | None, about: Mapping[str, Any]) -> None:
         try:
-            allowed = rules.allowed(req, action, run_id, gate)
+            allowed = rules.allowed(req, action, run_id, about)
         except HTTPException as exc:  # abort(401) in PIKKU_AUTHORIZE
             raise http_error(exc, action) from None
         if not allowed:

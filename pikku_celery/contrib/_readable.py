@@ -3,14 +3,20 @@
 does not keep it), a page of runs, a page narrowed by time and run id prefix, a count, and
 the schedules (those whose runs the caller's filter would keep: it is matched against the
 input a schedule's runs get, its ``data``). Every listed run is also checked on its own
-with ``read`` (``_access``)."""
+with ``read`` (``_access``).
+
+The filter also bounds what a caller starts (``check_startable``): the run a start would
+create must be one of the caller's runs, or a tenant could plant runs in another's listing
+and take their concurrency slots."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pikku_celery.app import PikkuCelery
-from pikku_celery.contrib._access import READ, Caller
+from pikku_celery.contrib._access import READ, ApiError, Caller
 from pikku_celery.model.errors import InvalidInputError, WorkflowRunNotFoundError
 from pikku_celery.model.records import WorkflowRun, WorkflowSchedule
 from pikku_celery.store.base import run_matches
@@ -25,6 +31,46 @@ def readable_run(pikku: PikkuCelery, caller: Caller, run_id: str) -> WorkflowRun
     return run
 
 
+def hidden_run(pikku: PikkuCelery, caller: Caller, run_id: str) -> bool:
+    """Whether ``run_id`` is a run the caller may not read (``read`` refused, or their
+    run filter does not keep it); ``False`` for an id no run has."""
+    try:
+        run = pikku.get_run(run_id)
+    except WorkflowRunNotFoundError:
+        return False
+    match = caller.match()
+    return (not caller.can(READ, run_id)
+            or (match is not None and not run_matches(run.input, match)))
+
+
+def check_startable(caller: Caller, data: Any) -> None:
+    """Refuse (403) a start whose run the caller's run filter would not keep as theirs:
+    each field the filter names must hold the filter's value itself, not inside a list
+    (the filter reads ``{"owner": ["ann", "bob"]}`` as ann's and as bob's run: it would be
+    planted in another's listing). The message names the filter's fields, never a value
+    or the input: it is the same whatever the caller sent."""
+    match = caller.match()
+    if match is None:
+        return
+    if all(_plain(data, key.split(".")[1:]) for key in match) and run_matches(data, match):
+        return
+    raise ApiError(403, "PermissionDenied",
+                   "not allowed to start this run: it would not be one of your runs (your "
+                   f"run filter keeps the runs whose input has your value at "
+                   f"{', '.join(sorted(match))}, and a list there is not yours alone)")
+
+
+def _plain(value: Any, path: list[str]) -> bool:
+    """Whether ``path`` in ``value`` goes through no list (a missing field is ``None``)."""
+    for name in path:
+        if isinstance(value, list):
+            return False
+        if not isinstance(value, Mapping) or name not in value:
+            return True
+        value = value[name]
+    return not isinstance(value, list)
+
+
 #: A run's forks listed with it (the oldest): its JSON and its dashboard page.
 MAX_FORKS = 100
 
@@ -37,11 +83,25 @@ def readable_forks(pikku: PikkuCelery, caller: Caller, run_id: str) -> list[Work
             if (match is None or run_matches(f.input, match)) and caller.can(READ, f.run_id)]
 
 
-def readable_schedules(pikku: PikkuCelery, caller: Caller) -> list[WorkflowSchedule]:
-    """The schedules whose runs the caller's run filter keeps (all without a filter)."""
+def readable_schedules(pikku: PikkuCelery, caller: Caller,
+                       stored: Iterable[WorkflowSchedule] | None = None
+                       ) -> list[WorkflowSchedule]:
+    """The schedules (``stored``, else the store's) whose runs the caller's run filter
+    keeps (all without a filter)."""
     match = caller.match()
-    return [s for s in pikku.list_schedules()
+    return [s for s in (pikku.list_schedules() if stored is None else stored)
             if match is None or run_matches(s.data, match)]
+
+
+def unsaved_schedules(pikku: PikkuCelery, caller: Caller,
+                      stored: Iterable[WorkflowSchedule]) -> list[str]:
+    """The names of the schedules this process declares that are not ``stored`` yet and
+    whose runs the caller's filter keeps (matched against the declared ``data``): a
+    schedule the filter hides is never named, stored or not."""
+    saved = {s.name for s in stored}
+    match = caller.match()
+    return sorted(name for name, declared in pikku.registry.schedules.items()
+                  if name not in saved and (match is None or run_matches(declared.data, match)))
 
 
 def readable_schedule(pikku: PikkuCelery, caller: Caller, name: str) -> WorkflowSchedule:

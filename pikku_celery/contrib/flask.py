@@ -5,12 +5,15 @@
 - ``PIKKU_URL_PREFIX`` (default ``"/pikku"``): where the JSON API is mounted (routes in
   ``_api.ROUTES``, under ``<prefix>/api/``); ``None`` mounts nothing.
 - ``PIKKU_AUTHORIZE`` (required to mount the API): a callable ``(request, action, run_id)
-  -> bool`` or its dotted path (one that also takes a ``gate`` keyword is told which gate
-  an approval decides). ``False`` is a 403; call ``abort(401)`` in it for a 401. The old
-  ``"allow-local"`` is refused with what to use instead (``contrib._access``).
+  -> bool`` or its dotted path (one that also takes a ``gate``, ``event``, ``schedule`` or
+  ``input`` keyword is told which gate an approval decides, which event is sent, which
+  schedule is acted on, a start's input: ``contrib._access``). ``False`` is a 403; call
+  ``abort(401)`` in it for a 401. The old ``"allow-local"`` is refused with what to use
+  instead (``contrib._access``).
 - ``PIKKU_RUN_FILTER`` (default none): a callable ``(request) -> {"input.<field>": value}
   | None`` or its dotted path: the runs the caller may read, as a store query (the
-  listing, its cursor, the dashboard's counts; another run reads as unknown).
+  listing, its cursor, the dashboard's counts; another run reads as unknown), and the
+  only runs they may start.
 - ``PIKKU_IDENTIFY`` (default none): a callable ``(request) -> str | None`` or its dotted
   path, naming the caller (with Flask-Login, ``current_user.get_id()`` when
   ``current_user.is_authenticated``; a verified token's subject); ``None`` when it cannot

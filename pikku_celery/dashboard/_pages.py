@@ -186,8 +186,9 @@ class View:
     nonce: str
     trusted_origins: Collection[str] = ()
 
-    def can(self, action: str, run_id: str | None, gate: str | None = None) -> bool:
-        return self.caller.can(action, run_id, gate)
+    def can(self, action: str, run_id: str | None, gate: str | None = None,
+            **about: Any) -> bool:
+        return self.caller.can(action, run_id, gate, **about)
 
 
 def pretty(value: Any) -> str:
@@ -300,33 +301,38 @@ class Dashboard:
 
     def send_event(self, view: View, run_id: str, form: Mapping[str, str]) -> Page:
         """The Send event form's POST (authorized for ``send_event`` and CSRF-checked by
-        the adapter): ``pikku.send_event``; a refusal (a payload that is not JSON, a bad
-        name or key, a run that has ended, a store that kept failing) re-renders the run
-        page with the reason."""
+        the adapter, which asks without the event: its name is typed in the form), then
+        authorized again told the event typed; ``pikku.send_event``; a refusal (that
+        name, a payload that is not JSON, a bad name or key, a run that has ended, a
+        store that kept failing) re-renders the run page with the reason."""
         def send() -> Page:
             check_name("run id", run_id)
             readable_run(self.pikku, view.caller, run_id)
             typed = TypedEvent.of(form)
             try:
+                view.caller.check(SEND_EVENT, run_id, event=typed.name)
                 self.pikku.send_event(run_id, typed.name, typed.value(),
                                       key=typed.key or None)
-            except (InvalidInputError, WorkflowEventError, WorkflowEventNotSentError) as exc:
+            except (ApiError, InvalidInputError, WorkflowEventError,
+                    WorkflowEventNotSentError) as exc:
                 # Not sent: the store kept failing, and the reason says whether the event
                 # may have been kept (a key makes sending it again safe).
-                status = (409 if isinstance(exc, WorkflowEventError) else
+                status = (exc.status if isinstance(exc, ApiError) else
+                          409 if isinstance(exc, WorkflowEventError) else
                           503 if isinstance(exc, WorkflowEventNotSentError) else 400)
+                message = exc.message if isinstance(exc, ApiError) else str(exc)
                 return self._run(view, run_id, status=status,
-                                 event_refusal=EventRefusal(str(exc), typed))
+                                 event_refusal=EventRefusal(message, typed))
             return _back(view, run_id, "event-sent")
         return self._page(view.base, send)
 
     def refusal(self, caller: Caller, action: str, run_id: str | None, home: str,
-                login_url: Callable[[], str] | None = None, gate: str | None = None
-                ) -> Page | None:
-        """The page refusing ``caller`` the ``action`` (an approval: on ``gate``), or
-        ``None`` when they may."""
+                login_url: Callable[[], str] | None = None,
+                about: Mapping[str, str] | None = None) -> Page | None:
+        """The page refusing ``caller`` the ``action`` (told ``about``: the gate of an
+        approval, the schedule acted on; ``_access.named``), or ``None`` when they may."""
         try:
-            caller.check(action, run_id, gate)
+            caller.check(action, run_id, **(about or {}))
         except ApiError as exc:
             login = login_url() if exc.status == 401 and login_url is not None else None
             return self.refused(exc.status, exc.message, home, login)

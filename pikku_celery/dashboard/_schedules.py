@@ -6,8 +6,10 @@ it), next and latest tick, the run the latest tick started and its data.
 Each schedule gets Pause or Resume (by its state) and Trigger forms
 (``<mount>/schedules/<name>/pause|resume|trigger``), each authorized as its own action
 (``pause_schedule``, ``resume_schedule``, ``trigger_schedule``, asked with ``run_id``
-``None``) and CSRF-checked by the adapter like the run page's buttons; a caller without
-the action sees why there is no form. A pause or resume goes back to the page with a
+``None`` and told the schedule: ``authorize(..., schedule=name)``) and CSRF-checked by the
+adapter like the run page's buttons; a caller without the action sees why there is no
+form. The schedules the caller's run filter hides are neither listed nor named among
+those "declared here but not in the store yet". A pause or resume goes back to the page with a
 notice; a trigger goes to the new run's page. A refused action (the schedule already
 paused, not paused, or unknown) re-renders the page with the reason (409, 404).
 """
@@ -25,7 +27,11 @@ from pikku_celery.contrib._access import (
     TRIGGER_SCHEDULE,
 )
 from pikku_celery.contrib._json import present
-from pikku_celery.contrib._readable import readable_schedule, readable_schedules
+from pikku_celery.contrib._readable import (
+    readable_schedule,
+    readable_schedules,
+    unsaved_schedules,
+)
 from pikku_celery.dashboard._pages import ENV, Dashboard, Page, View, segment
 from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.model.records import WorkflowSchedule
@@ -50,10 +56,14 @@ class ScheduleRefusal:
 
 @dataclass(frozen=True)
 class ScheduleRow:
+    """One schedule of the page; ``allowed``: the actions whose form it gets (each asked
+    of ``authorize`` told the schedule)."""
+
     schedule: WorkflowSchedule
     timing: str
     state: str
     data: Any
+    allowed: dict[str, bool]
 
 
 def schedules_page(board: Dashboard, view: View) -> Page:
@@ -89,18 +99,19 @@ def act_on_schedule(board: Dashboard, view: View, name: str, action: str) -> Pag
 
 def _render(board: Dashboard, view: View, refusal: ScheduleRefusal | None = None,
             status: int = 200) -> Page:
+    stored = board.pikku.list_schedules()
     rows = [ScheduleRow(s, timing_text(s), state_text(s),
-                        present({"data": s.data}, show_tracebacks=False)["data"])
-            for s in readable_schedules(board.pikku, view.caller)]
-    allowed = {action: view.csrf is not None and view.can(action, None)
-               for action in SCHEDULE_ACTIONS}
+                        present({"data": s.data}, show_tracebacks=False)["data"],
+                        {action: view.csrf is not None
+                         and view.can(action, None, schedule=s.name)
+                         for action in SCHEDULE_ACTIONS})
+            for s in readable_schedules(board.pikku, view.caller, stored)]
     why_not = None
     if view.csrf is None:
         why_not = FORMLESS
-    elif not any(allowed.values()):
+    elif rows and not any(any(r.allowed.values()) for r in rows):
         why_not = "you may not pause, resume or trigger schedules"
-    declared = sorted(set(board.pikku.registry.schedules) - {r.schedule.name for r in rows})
     return Page(status, ENV.get_template("schedules.html").render(
-        view=view, home=view.base, rows=rows, allowed=allowed, verbs=VERBS,
-        why_not=why_not, refusal=refusal, unsaved=declared,
+        view=view, home=view.base, rows=rows, verbs=VERBS, why_not=why_not,
+        refusal=refusal, unsaved=unsaved_schedules(board.pikku, view.caller, stored),
         notice=NOTICES.get(view.query.get("notice") or "")))

@@ -4,9 +4,10 @@ a run; ``pikku/schedules``: the schedules), behind the same ``PIKKU_AUTHORIZE`` 
 users by default) with the action each needs (``read`` for a page,
 ``cancel``/``resume``/``retry``/``fork`` for a button or the fork form, ``approve`` told
 the gate for a decision form, ``pikku/runs/<run_id>/approvals/<name>``, ``send_event`` for
-the Send event form, ``pikku/runs/<run_id>/events``; ``pause_schedule``,
-``resume_schedule``, ``trigger_schedule`` with ``run_id`` ``None`` for the Schedules page's
-forms, ``pikku/schedules/<name>/pause|resume|trigger``). The forms carry Django's CSRF
+the Send event form, ``pikku/runs/<run_id>/events``, then told the event typed;
+``pause_schedule``, ``resume_schedule``, ``trigger_schedule`` with ``run_id`` ``None``,
+told the schedule, for the Schedules page's forms,
+``pikku/schedules/<name>/pause|resume|trigger``). The forms carry Django's CSRF
 token and their views are ``csrf_protect``-ed (with or without ``CsrfViewMiddleware``,
 which passes them by: they check the form's type and size, then CSRF, before anything
 reads the form); every page sets the CSRF cookie (``ensure_csrf_cookie``).
@@ -15,7 +16,7 @@ reads the form); every page sets the CSRF cookie (``ensure_csrf_cookie``).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -27,6 +28,7 @@ from django.urls import path, reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect, ensure_csrf_cookie
 from django.views.decorators.http import require_http_methods
 
+from pikku_celery.contrib._access import named
 from pikku_celery.contrib._api import APPROVE, SEND_EVENT
 from pikku_celery.contrib.django import project_pikku
 from pikku_celery.contrib.django.views import caller, options
@@ -38,7 +40,9 @@ CSRF_FIELD = "csrfmiddlewaretoken"  # what csrf_protect reads from a form
 
 
 def _serve(request: HttpRequest, action: str, run_id: str | None,
-           page: Callable[[Dashboard, View], Page], gate: str | None = None) -> HttpResponse:
+           page: Callable[[Dashboard, View], Page],
+           about: Mapping[str, str] | None = None) -> HttpResponse:
+    """Authorize ``action`` (told ``about``: ``_access.named``), then serve ``page``."""
     board = Dashboard(project_pikku(), options())
     base = reverse("pikku:dashboard")
     nonce = secrets.token_urlsafe(16)
@@ -48,7 +52,7 @@ def _serve(request: HttpRequest, action: str, run_id: str | None,
         return (str(resolve_url(settings.LOGIN_URL)) + "?"
                 + urlencode({"next": request.get_full_path()}))
 
-    refused = board.refusal(who, action, run_id, base, login, gate)
+    refused = board.refusal(who, action, run_id, base, login, about)
     if refused is not None:
         return _respond(refused, nonce)
     view = View(base=base, query=request.GET, caller=who,
@@ -89,11 +93,12 @@ Act = Callable[[HttpRequest, Dashboard, View, dict[str, str]], Page]
 def _form_view(action: str, act: Act) -> Callable[..., HttpResponse]:
     """A form's POST for ``action``: its type and size checked, then Django's CSRF check,
     then ``act(request, board, view, path parameters)``. Authorized for ``action`` on the
-    path's run (``None`` for a schedule's form), told the gate for an approval."""
+    path's run (``None`` for a schedule's form), told the gate of an approval or the
+    schedule acted on (``_access.named``)."""
     def checked(request: HttpRequest, **params: str) -> HttpResponse:
-        gate = params.get("name") if action == APPROVE else None
         return _serve(request, action, params.get("run_id"),
-                      lambda board, view: act(request, board, view, params), gate)
+                      lambda board, view: act(request, board, view, params),
+                      named(action, params.get("name")))
 
     protected = csrf_protect(checked)
 

@@ -4,9 +4,10 @@ JSON API, under ``PIKKU_URL_PREFIX`` (``/pikku/`` by default: the runs page; ``/
 caller the adapter makes (``contrib._access.Caller``) with the action it needs (``read``
 for a page, ``cancel``/``resume``/``retry``/``fork`` for a button or the fork form,
 ``approve`` told the gate for a decision form, ``/pikku/runs/<run_id>/approvals/<name>``,
-``send_event`` for the Send event form, ``/pikku/runs/<run_id>/events``;
-``pause_schedule``, ``resume_schedule``, ``trigger_schedule``, with ``run_id`` ``None``,
-for the Schedules page's forms, ``/pikku/schedules/<name>/pause|resume|trigger``). This
+``send_event`` for the Send event form, ``/pikku/runs/<run_id>/events``, then told the
+event typed; ``pause_schedule``, ``resume_schedule``, ``trigger_schedule``, with
+``run_id`` ``None`` and told the schedule, for the Schedules page's forms,
+``/pikku/schedules/<name>/pause|resume|trigger``). This
 module imports no Flask extension code: the adapter hands it ``served``
 (``contrib._flask_web``).
 
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from flask import Blueprint, Response, current_app, redirect, request, session, url_for
 
 from pikku_celery.contrib import _api
+from pikku_celery.contrib._access import named
 from pikku_celery.dashboard._http import PageError, check_form, security_headers
 from pikku_celery.dashboard._pages import ACTIONS, Dashboard, Page, View
 from pikku_celery.dashboard._schedules import VERBS, act_on_schedule, schedules_page
@@ -80,7 +82,7 @@ def _schedule_action_view(served: CurrentServed, action: str) -> Callable[[str],
         def act(board: Dashboard, page_view: View) -> Page:
             _check_post(page_view)
             return act_on_schedule(board, page_view, name, action)
-        return _serve(served, action, None, act)
+        return _serve(served, action, None, act, named(action, name))
     return view
 
 
@@ -115,17 +117,19 @@ def _action_view(served: CurrentServed, action: str) -> Callable[..., Response]:
             if action == _api.SEND_EVENT:
                 return board.send_event(page_view, run_id, request.form)
             return board.act(page_view, run_id, action, request.form)
-        return _serve(served, action, run_id, act, name)
+        return _serve(served, action, run_id, act, named(action, name))
     return view
 
 
 def _serve(served: CurrentServed, action: str, run_id: str | None,
-           page: Callable[[Dashboard, View], Page], gate: str | None = None) -> Response:
+           page: Callable[[Dashboard, View], Page],
+           about: Mapping[str, str] | None = None) -> Response:
+    """Authorize ``action`` (told ``about``: ``_access.named``), then serve ``page``."""
     base = url_for("pikku.dashboard")
     nonce = secrets.token_urlsafe(16)
     now = served()
     board = Dashboard(now.pikku, now.options)
-    refused = board.refusal(now.caller, action, run_id, base, gate=gate)
+    refused = board.refusal(now.caller, action, run_id, base, about=about)
     if refused is not None:
         return _respond(refused, nonce)
     view = View(base=base, query=request.args, caller=now.caller, csrf=_csrf_field(),

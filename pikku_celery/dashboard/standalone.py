@@ -23,8 +23,10 @@ a body naming ``by`` is refused (403), and a decision without it is taken only b
 without approvers. To record who approves, mount ``PikkuFlask`` with ``PIKKU_IDENTIFY``.
 
 Access log: ``serve`` logs one line per request on ``pikku_celery.dashboard.access`` with
-every ``token=`` value replaced by ``***``; ``RedactTokens`` does the same for another
-server's access log (``logging.getLogger("gunicorn.access").addFilter(RedactTokens())``;
+the value of every query parameter the app reads as ``token`` replaced by ``***``: the
+query is split and each name decoded as the app decodes it, so ``?%74oken=`` (which logs
+in) is masked as ``?token=`` is; ``RedactTokens`` does the same for another server's
+access log (``logging.getLogger("gunicorn.access").addFilter(RedactTokens())``;
 ``from_env()`` adds it to gunicorn's and werkzeug's loggers).
 """
 
@@ -38,7 +40,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote_plus, urlencode
 
 from pikku_celery.dashboard import missing_extra
 
@@ -64,7 +66,11 @@ CONNECTION_LIMIT = 64
 CHANNEL_TIMEOUT_S = 30
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
-_TOKEN_IN_TEXT = re.compile(r"((?:^|[?&;\s])token=)[^&;\s\"']*", re.IGNORECASE)
+#: A ``name=value`` of a query in a line of text: what follows ``?``, ``&``, ``;`` or a
+#: space, up to the next of them (``name`` is matched as sent, percent-encoded or not).
+_PAIR_IN_TEXT = re.compile(r"(^|[?&;\s])([^=?&;\s\"']+)=([^&;\s\"']*)")
+#: The separators of a query's parameters (``;`` as older parsers read it too).
+_SEPARATORS = re.compile(r"([&;])")
 access_log = logging.getLogger("pikku_celery.dashboard.access")
 
 
@@ -148,9 +154,39 @@ def _token_login(token: str) -> Callable[[], ResponseReturnValue | None]:
 # --- serving --------------------------------------------------------------------------------
 
 
+def is_token_name(sent: str) -> bool:
+    """Whether a query parameter's name, as sent, is ``token`` once decoded as the app
+    decodes it (``%74oken``, ``t%6Fken`` and ``+token+`` log in as ``token`` does, so
+    they are masked too). Decoded until it no longer changes and compared without case:
+    masking a parameter that would not log in costs nothing."""
+    name = sent
+    for _ in range(5):
+        decoded = unquote_plus(name)
+        if decoded == name:
+            break
+        name = decoded
+    return name.strip().lower() == "token"
+
+
+def redact_query(query: str) -> str:
+    """A raw query string with the value of every parameter whose decoded name is
+    ``token`` as ``***`` (its name and every other parameter as sent): the query as the
+    app parses it, not as its text reads, which a percent-encoded name would slip past."""
+    parts = _SEPARATORS.split(query)
+    for i in range(0, len(parts), 2):
+        name = parts[i].partition("=")[0]
+        if is_token_name(name):
+            parts[i] = f"{name}=***"
+    return "".join(parts)
+
+
 def redact_tokens(text: str) -> str:
-    """``text`` with every ``token=<value>`` as ``token=***``."""
-    return _TOKEN_IN_TEXT.sub(r"\1***", text)
+    """``text`` (a log line of any server) with the value of every query parameter whose
+    decoded name is ``token`` (``is_token_name``) as ``***``."""
+    def masked(found: re.Match[str]) -> str:
+        return (f"{found[1]}{found[2]}=***" if is_token_name(found[2])
+                else found[0])
+    return _PAIR_IN_TEXT.sub(masked, text)
 
 
 class RedactTokens(logging.Filter):
@@ -166,8 +202,8 @@ class RedactTokens(logging.Filter):
 
 
 class AccessLog:
-    """WSGI middleware: one line per request (method, path and query with tokens masked,
-    status) on ``pikku_celery.dashboard.access``."""
+    """WSGI middleware: one line per request (method, path and query with tokens masked
+    by ``redact_query``, status) on ``pikku_celery.dashboard.access``."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -175,10 +211,11 @@ class AccessLog:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
                  ) -> Iterable[bytes]:
         def logged(status: str, headers: Any, *rest: Any) -> Any:
-            query = environ.get("QUERY_STRING", "")
-            path = environ.get("PATH_INFO", "") + (f"?{query}" if query else "")
+            query = redact_query(environ.get("QUERY_STRING", ""))
+            path = redact_tokens(environ.get("PATH_INFO", "")) + (f"?{query}" if query
+                                                                 else "")
             access_log.info("%s %s %s %s", environ.get("REMOTE_ADDR", "-"),
-                            environ.get("REQUEST_METHOD", "-"), redact_tokens(path),
+                            environ.get("REQUEST_METHOD", "-"), path,
                             status.split(" ", 1)[0])
             return start_response(status, headers, *rest)
         result: Iterable[bytes] = self.app(environ, logged)

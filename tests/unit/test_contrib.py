@@ -114,6 +114,7 @@ class Web:
     pikku: PikkuCelery
     call: Call
     settings: dict[str, Any] = field(default_factory=dict)  # Django's, per request
+    body: bytes = b""  # the last response's body, byte for byte
 
 
 def flask_web(pikku: PikkuCelery, **config: Any) -> Web:
@@ -137,9 +138,11 @@ def flask_web(pikku: PikkuCelery, **config: Any) -> Web:
         data = raw if raw is not None else (json.dumps(body) if body is not None else None)
         response = client.open(path, method=method, data=data, headers=headers or {},
                                content_type=content_type if method == "POST" else None)
+        web.body = response.get_data()
         return response.status_code, response.get_json(silent=True)
 
-    return Web("flask", pikku, call)
+    web = Web("flask", pikku, call)
+    return web
 
 
 def django_web(pikku: PikkuCelery, **overrides: Any) -> Web:
@@ -165,13 +168,15 @@ def django_web(pikku: PikkuCelery, **overrides: Any) -> Web:
         data = raw if raw is not None else (json.dumps(body) if body is not None else "")
         with override_settings(**settings):
             response = client.generic(method, path, data, content_type=content_type, **extra)
+        web.body = response.content
         try:
             payload = json.loads(response.content)
         except ValueError:
             payload = None  # Django's own pages (CSRF failure, 405)
         return response.status_code, payload
 
-    return Web("django", pikku, call, settings)
+    web = Web("django", pikku, call, settings)
+    return web
 
 
 def with_schedule(pikku: PikkuCelery) -> PikkuCelery:

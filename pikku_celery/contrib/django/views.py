@@ -1,10 +1,12 @@
 """The JSON API's Django views, one per ``_api.ROUTES`` entry.
 
 Access follows Django's conventions: ``PIKKU_AUTHORIZE`` (a callable or the dotted path of
-one, ``(request, action, run_id) -> bool``, told the gate of an approval when it takes a
-``gate`` keyword) decides, and by default only active staff users get in, as for the
-admin; ``PIKKU_RUN_FILTER`` (``(request) -> {"input.<field>": value} | None``) narrows what
-a caller reads to their runs, as a store query (see ``contrib._access``). A refused
+one, ``(request, action, run_id) -> bool``, told the gate of an approval, the event sent,
+the schedule acted on and a start's input when it takes the ``gate``, ``event``,
+``schedule`` or ``input`` keyword: ``contrib._access``) decides, and by default only
+active staff users get in, as for the admin; ``PIKKU_RUN_FILTER`` (``(request) ->
+{"input.<field>": value} | None``) narrows what a caller reads to their runs, as a store
+query, and what they start to runs it keeps (see ``contrib._access``). A refused
 anonymous caller gets 401, a refused user 403. Every POST goes through Django's CSRF
 check (``csrf_protect``, with or without ``CsrfViewMiddleware``): send the ``csrftoken``
 cookie's value in ``X-CSRFToken``; every GET sets that cookie.
@@ -24,7 +26,7 @@ takes their decision).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -67,9 +69,9 @@ def caller(request: HttpRequest) -> _access.Caller:
     recorded as given by the signed-in user."""
     found = rules()
 
-    def check(action: str, run_id: str | None, gate: str | None) -> None:
+    def check(action: str, run_id: str | None, about: Mapping[str, Any]) -> None:
         try:
-            allowed = found.allowed(request, action, run_id, gate)
+            allowed = found.allowed(request, action, run_id, about)
         except PermissionDenied:
             allowed = False
         if allowed:
