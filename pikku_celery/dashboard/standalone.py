@@ -1,6 +1,9 @@
 """``pikku dashboard``: the dashboard (and the JSON API) as a WSGI app of its own, served by
 waitress, a production WSGI server (a bounded pool of threads, a cap on connections and a
-timeout for idle or slow clients, before any request reaches the app).
+timeout for idle clients), guarded against slow and greedy clients before any request
+reaches the app (``_guard``): at most 8 open connections per client address, and 10 s for
+a client to send a whole request, which a trickle of bytes cannot extend. Exposed beyond
+this host, it goes behind a reverse proxy (``docs/guide/dashboard-nginx.conf``).
 
 Who gets in: ``authorize`` (a callable ``(request, action, run_id) -> bool`` or its dotted
 path, as ``PIKKU_AUTHORIZE``) decides every request when given; else a **token**: whoever
@@ -60,10 +63,16 @@ SECRET_KEY_ENV = "PIKKU_DASHBOARD_SECRET_KEY"
 MIN_SECRET_KEY_CHARS = 32
 MIN_TOKEN_CHARS = 16
 #: waitress: threads serving requests, open connections at most (more wait in the listen
-#: backlog), and seconds a connection may sit idle or trickle a request before it is closed.
+#: backlog), and seconds a connection may sit idle (sending or reading nothing) before it
+#: is closed.
 THREADS = 8
 CONNECTION_LIMIT = 64
 CHANNEL_TIMEOUT_S = 30
+#: Open connections from one client address at most (more are answered 503 and closed),
+#: and seconds a client has to send a whole request (headers and body) once its
+#: connection waits for one, whatever it sends meanwhile (``_guard``).
+CONNECTIONS_PER_ADDRESS = 8
+REQUEST_DEADLINE_S = 10.0
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 #: A ``name=value`` of a query in a line of text: what follows ``?``, ``&``, ``;`` or a
@@ -222,15 +231,22 @@ class AccessLog:
         return result
 
 
-def create_server(app: Flask, host: str, port: int) -> Any:
-    """A waitress server for ``app`` on ``host:port`` (not yet serving: call ``run()``)."""
+def create_server(app: Flask, host: str, port: int, *,
+                  connections_per_address: int | None = CONNECTIONS_PER_ADDRESS,
+                  request_deadline_s: float = REQUEST_DEADLINE_S) -> Any:
+    """A waitress server for ``app`` on ``host:port`` (not yet serving: call ``run()``),
+    with at most ``connections_per_address`` open connections per client address
+    (``None``: no cap) and ``request_deadline_s`` for a client to send a request."""
     try:
-        from waitress import create_server as waitress_server
+        import waitress  # noqa: F401  (first: a missing waitress is named as such)
+
+        from pikku_celery.dashboard import _guard
     except ModuleNotFoundError as exc:
         raise missing_extra(exc) from exc
 
-    return waitress_server(
-        AccessLog(app), host=host, port=port, threads=THREADS,
+    return _guard.create_server(
+        AccessLog(app), connections_per_address=connections_per_address,
+        request_deadline_s=request_deadline_s, host=host, port=port, threads=THREADS,
         connection_limit=CONNECTION_LIMIT, channel_timeout=CHANNEL_TIMEOUT_S,
         max_request_body_size=MAX_REQUEST_BODY_BYTES,
         max_request_header_size=MAX_HEADER_BYTES, expose_tracebacks=False,
