@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from celery import Celery, signals
 
-from pikku_celery.engine.facade import Dispatcher, Engine, Settings
+from pikku_celery.engine.facade import Dispatcher, Engine
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model._fork import reset_in_forked_child
 from pikku_celery.model.clock import Clock
@@ -95,6 +95,8 @@ class PikkuCelery(RunOperations):
             how-it-works.md), at most this many in a row (100; 0: never),
         in_place_for: and for at most this long (10 s).
         worker_reaper: run the reaper in every worker of the app (default ``True``).
+        max_events_per_run: the events a run keeps at most (10,000; 0: no limit).
+        max_event_bytes: an event's largest payload, as JSON (256 KiB; 0: no limit).
         queue: a queue of pikku's own (default: the ``pikku_queue`` setting, else none:
             pikku's tasks are routed like any task). With one, pikku's messages go there
             unless your routing names another destination, a worker without ``-Q`` also
@@ -117,7 +119,9 @@ class PikkuCelery(RunOperations):
                  stalled_after: Duration | None = None, continue_in_place: bool | None = None,
                  in_place_steps: int | None = None, in_place_for: Duration | None = None,
                  worker_reaper: bool | None = None, queue: str | None = None,
-                 redact_error: Callable[[str], str] | str | None = None) -> None:
+                 redact_error: Callable[[str], str] | str | None = None,
+                 max_events_per_run: int | None = None, max_event_bytes: int | None = None
+                 ) -> None:
         self.app = celery_app
         self.registry = Registry()
         explicit: dict[str, Any] = {
@@ -126,7 +130,8 @@ class PikkuCelery(RunOperations):
             "max_countdown": max_countdown, "undispatched_after": undispatched_after,
             "stalled_after": stalled_after, "continue_in_place": continue_in_place,
             "in_place_steps": in_place_steps, "in_place_for": in_place_for,
-            "worker_reaper": worker_reaper, "redact_error": redact_error}
+            "worker_reaper": worker_reaper, "redact_error": redact_error,
+            "max_events_per_run": max_events_per_run, "max_event_bytes": max_event_bytes}
         self._config = Configuration(celery_app, explicit)
         self._config.check_explicit()  # a bad argument fails here, as before
         adopt_prefix = getattr(leases, "adopt_prefix", None)
@@ -194,14 +199,9 @@ class PikkuCelery(RunOperations):
         celery_dispatcher = CeleryDispatcher(self.app, lambda: self.engine,
                                              resolved.max_countdown_s,
                                              route=self.routing.options)
-        engine = Engine(store, leases, self.registry, celery_dispatcher, Settings(
-            step_lease_ms=resolved.step_lease_ms, run_lease_ms=resolved.run_lease_ms,
-            undispatched_after_ms=resolved.undispatched_after_ms,
-            stalled_after_ms=resolved.stalled_after_ms,
-            continue_in_place=resolved.continue_in_place,
-            in_place_steps=resolved.in_place_steps, in_place_ms=resolved.in_place_ms,
-            redact_error=resolved.redact_error),
-            worker=socket.gethostname(), clock=clock, emit=SignalSender(self))
+        engine = Engine(store, leases, self.registry, celery_dispatcher,
+                        resolved.engine_settings(), worker=socket.gethostname(),
+                        clock=clock, emit=SignalSender(self))
         if dispatcher is not None:
             engine.dispatcher = dispatcher(engine)
         return engine

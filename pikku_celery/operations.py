@@ -204,7 +204,9 @@ class RunOperations(ScheduleOperations):
         until a wait takes them). ``key`` makes the send idempotent: a send with a key
         already sent to this run returns the first send's event and delivers nothing more.
         ``WorkflowRunNotFoundError`` for an unknown run, ``WorkflowEventError`` for one that
-        has ended; nothing is kept then."""
+        has ended, ``WorkflowEventLimitError`` (a ``WorkflowEventError``) for a payload
+        over ``pikku_max_event_bytes`` as JSON or a run that has kept
+        ``pikku_max_events_per_run`` events; nothing is kept then."""
         return self._events.send(run_id, name, payload, key=key)
 
     def get_event(self, run_id: str, key: str, default: Any = None) -> Any:
@@ -212,9 +214,13 @@ class RunOperations(ScheduleOperations):
         ``default`` when it has published none."""
         return self._events.get(run_id, key, default)
 
-    def list_events(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
-        """The events sent to the run, in the order they were sent (taken or not)."""
-        return self._events.list(run_id, limit)
+    def list_events(self, run_id: str, limit: int = 1000, *, after: int = 0,
+                    payloads: bool = True) -> list[WorkflowEvent]:
+        """The events sent to the run, in the order they were sent (taken or not): at
+        most ``limit``, those whose ``seq`` is over ``after`` (the next page: the last
+        ``seq`` of this one). Without ``payloads``, no payload is read (each event's
+        ``payload`` is ``None``, its ``size`` says how large it is)."""
+        return self._events.list(run_id, limit, after=after, payloads=payloads)
 
     @property
     def _events(self) -> Events:

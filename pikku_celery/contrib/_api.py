@@ -33,9 +33,12 @@ asked with ``run_id`` ``None``; an unknown schedule is a 404) are served by
 a run no schedule started).
 
 An event (``POST api/runs/<run_id>/events/<name>``, body ``{"payload": ..., "key": ...}``,
-both optional) is its own action, ``send_event``; a run's events are read with ``read``
-(``GET api/runs/<run_id>/events``, and in the run's own JSON), each with the wait that took
-it (``taken_by``) or ``null``.
+both optional) is its own action, ``send_event``: 413 for a payload over the run's limit
+on an event's size, 409 for a run that has kept as many events as it may
+(``WorkflowEventLimitError``). A run's events are read with ``read``, paged and without
+their payloads (``GET api/runs/<run_id>/events?after=``, and the first page in the run's
+own JSON), each with the wait that took it (``taken_by``) or ``null``; one event's payload
+has its own route (``GET api/runs/<run_id>/events/<seq>/payload``): ``_events_api``.
 
 Served records carry errors as ``type`` and ``message`` only; their ``traceback`` (and
 those nested in step data, such as a compensation's input) is served only with
@@ -50,6 +53,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pikku_celery.app import PikkuCelery
+from pikku_celery.contrib import _events_api as events_api
 from pikku_celery.contrib import _schedules_api as schedules
 from pikku_celery.contrib._access import (
     ACTIONS,
@@ -70,7 +74,7 @@ from pikku_celery.contrib._access import (
     named,
     not_authenticated,
 )
-from pikku_celery.contrib._json import present, sent_events_json, to_json
+from pikku_celery.contrib._json import present, to_json
 from pikku_celery.contrib._readable import (
     MAX_SEARCHED,
     SEARCH_BATCH,
@@ -100,7 +104,7 @@ from pikku_celery.model.errors import (
     InvalidInputError,
     WorkflowRunConflictError,
 )
-from pikku_celery.model.records import StepAttempt, StepState, WorkflowEvent, WorkflowRun
+from pikku_celery.model.records import StepAttempt, StepState, WorkflowRun
 from pikku_celery.operate.timeline import Timeline, build
 
 # Kept here for the adapters and the dashboard (the actions are ``_access``'s, what a
@@ -191,32 +195,22 @@ class RunsApi:
         return 200, {"runs": [self._present(r) for r in runs], "next": more}
 
     def get_run(self, run_id: str) -> Response:
-        """The run, with its events (``events``: as ``get_events`` serves them) and the
-        runs forked from it that the caller may read (``forks``: their ids, oldest first;
-        a fork names its source in ``forked_from`` and its ``lineage``)."""
+        """The run, with the first page of its events (``events``, without payloads, and
+        ``events_next``: as ``_events_api.get_events`` serves them) and the runs forked
+        from it that the caller may read (``forks``: their ids, oldest first; a fork
+        names its source in ``forked_from`` and its ``lineage``)."""
         run = readable_run(self.pikku, self.caller, run_id)
         served = self._present(run)
-        served["events"] = self._events(self._timeline(run, self.pikku.list_events(run_id)))
+        events, more = events_api.page(self.pikku, run)
+        served["events"] = events_api.listed(events,
+                                             show_tracebacks=self.options.show_tracebacks)
+        served["events_next"] = more
         served["forks"] = [f.run_id for f in readable_forks(self.pikku, self.caller, run_id)]
         return 200, served
 
-    def get_events(self, run_id: str, query: Mapping[str, str]) -> Response:
-        """The events sent to the run, in the order sent (``?limit=``: the first 1 to
-        1000, default 1000), each with the wait that took it (``taken_by``, its name as
-        shown; ``taken_by_step``, its step name; ``null``: not taken yet)."""
-        run = readable_run(self.pikku, self.caller, run_id)
-        limit = bounded_int(query.get("limit"), "limit", MAX_EVENTS, MAX_EVENTS)
-        events = self.pikku.list_events(run_id, limit)
-        return 200, {"events": self._events(self._timeline(run, events))}
-
-    def _timeline(self, run: WorkflowRun, events: list[WorkflowEvent] | None = None
-                  ) -> Timeline:
-        """The run's timeline without its attempts (what gates and events need)."""
-        return build(run, self.pikku.get_steps(run.run_id), [], datetime.now(UTC),
-                     events=events)
-
-    def _events(self, timeline: Timeline) -> list[Any]:
-        return [self._present(e) for e in sent_events_json(timeline.events)]
+    def _timeline(self, run: WorkflowRun) -> Timeline:
+        """The run's timeline without its attempts and events (what gates need)."""
+        return build(run, self.pikku.get_steps(run.run_id), [], datetime.now(UTC))
 
     def get_steps(self, run_id: str, query: Mapping[str, str]) -> Response:
         """A page of the run's steps in creation order, without their data and result
@@ -384,7 +378,6 @@ class RunsApi:
 RUN_ID_TAKEN = ("run id {run_id!r} is taken by another run (of another workflow, with "
                 "another input, or one you may not read): start it under another id")
 VALUE_FIELDS = ("data", "result")
-MAX_EVENTS = 1000  # what one read of a run's events serves at most
 
 
 def bounded_int(raw: str | None, name: str, default: int, maximum: int) -> int:
@@ -461,7 +454,13 @@ ROUTES = (
     Route("history", "GET", "api/runs/<run_id>/history", READ,
           lambda api, p, q, b: api.get_history(p["run_id"], q)),
     Route("events", "GET", "api/runs/<run_id>/events", READ,
-          lambda api, p, q, b: api.get_events(p["run_id"], q)),
+          lambda api, p, q, b: events_api.get_events(
+              api.pikku, api.caller, p["run_id"], q,
+              show_tracebacks=api.options.show_tracebacks)),
+    Route("event", "GET", "api/runs/<run_id>/events/<seq>/payload", READ,
+          lambda api, p, q, b: events_api.get_event(
+              api.pikku, api.caller, p["run_id"], p["seq"],
+              show_tracebacks=api.options.show_tracebacks)),
     Route("cancel", "POST", "api/runs/<run_id>/cancel", CANCEL,
           lambda api, p, q, b: api.cancel(p["run_id"], b)),
     Route("resume", "POST", "api/runs/<run_id>/resume", RESUME,

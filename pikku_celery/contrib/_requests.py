@@ -22,6 +22,7 @@ from pikku_celery.model.errors import (
     PikkuConfigurationError,
     WorkflowApprovalError,
     WorkflowEventError,
+    WorkflowEventLimitError,
     WorkflowEventNotSentError,
     WorkflowNotFoundError,
     WorkflowRunConflictError,
@@ -134,6 +135,12 @@ def handle(call: Callable[[], Response]) -> Response:
         return exc.response()
     except (WorkflowRunNotFoundError, WorkflowNotFoundError) as exc:
         return 404, {"error": type(exc).__name__, "message": str(exc)}
+    except WorkflowEventLimitError as exc:
+        # Past one of the run's limits on events (the message names the setting):
+        # a payload too large, 413; a run that has kept as many events as it may, 409.
+        return (413 if exc.too_large else 409), {
+            "error": type(exc).__name__, "message": str(exc), "limit": exc.limit,
+            "maximum": exc.maximum}
     except (WorkflowRunConflictError, WorkflowApprovalError, WorkflowEventError) as exc:
         # An approval refused (the run does not wait on it, or the decision or its
         # approver does not fit the gate), or an event sent to a run that has ended;

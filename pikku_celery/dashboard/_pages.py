@@ -31,8 +31,9 @@ decision re-renders the page with the refusal and the decision as typed (409). A
 waiting at an approval is not offered Resume, which does not open an approval.
 
 The events sent to the run are listed with the wait that took each (or "not taken yet"),
-and a live run gets a Send event form (``_events``: action ``send_event``), whose refusal
-re-renders the page with the reason and what was typed (400 bad input, 409 an ended run).
+paged and with their payloads read on demand (``_events``), and a live run gets a Send
+event form (``_events``: action ``send_event``), whose refusal re-renders the page with
+the reason and what was typed (400 bad input, 409 an ended run).
 A run waiting at an event wait only is not offered Resume either.
 
 A run a schedule started shows the schedule (linked to the Schedules page,
@@ -68,7 +69,7 @@ from pikku_celery.contrib._access import (
     Caller,
 )
 from pikku_celery.contrib._api import ApiError, ApiOptions, parse_body
-from pikku_celery.contrib._json import present, sent_events_json
+from pikku_celery.contrib._json import present
 from pikku_celery.contrib._readable import (
     MAX_SEARCHED,
     RunSearch,
@@ -78,7 +79,13 @@ from pikku_celery.contrib._readable import (
     readable_run,
     readable_search,
 )
-from pikku_celery.dashboard._events import EventRefusal, TypedEvent, event_form
+from pikku_celery.dashboard._events import (
+    EventRefusal,
+    TypedEvent,
+    event_form,
+    events_page,
+    refusal_status,
+)
 from pikku_celery.dashboard._http import (
     MAX_FORM_BYTES,
     PageError,
@@ -317,9 +324,7 @@ class Dashboard:
                     WorkflowEventNotSentError) as exc:
                 # Not sent: the store kept failing, and the reason says whether the event
                 # may have been kept (a key makes sending it again safe).
-                status = (exc.status if isinstance(exc, ApiError) else
-                          409 if isinstance(exc, WorkflowEventError) else
-                          503 if isinstance(exc, WorkflowEventNotSentError) else 400)
+                status = exc.status if isinstance(exc, ApiError) else refusal_status(exc)
                 message = exc.message if isinstance(exc, ApiError) else str(exc)
                 return self._run(view, run_id, status=status,
                                  event_refusal=EventRefusal(message, typed))
@@ -406,8 +411,10 @@ class Dashboard:
              status: int = 200, event_refusal: EventRefusal | None = None) -> Page:
         check_name("run id", run_id)
         run = readable_run(self.pikku, view.caller, run_id)
+        sent = events_page(self.pikku, run_id, view.query.get("events_after"),
+                           f"{view.base}runs/{segment(run_id)}")
         whole = build(run, self.pikku.get_steps(run_id), self.pikku.get_history(run_id),
-                      datetime.now(UTC), events=self.pikku.list_events(run_id))
+                      datetime.now(UTC), events=sent.events)
         timeline, later = _steps_page(whole, view.query.get("steps_after") or None)
         shown = self.options.show_tracebacks
         labels = {s.state.step_name: s.label for s in timeline.steps}
@@ -428,8 +435,7 @@ class Dashboard:
             chart=chart(timeline), attempts=attempts,
             gates=[_gate_form(view, run_id, g, refusal) for g in whole.gates],
             refusal=refusal, event_waits=whole.event_waits, published=whole.published,
-            events=[(e, present(served, show_tracebacks=shown)["payload"]) for e, served
-                    in zip(whole.events, sent_events_json(whole.events), strict=True)],
+            events=whole.events, events_later=sent.later, events_first=sent.first,
             event_form=event_form(whole, forms=view.csrf is not None,
                                   allowed=view.can(SEND_EVENT, run_id),
                                   refusal=event_refusal),

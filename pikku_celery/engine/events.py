@@ -62,7 +62,9 @@ class Events:
              ) -> WorkflowEvent:
         """One event per call (issue 31): the call's own ``send_id`` names its event, so
         the store's writes retried through an election (``SEND_DEADLINE_S``) keep it once;
-        past that, ``WorkflowEventNotSentError`` says whether it may have been kept."""
+        past that, ``WorkflowEventNotSentError`` says whether it may have been kept. A
+        send past the run's limits on events (``Settings.max_events_per_run``,
+        ``max_event_bytes``) is refused by the store: ``WorkflowEventLimitError``."""
         engine = self.engine
         now = engine.now_ms()
         event, created = self._keep(run_id, name, payload, key, now,
@@ -96,14 +98,16 @@ class Events:
         """``store.send_event`` under this call's ``send_id``, tried again after a
         transient store error until ``SEND_DEADLINE_S`` has passed."""
         send_id = uuid.uuid4().hex
+        settings = self.engine.settings
         deadline = time.monotonic() + SEND_DEADLINE_S
         pause = _PAUSE_S
         kept = False  # what the store's answers said of the event so far
         while True:
             try:
-                return self.engine.store.send_event(run_id, name, payload, now_ms, key=key,
-                                                    wake_check_ms=wake_check_ms,
-                                                    send_id=send_id)
+                return self.engine.store.send_event(
+                    run_id, name, payload, now_ms, key=key, wake_check_ms=wake_check_ms,
+                    send_id=send_id, max_events=settings.max_events_per_run,
+                    max_bytes=settings.max_event_bytes)
             except Exception as exc:
                 if transient(exc) or type(exc).__module__.startswith("pymongo"):
                     _emit_of(self.engine)("service_error", "events", where="events",
@@ -138,11 +142,12 @@ class Events:
                 latest = (reach, step.result)
         return default if latest is None else latest[1]
 
-    def list(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
+    def list(self, run_id: str, limit: int = 1000, *, after: int = 0,
+             payloads: bool = True) -> list[WorkflowEvent]:
         store = self.engine.store
         if store.get_run(run_id) is None:
             raise WorkflowRunNotFoundError(run_id)
-        return store.list_events(run_id, limit)
+        return store.list_events(run_id, limit, after=after, payloads=payloads)
 
 
 def wake_lost_sends(store: WorkflowStore, dispatcher: Dispatcher, now_ms: int,

@@ -70,6 +70,12 @@ class Dispatcher(Protocol):
     # in place.
 
 
+#: Every run's limits on the events sent to it (``pikku_max_events_per_run``,
+#: ``pikku_max_event_bytes``; 0: none): at most 2.5 GiB of payloads per run by default.
+DEFAULT_MAX_EVENTS_PER_RUN = 10_000
+DEFAULT_MAX_EVENT_BYTES = 256 * 1024
+
+
 @dataclass(frozen=True)
 class Settings:
     step_lease_ms: int = 60_000
@@ -84,6 +90,9 @@ class Settings:
     in_place_ms: int = 10_000
     # The user's redaction of recorded errors, after the built-in masking (redaction.py).
     redact_error: Redactor | None = None
+    # Every run's limits on its events (``store._events``; 0: none).
+    max_events_per_run: int = DEFAULT_MAX_EVENTS_PER_RUN
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
 
     def wake_check_ms(self, now_ms: int) -> int:
         """When the reaper makes sure that a gate opened now has its run moving: the

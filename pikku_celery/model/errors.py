@@ -148,7 +148,8 @@ class WorkflowApprovalError(PikkuError):
 
 
 class WorkflowEventError(PikkuError):
-    """An event was refused: the run it was sent to has ended (an unknown run raises
+    """An event was refused: the run it was sent to has ended, or the send is past one
+    of the run's limits on events (``WorkflowEventLimitError``; an unknown run raises
     ``WorkflowRunNotFoundError``). Nothing was recorded."""
 
     def __init__(self, run_id: str, name: str, reason: str):
@@ -157,6 +158,37 @@ class WorkflowEventError(PikkuError):
         self.reason = reason
         super().__init__(run_id, name, reason)
         self._message = f"event {name!r} for run {run_id} refused: {reason}"
+
+
+class WorkflowEventLimitError(WorkflowEventError):
+    """An event was refused for one of the limits every run has on its events (the
+    ``pikku_max_event_bytes`` and ``pikku_max_events_per_run`` settings): ``limit`` names
+    it (``MAX_EVENT_BYTES``: the payload is ``found`` bytes as JSON, over ``maximum``;
+    ``MAX_EVENTS_PER_RUN``: the run has kept ``found`` events, its ``maximum``). Nothing
+    was recorded; the run's events stay as they were (a key already sent still returns
+    its first send's event)."""
+
+    MAX_EVENT_BYTES = "max_event_bytes"
+    MAX_EVENTS_PER_RUN = "max_events_per_run"
+
+    def __init__(self, run_id: str, name: str, limit: str, maximum: int, found: int):
+        if limit == self.MAX_EVENT_BYTES:
+            reason = (f"its payload is {found} bytes as JSON, over the {maximum}-byte limit "
+                      f"of an event (the pikku_{limit} setting): store large data elsewhere "
+                      "and send its key")
+        else:
+            reason = (f"the run has kept {found} events, its limit (the pikku_{limit} "
+                      "setting)")
+        super().__init__(run_id, name, reason)
+        self.args = (run_id, name, limit, maximum, found)
+        self.limit = limit
+        self.maximum = maximum
+        self.found = found
+
+    @property
+    def too_large(self) -> bool:
+        """Whether the payload is too large (else: the run has too many events)."""
+        return self.limit == self.MAX_EVENT_BYTES
 
 
 class WorkflowEventNotSentError(PikkuError):

@@ -276,6 +276,7 @@ class EventField:
     SEQ = "seq"  # its place in the run's order; null until its send has a place for it
     SEND = "send_id"  # the call that kept it (a key's repeats are other calls)
     PAYLOAD = "payload"
+    SIZE = "size"  # the payload's size in bytes as JSON (absent on events kept before it)
     KEY = "key"
     SENT = "sent_ms"
     # When the reaper should wake the run should the sender stop between its write and its

@@ -145,7 +145,10 @@ class StepAttempt:
 @dataclass(frozen=True)
 class WorkflowEvent:
     """One event sent to a run (``pikku.send_event``). ``seq`` orders a run's events (the
-    order they were sent in); ``key`` is the sender's idempotency key, if it gave one."""
+    order they were sent in); ``key`` is the sender's idempotency key, if it gave one;
+    ``size``, its payload's size in bytes as JSON (``None`` for an event kept before sizes
+    were recorded). Listed without payloads (``pikku.list_events(payloads=False)``), its
+    ``payload`` is ``None`` whatever was sent: read it with ``payloads=True``."""
 
     run_id: str
     name: str
@@ -154,6 +157,7 @@ class WorkflowEvent:
     sent_at: datetime
     key: str | None = None
     event_id: str = ""
+    size: int | None = None
 
 
 CATCH_UP_LATEST = "latest"

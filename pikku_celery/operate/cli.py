@@ -189,16 +189,18 @@ def show(ctx: click.Context, run_id: str, as_json: bool, tracebacks: bool) -> No
 @click.argument("run_id")
 @click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 1000),
               help="At most this many events (the first sent).")
+@click.option("--after", default=0, show_default=True, type=click.IntRange(0),
+              help="Only the events after this seq (the next page: the last seq listed).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 @operator_command
-def events(ctx: click.Context, run_id: str, limit: int, as_json: bool) -> None:
+def events(ctx: click.Context, run_id: str, limit: int, after: int, as_json: bool) -> None:
     """List the events sent to a run, in the order sent, each with the wait that took it
     (or "not taken yet")."""
     app = resolve(ctx)
     run = app.get_run(run_id)
     timeline = build(run, app.get_steps(run_id), [], datetime.now(UTC),
-                     events=app.list_events(run_id, limit))
+                     events=app.list_events(run_id, limit, after=after))
     if as_json:
         click.echo(json.dumps({"events": events_json(timeline)}, indent=2, sort_keys=True,
                               default=str))

@@ -10,6 +10,17 @@ run that has ended, and every reader sees an event from that write on, even befo
 document carries its ``seq`` (issue 31: a wait could otherwise take seq 2 while seq 1 was
 still on its way, and an event could appear in a run after its end).
 
+Every run has two limits on its events, given to each send by the engine (the
+``pikku_max_event_bytes`` and ``pikku_max_events_per_run`` settings): a payload larger
+than ``max_bytes`` as JSON is refused before anything is written (``check_send``), and
+so is a send to a run that has kept ``max_events`` events already, decided by the same
+guarded write that keeps an event (the run's counter is the number of events it kept:
+the write that raises it is guarded on the count it read, so concurrent sends never take
+a run past its limit). Either refusal is a ``WorkflowEventLimitError``; a key's repeat
+still returns its first send's event. An event's document records its payload's size, so
+a run's events are listed without their payloads (``list_events(payloads=False)``) and
+still say how large each is.
+
 A send is one event per call: the event's ``_id`` is derived from the call's own
 ``send_id`` (``keys.sent_event_id``), or from its ``key`` (``keys.keyed_event_id``) so
 that every repeat of the key lands on the first, and a call that retries its writes
@@ -28,7 +39,7 @@ from typing import Any
 from pymongo.errors import ConnectionFailure, PyMongoError, ServerSelectionTimeoutError
 
 from pikku_celery.model import keys
-from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.model.errors import InvalidInputError, WorkflowEventLimitError
 from pikku_celery.model.keys import EventField as E
 from pikku_celery.model.records import WorkflowEvent
 from pikku_celery.model.validate import check_event_name, check_name, check_value
@@ -40,14 +51,38 @@ _KEPT = "pikku_event_kept"  # set on a store error of a send (``mark_unsent``)
 
 
 def check_send(run_id: str, name: str, payload: Any, key: str | None,
-               send_id: str | None) -> None:
+               send_id: str | None, max_bytes: int | None = None) -> int:
+    """Refuse a send that can never be kept (``max_bytes``: the limit on its payload's
+    size as JSON, ``None`` or 0 for none); return its payload's size."""
     check_name("run id", run_id)
     check_event_name("event name", name)
     if key is not None:
         check_name("event key", key)
     if send_id is not None:
         check_name("send id", send_id)
-    check_value(f"payload of event {name!r}", payload)
+    size = check_value(f"payload of event {name!r}", payload)
+    if max_bytes and size > max_bytes:
+        raise WorkflowEventLimitError(run_id, name, WorkflowEventLimitError.MAX_EVENT_BYTES,
+                                      max_bytes, size)
+    return size
+
+
+def check_count(run_id: str, name: str, kept: int, max_events: int | None) -> None:
+    """Refuse a new event for a run that has ``kept`` events, at its limit ``max_events``
+    (``None`` or 0: none). The caller's write that keeps the event must be guarded on
+    ``kept``, so the check holds when sends race."""
+    if max_events and kept >= max_events:
+        raise WorkflowEventLimitError(run_id, name,
+                                      WorkflowEventLimitError.MAX_EVENTS_PER_RUN,
+                                      max_events, kept)
+
+
+def check_page(run_id: str, limit: int, after: int) -> None:
+    check_name("run id", run_id)
+    for what, value, least in (("limit", limit, 1), ("after", after, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InvalidInputError(f"{what} must be an int of at least {least}, got "
+                                    f"{value!r}")
 
 
 def check_next(run_id: str, name: str, taken: Collection[int]) -> list[int]:
@@ -72,11 +107,17 @@ def event_doc_id(run_id: str, key: str | None, send_id: str) -> str:
 
 
 def new_event_doc(run_id: str, name: str, payload: Any, key: str | None, send_id: str,
-                  now_ms: int, wake_check_ms: int | None, seq: int | None = None) -> Doc:
-    """The event's document; ``seq`` ``None`` until the run's counter gives it a place."""
+                  now_ms: int, wake_check_ms: int | None, seq: int | None = None, *,
+                  size: int | None = None) -> Doc:
+    """The event's document; ``seq`` ``None`` until the run's counter gives it a place;
+    ``size``: the payload's (``check_send``)."""
     return {E.ID: event_doc_id(run_id, key, send_id), E.RUN: run_id, E.NAME: name,
-            E.SEQ: seq, E.SEND: send_id, E.PAYLOAD: payload, E.KEY: key, E.SENT: now_ms,
-            E.WAKE: wake_check_ms}
+            E.SEQ: seq, E.SEND: send_id, E.PAYLOAD: payload, E.SIZE: size, E.KEY: key,
+            E.SENT: now_ms, E.WAKE: wake_check_ms}
+
+
+#: What a listing without payloads reads of an event's document.
+WITHOUT_PAYLOAD = {E.PAYLOAD: 0}
 
 
 def event_from_doc(doc: Doc, seq: int | None = None) -> WorkflowEvent:
@@ -87,7 +128,7 @@ def event_from_doc(doc: Doc, seq: int | None = None) -> WorkflowEvent:
     place = doc.get(E.SEQ) if seq is None else seq
     return WorkflowEvent(run_id=doc[E.RUN], name=doc[E.NAME], seq=place or 0,
                          payload=doc.get(E.PAYLOAD), sent_at=sent, key=doc.get(E.KEY),
-                         event_id=doc[E.ID])
+                         event_id=doc[E.ID], size=doc.get(E.SIZE))
 
 
 def created_by(doc: Doc, send_id: str) -> bool:

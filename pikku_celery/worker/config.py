@@ -33,6 +33,9 @@ setting                                   default
 ``pikku_in_place_steps``                  100 (0: never run a step in place)
 ``pikku_in_place_for``                    10 s
 ``pikku_worker_reaper``                   ``True``
+``pikku_max_events_per_run``              10,000 events kept per run (0: no limit)
+``pikku_max_event_bytes``                 262,144 (256 KiB): an event's payload as JSON
+                                          (0: no limit but MongoDB's, 15 MiB)
 ``pikku_queue``                           none (read by ``pikku_celery.worker.routing``)
 ``pikku_task_namespace``                  ``pikku.<main>`` (the Celery app's main name),
                                           ``pikku`` when the app has none or it is
@@ -59,6 +62,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pikku_celery.engine.protocols import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_EVENTS_PER_RUN,
+)
+from pikku_celery.engine.protocols import Settings as EngineSettings
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model._urls import carries_secret, redact_url, reserved_in_userinfo
 from pikku_celery.model.dotted import import_dotted
@@ -81,7 +89,7 @@ DEFAULT_IN_PLACE_FOR_S = 10.0
 _POSITIVE = ("step_lease", "run_lease")
 _DURATIONS = ("reaper_interval", "max_countdown", "undispatched_after", "stalled_after",
               "in_place_for")
-_COUNTS = ("in_place_steps",)
+_COUNTS = ("in_place_steps", "max_events_per_run", "max_event_bytes")
 _FLAGS = ("continue_in_place", "worker_reaper")
 # Dot-separated words of letters, digits, '_' and '-': a task name Celery's glob routes
 # ("pikku.*") and its command line read as written, with no glob characters of its own.
@@ -108,11 +116,25 @@ class Resolved:
     in_place_steps: int = DEFAULT_IN_PLACE_STEPS
     in_place_ms: int = round(DEFAULT_IN_PLACE_FOR_S * 1000)
     redact_error: Redactor | None = None
+    # Every run's limits on its events (0: none).
+    max_events_per_run: int = DEFAULT_MAX_EVENTS_PER_RUN
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     # prometheus-client's registry to count into (None: its default one), and where a
     # worker serves it (``pikku_celery.observe``).
     metrics_registry: Any = None
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
+
+    def engine_settings(self) -> EngineSettings:
+        """What of these the engine reads (``engine.protocols.Settings``)."""
+        return EngineSettings(
+            step_lease_ms=self.step_lease_ms, run_lease_ms=self.run_lease_ms,
+            undispatched_after_ms=self.undispatched_after_ms,
+            stalled_after_ms=self.stalled_after_ms,
+            continue_in_place=self.continue_in_place, in_place_steps=self.in_place_steps,
+            in_place_ms=self.in_place_ms, redact_error=self.redact_error,
+            max_events_per_run=self.max_events_per_run,
+            max_event_bytes=self.max_event_bytes)
 
 
 def setting_names(app: Celery, name: str) -> str:
@@ -240,6 +262,8 @@ class Settings:
             in_place_steps=self.count("in_place_steps", DEFAULT_IN_PLACE_STEPS),
             in_place_ms=self.duration_ms("in_place_for", DEFAULT_IN_PLACE_FOR_S),
             redact_error=self.redactor(),
+            max_events_per_run=self.count("max_events_per_run", DEFAULT_MAX_EVENTS_PER_RUN),
+            max_event_bytes=self.count("max_event_bytes", DEFAULT_MAX_EVENT_BYTES),
             metrics_registry=metrics_registry(self._app),
             metrics_port=metrics_port(self._app),
             metrics_addr=metrics_addr(self._app),

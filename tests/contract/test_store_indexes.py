@@ -23,7 +23,12 @@ import pytest
 from celery import Celery
 from pymongo.database import Database
 
-from pikku_celery import InMemoryWorkflowStore, MongoWorkflowStore, PikkuCelery
+from pikku_celery import (
+    InMemoryWorkflowStore,
+    MongoWorkflowStore,
+    PikkuCelery,
+    WorkflowEventLimitError,
+)
 from pikku_celery.operate._checks import run_checks
 from pikku_celery.store._schedules import NewSchedule
 from pikku_celery.store.base import NewRun, NewStep, due_sweep_key
@@ -199,6 +204,9 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.next_event(one, "paid")
     store.next_event(one, "paid", [sent.seq])
     store.list_events(one)
+    store.list_events(one, 10, after=1, payloads=False)  # a page, as the web reads them
+    with pytest.raises(WorkflowEventLimitError):  # at the run's limit: refused
+        store.send_event(one, "paid", 3, late, max_events=2)
     store.find_event_wakes(late, 10)
     store.clear_event_wake(sent.event_id)
     # Concurrency slots: a limited run created queued, its group's take, give and reads.

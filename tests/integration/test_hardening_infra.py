@@ -240,9 +240,9 @@ def test_a_worker_names_each_unreachable_service_once_not_every_sweep(
                            f"redis://:s3cret@127.0.0.1:{redis_port}/0")
     wait_for(lambda: "ready." in worker.log(), OUTAGE_TIMEOUT_S, "the worker to be ready",
              worker.log)
-    # Three failed sweeps, at least (each now lasts its deadline, at least 10 s: the reaper
-    # rides out an election), and still one ERROR line per service.
-    _wait_for_sweeps(worker, "sweep failed while", 3)
+    # Two failed sweeps, at least (each lasts its deadline, at least 10 s: the reaper rides
+    # out an election), and still one ERROR line per service.
+    _wait_for_sweeps(worker, "sweep failed while", 2)
     errors = _lines(worker, "ERROR/")
     assert len(errors) == 2, worker.log()
     assert any(f"pikku: MongoDB at mongodb://127.0.0.1:{mongo_port}/shop is unreachable"

@@ -222,6 +222,7 @@ ENDPOINTS = [
     ("GET", "/runs/r-live/steps/add", "read"),
     ("GET", "/runs/r-live/history", "read"),
     ("GET", "/runs/r-live/events", "read"),
+    ("GET", "/runs/r-live/events/1/payload", "read"),
     ("POST", "/runs/r-live/cancel", "cancel"),
     ("POST", "/runs/r-live/resume", "resume"),
     ("POST", "/runs/r-live/retry", "retry"),

@@ -173,5 +173,5 @@ def test_a_tracebacks_shape_in_a_payload_is_not_served() -> None:
     run_id = web.pikku.start("checkout", None, inline=True)
     error = {"type": "E", "message": "m", "traceback": "File secret.py"}
     assert web.call("POST", events_path(run_id, "note"), {"payload": error})[0] == 200
-    served = json.dumps(web.call("GET", events_path(run_id))[1])
+    served = json.dumps(web.call("GET", events_path(run_id) + "/1/payload")[1])
     assert "secret.py" not in served and '"message": "m"' in served

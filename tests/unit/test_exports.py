@@ -18,6 +18,7 @@ EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "Workflow
           "hold_lease", "PikkuConfigurationError", "WorkflowApprovalError", "with_state",
           "WorkflowEvent", "WorkflowEventError",  # issue 26: events
           "WorkflowEventNotSentError",  # issue 31: a send that could not reach the store
+          "WorkflowEventLimitError",  # issue 35: a run's limits on its events
           "WorkflowSchedule",  # issue 26: schedules
           "internal_task_names"}  # issue 25: pikku's own task names, per app
 

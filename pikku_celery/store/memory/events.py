@@ -11,7 +11,7 @@ from pikku_celery.model.errors import WorkflowEventError, WorkflowRunNotFoundErr
 from pikku_celery.model.keys import EventField as E
 from pikku_celery.model.keys import RunField as R
 from pikku_celery.model.records import RUN_LIVE, WorkflowEvent
-from pikku_celery.model.validate import as_stored, check_name
+from pikku_celery.model.validate import as_stored
 from pikku_celery.store import _events
 from pikku_celery.store.memory.base import MemoryStoreBase
 
@@ -19,10 +19,11 @@ from pikku_celery.store.memory.base import MemoryStoreBase
 class MemoryEvents(MemoryStoreBase):
     def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
                    key: str | None = None, wake_check_ms: int | None = None,
-                   send_id: str | None = None) -> tuple[WorkflowEvent, bool]:
+                   send_id: str | None = None, max_events: int | None = None,
+                   max_bytes: int | None = None) -> tuple[WorkflowEvent, bool]:
         # Under the lock, the run's counter and the event's document are one write: the
         # reference for the MongoDB store's three (``store.mongo.events``).
-        _events.check_send(run_id, name, payload, key, send_id)
+        size = _events.check_send(run_id, name, payload, key, send_id, max_bytes)
         send_id = send_id or _events.new_send_id()
         with self._lock:
             sent = self._events.get(_events.event_doc_id(run_id, key, send_id))
@@ -34,9 +35,11 @@ class MemoryEvents(MemoryStoreBase):
                 raise WorkflowRunNotFoundError(run_id)
             if run[R.STATUS] not in RUN_LIVE:
                 raise WorkflowEventError(run_id, name, f"the run has ended ({run[R.STATUS]})")
-            run[R.EVENTS_SENT] = seq = (run.get(R.EVENTS_SENT) or 0) + 1
+            kept = run.get(R.EVENTS_SENT) or 0
+            _events.check_count(run_id, name, kept, max_events)
+            run[R.EVENTS_SENT] = seq = kept + 1
             doc = _events.new_event_doc(run_id, name, as_stored(payload), key, send_id,
-                                        now_ms, wake_check_ms, seq)
+                                        now_ms, wake_check_ms, seq, size=size)
             self._events[doc[E.ID]] = doc
             return _events.event_from_doc(copy.deepcopy(doc)), True
 
@@ -50,12 +53,16 @@ class MemoryEvents(MemoryStoreBase):
                 return None
             return _events.event_from_doc(copy.deepcopy(min(found, key=lambda d: d[E.SEQ])))
 
-    def list_events(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
-        check_name("run id", run_id)
+    def list_events(self, run_id: str, limit: int = 1000, *, after: int = 0,
+                    payloads: bool = True) -> list[WorkflowEvent]:
+        _events.check_page(run_id, limit, after)
         with self._lock:
-            found = sorted((d for d in self._events.values() if d[E.RUN] == run_id),
+            found = sorted((d for d in self._events.values()
+                            if d[E.RUN] == run_id and d[E.SEQ] > after),
                            key=lambda d: d[E.SEQ])[:limit]
-            return [_events.event_from_doc(copy.deepcopy(d)) for d in found]
+            return [_events.event_from_doc(copy.deepcopy(
+                d if payloads else {k: v for k, v in d.items() if k != E.PAYLOAD}))
+                for d in found]
 
     def find_event_wakes(self, now_ms: int, limit: int) -> list[WorkflowEvent]:
         with self._lock:

@@ -15,6 +15,14 @@ so every ``seq`` below the counter is on its document. Hence a reader never sees
 without seq 1, and an event is either refused or kept while its run is live: nothing
 appears in a run after its end (issue 31, (a) and (b)). Each write is idempotent for the
 call's ``send_id``, so a send retried through an election keeps one event.
+
+The write of 2 is also where a run's limit on its events holds (``max_events``): the
+counter it is guarded on is the number of events the run has kept, checked below the
+limit before the write, so of concurrent sends at the limit one write lands and the
+others read the counter again and are refused (``_events.check_count``). A refusal comes
+before the send's document is inserted, unless the send lost the counter to another send
+first: its document is then left without a place, as when the run ends under it (listed
+by no reader; deleted with its run).
 """
 
 from __future__ import annotations
@@ -28,7 +36,6 @@ from pikku_celery.model.errors import WorkflowEventError, WorkflowRunNotFoundErr
 from pikku_celery.model.keys import EventField as E
 from pikku_celery.model.keys import RunField as R
 from pikku_celery.model.records import RUN_LIVE, WorkflowEvent
-from pikku_celery.model.validate import check_name
 from pikku_celery.store import _events
 from pikku_celery.store.mongo.base import MongoStoreBase
 
@@ -46,23 +53,25 @@ class _Progress:
 class MongoEvents(MongoStoreBase):
     def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
                    key: str | None = None, wake_check_ms: int | None = None,
-                   send_id: str | None = None) -> tuple[WorkflowEvent, bool]:
-        _events.check_send(run_id, name, payload, key, send_id)
+                   send_id: str | None = None, max_events: int | None = None,
+                   max_bytes: int | None = None) -> tuple[WorkflowEvent, bool]:
+        size = _events.check_send(run_id, name, payload, key, send_id, max_bytes)
         if not self._indexes_ready:  # a database an earlier version made: no events index
             self.create_indexes()
         send_id = send_id or _events.new_send_id()
         doc = _events.new_event_doc(run_id, name, payload, key, send_id, now_ms,
-                                    wake_check_ms)
+                                    wake_check_ms, size=size)
         progress = _Progress()
         try:
-            stored, seq = self._send(doc, progress)
+            stored, seq = self._send(doc, progress, max_events)
         except Exception as exc:
             if _events.transient(exc):
                 _events.mark_unsent(exc, progress.kept)
             raise
         return _events.event_from_doc(stored, seq), _events.created_by(stored, send_id)
 
-    def _send(self, doc: Doc, progress: _Progress) -> tuple[Doc, int]:
+    def _send(self, doc: Doc, progress: _Progress, max_events: int | None
+              ) -> tuple[Doc, int]:
         run_id, event_id = doc[E.RUN], doc[E.ID]
         while True:
             # The run, then the event: a send that gave the event its place before this
@@ -84,6 +93,9 @@ class MongoEvents(MongoStoreBase):
             if run[R.STATUS] not in RUN_LIVE:
                 raise WorkflowEventError(run_id, doc[E.NAME],
                                          f"the run has ended ({run[R.STATUS]})")
+            # The write below is guarded on this count: it lands only while the run has
+            # kept ``counter`` events, below its limit.
+            _events.check_count(run_id, doc[E.NAME], counter, max_events)
             if stored is None:
                 stored = self._insert(doc)
             if pending is not None:
@@ -122,9 +134,10 @@ class MongoEvents(MongoStoreBase):
         self._events.update_one({E.ID: event_id, E.SEQ: None}, {"$set": {E.SEQ: seq}},
                                 session=self._session)
 
-    def _pending(self, run_id: str) -> tuple[Doc | None, bool]:
-        """The run's pending event, at its seq, if its document does not carry it yet;
-        and whether the run exists."""
+    def _pending(self, run_id: str, projection: Doc | None = None
+                 ) -> tuple[Doc | None, bool]:
+        """The run's pending event, at its seq, if its document does not carry it yet
+        (with the fields ``projection`` keeps); and whether the run exists."""
         run = self._runs.find_one({R.ID: run_id}, projection=_COUNTER,
                                   session=self._session)
         if run is None or run.get(R.EVENT_PENDING) is None:
@@ -132,7 +145,7 @@ class MongoEvents(MongoStoreBase):
         # Read after the run: placed since, it is found by the caller's query of placed
         # events, which comes after this read.
         stored = self._events.find_one({E.ID: run[R.EVENT_PENDING], E.SEQ: None},
-                                       session=self._session)
+                                       projection=projection, session=self._session)
         if stored is not None:
             stored[E.SEQ] = run[R.EVENTS_SENT]
         return stored, True
@@ -152,13 +165,18 @@ class MongoEvents(MongoStoreBase):
             return None
         return _events.event_from_doc(min(found, key=lambda d: d[E.SEQ]))
 
-    def list_events(self, run_id: str, limit: int = 1000) -> list[WorkflowEvent]:
-        check_name("run id", run_id)
-        pending, _ = self._pending(run_id)
-        # (run_id, seq): the run's placed events in the order they were sent.
-        found = list(self._events.find({E.RUN: run_id, E.SEQ: {"$ne": None}},
+    def list_events(self, run_id: str, limit: int = 1000, *, after: int = 0,
+                    payloads: bool = True) -> list[WorkflowEvent]:
+        _events.check_page(run_id, limit, after)
+        projection = None if payloads else _events.WITHOUT_PAYLOAD
+        pending, _ = self._pending(run_id, projection)
+        # (run_id, seq): the run's placed events after ``after`` in the order they were
+        # sent (a null seq is no number: never $gt).
+        found = list(self._events.find({E.RUN: run_id, E.SEQ: {"$gt": after}},
+                                       projection=projection,
                                        session=self._session).sort(E.SEQ, 1).limit(limit))
-        if pending is not None and all(d[E.ID] != pending[E.ID] for d in found):
+        if (pending is not None and pending[E.SEQ] > after
+                and all(d[E.ID] != pending[E.ID] for d in found)):
             found.append(pending)
         found.sort(key=lambda d: d[E.SEQ])
         return [_events.event_from_doc(d) for d in found[:limit]]
