@@ -16,6 +16,8 @@ app.conf.update(task_default_queue=os.environ.get("BENCH_QUEUE", "bench"),
                 broker_connection_retry_on_startup=True,
                 # No pidbox queues: a measurement leaves nothing in the broker but its queue.
                 worker_enable_remote_control=False)
+if os.environ.get("BENCH_TIME_LIMIT"):  # benchmarks.throughput --time-limit
+    app.conf.task_time_limit = float(os.environ["BENCH_TIME_LIMIT"])
 
 
 @app.task(name="bench.plain_noop")

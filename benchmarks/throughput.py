@@ -4,6 +4,7 @@ run and reported as medians and ratios (machines are noisy; ratios less so).
 
     python -m benchmarks.throughput [--broker redis|amqp] [--tasks 300] [--steps 10]
                                     [--rounds 3] [--modes chain,pikku,...]
+                                    [--time-limit SECONDS]
 
 Modes (each measured with two fresh workers, threads pool 2 x 8, in a fresh process):
 
@@ -198,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="an app-wide task_time_limit for every mode (seconds)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
@@ -206,10 +209,14 @@ def main(argv: list[str] | None = None) -> None:
     with Stack() as stack:
         env: dict[str, Any] = {**os.environ, "BENCH_REDIS": stack.redis_url,
                                "BENCH_BROKER": BROKERS[args.broker] or stack.redis_url}
+        if args.time_limit:
+            env["BENCH_TIME_LIMIT"] = str(args.time_limit)
         mongo = describe(stack.mongo_url)
         rates = interleaved(env, stack.mongo_url, args.modes.split(","), args.rounds,
                             args.tasks, args.steps)
     print(report(args.broker, args.tasks, args.steps, rates))
+    if args.time_limit:
+        print(f"  every mode with task_time_limit={args.time_limit:g} (threads pool)")
     print(f"  on {mongo}; load average at the end {_load()}")
 
 

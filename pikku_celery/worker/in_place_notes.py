@@ -1,7 +1,9 @@
 """Why steps will be sent as messages instead of run in place, said once when a worker
 starts. Running in place is what makes a workflow faster than a Celery chain, and the
-reasons it is off (an app-wide time limit, a step's own limit or rate limit, the settings)
-are silent otherwise: a user sees only a slower worker (issue 34)."""
+reasons it is off (an app-wide time limit on a pool that enforces it, a step's own limit
+or rate limit, the settings) are silent otherwise: a user sees only a slower worker
+(issue 34). On a pool that enforces no time limit (threads, solo), a limit sends nothing,
+and the worker says that instead."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ NAMED = 10
 
 
 def sent_reasons(app: Celery, step_names: list[str], *, continue_in_place: bool,
-                 in_place_steps: int) -> list[str]:
-    """The lines to log: empty when every step may run in place."""
+                 in_place_steps: int, limits_enforced: bool = True,
+                 pool: str | None = None) -> list[str]:
+    """The lines to log: empty when every step may run in place. ``limits_enforced``:
+    whether the worker's pool (``pool``) enforces time limits (``pool_limits``)."""
     if not continue_in_place or in_place_steps <= 0:
         setting = ("pikku_continue_in_place is off" if not continue_in_place
                    else "pikku_in_place_steps is 0")
@@ -25,13 +29,18 @@ def sent_reasons(app: Celery, step_names: list[str], *, continue_in_place: bool,
                 f"{setting}"]
     app_wide = _limits(app.conf.task_time_limit, app.conf.task_soft_time_limit,
                        "task_time_limit", "task_soft_time_limit")
-    if app_wide:
+    orchestrate = internal_task(app, ORCHESTRATE_KIND)
+    own = _task_limits(orchestrate)
+    lines = []
+    if (app_wide or own) and not limits_enforced:
+        lines.append(f"pikku: this worker's pool ({pool}) enforces no time limit, so "
+                     f"{app_wide or f'{orchestrate.name} having {own}'} sends no step: steps "
+                     f"run in place")
+    elif app_wide:
         return [f"pikku: every step is sent as a task of its own, none runs in place: the "
                 f"app sets {app_wide} (a step run in place would run inside the limit of "
                 f"the task that runs it, not its own)"]
-    orchestrate = internal_task(app, ORCHESTRATE_KIND)
-    own = _task_limits(orchestrate)
-    if own:
+    elif own:
         return [f"pikku: every step is sent as a task of its own, none runs in place: "
                 f"{orchestrate.name} has {own}"]
     limited = []
@@ -39,17 +48,17 @@ def sent_reasons(app: Celery, step_names: list[str], *, continue_in_place: bool,
         task = app.tasks.get(name)
         if task is None:
             continue
-        reason = _task_limits(task)
+        reason = _task_limits(task) if limits_enforced else ""
         if task.rate_limit:
             reason = ", ".join(filter(None, (reason, f"rate_limit={task.rate_limit!r}")))
         if reason:
             limited.append(f"{name} ({reason})")
     if not limited:
-        return []
+        return lines
     named = ", ".join(limited[:NAMED])
     more = f" and {len(limited) - NAMED} more" if len(limited) > NAMED else ""
-    return [f"pikku: these steps are sent as tasks of their own, never run in place (a "
-            f"step run in place would run inside the limits of the task that runs it): "
+    return [*lines, f"pikku: these steps are sent as tasks of their own, never run in place "
+            f"(a step run in place would run inside the limits of the task that runs it): "
             f"{named}{more}"]
 
 

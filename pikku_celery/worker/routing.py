@@ -46,6 +46,8 @@ from celery import Celery, signals
 from celery.utils.nodenames import worker_direct
 from click.core import ParameterSource
 
+from pikku_celery.worker.pool_limits import forget_worker_pool, note_worker_pool
+
 log = logging.getLogger("pikku_celery")
 
 QUEUE_SETTING = "pikku_queue"
@@ -104,6 +106,7 @@ class Routing:
         signals.celeryd_init.connect(self._on_celeryd_init, weak=False)
         signals.worker_init.connect(self._on_worker_init, weak=False)
         signals.worker_ready.connect(self._on_worker_ready, weak=False)
+        signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
 
     @property
     def queue_name(self) -> str | None:
@@ -154,9 +157,10 @@ class Routing:
 
     def _on_worker_init(self, sender: Any = None, **_: Any) -> None:
         # Sent after the queues were selected and before the consumer (which reads the
-        # worker's prefetch multiplier) is built.
+        # worker's prefetch multiplier) is built, and before a prefork pool forks.
         if not self._ours(sender):
             return
+        note_worker_pool(sender.pool_cls)
         queue = self.queue()
         if queue is None:
             return
@@ -192,14 +196,20 @@ class Routing:
 
             warn_at_worker_start(self._app)  # runs shared with other apps by default
 
+    def _on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
+        if self._ours(sender):
+            forget_worker_pool()
+
     def _say_why_steps_are_sent(self) -> None:
         pikku = getattr(self._app, "pikku", None)
         if pikku is None:
             return
         from pikku_celery.worker.in_place_notes import sent_reasons
+        from pikku_celery.worker.pool_limits import enforces_time_limits, pool_name
 
         settings = pikku.settings
         for line in sent_reasons(self._app, list(pikku.registry.steps),
                                  continue_in_place=settings.continue_in_place,
-                                 in_place_steps=settings.in_place_steps):
+                                 in_place_steps=settings.in_place_steps,
+                                 limits_enforced=enforces_time_limits(), pool=pool_name()):
             log.info(line)

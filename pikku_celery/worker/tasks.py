@@ -40,6 +40,7 @@ from pikku_celery.observe import celery_events, logs  # noqa: F401
 from pikku_celery.store._concerns import deadline
 from pikku_celery.worker.backend import record_attempt
 from pikku_celery.worker.config import task_namespace
+from pikku_celery.worker.pool_limits import enforces_time_limits
 
 if TYPE_CHECKING:
     from pikku_celery.engine.execution import StepOutcome
@@ -162,17 +163,19 @@ class CeleryDispatcher:
         (``passes``) instead of sending it: the message would go where this task's came
         from (same queue, exchange and routing key, by the same routing), the step's task
         has the same task class call (the app's ``task_cls`` around it, or not around
-        either), neither task has a time limit or the step a rate limit (a step in place
-        runs inside this task's limits, not its own), and the worker is not shutting down.
+        either), the step has no rate limit, neither task has a time limit the pool
+        enforces (a step in place runs inside this task's limits, not its own: the threads
+        and solo pools enforce none), and the worker is not shutting down.
         Anything else, and the step is sent as a message."""
         current = self._app.current_worker_task
         task = self._app.tasks.get(function)
         if current is None or current.app is not self._app or task is None or _stopping():
             return False
         request = current.request
-        if request.is_eager or request.called_directly or any(request.timelimit or ()):
+        if request.is_eager or request.called_directly or task.rate_limit:
             return False
-        if task.rate_limit or _time_limited(task) or _time_limited(current):
+        if enforces_time_limits() and (any(request.timelimit or ()) or _time_limited(task)
+                                       or _time_limited(current)):
             return False
         if _task_call(type(task)) is not _task_call(type(current)):
             return False

@@ -67,6 +67,23 @@ def test_a_sequential_run_sends_no_message_per_step(make_cluster: Callable[..., 
     assert received(worker, wa.ADD) == 0, worker.log()
 
 
+@pytest.mark.parametrize(("pool", "in_place"), [("threads", True), ("prefork", False)])
+def test_an_app_wide_time_limit_sends_steps_only_where_the_pool_enforces_it(
+        make_cluster: Callable[..., Cluster], pool: str, in_place: bool) -> None:
+    """``task_time_limit=300`` (issue 34): the threads pool enforces no time limit, so the
+    steps run in place as without it; prefork does, so each step is sent as its own task.
+    The worker says which when it starts."""
+    c = make_cluster("redis", **{wa.ENV_TIME_LIMIT: "300"})
+    worker = c.start("limited", pool)
+    c.wait_ready(worker)
+    run_id = c.pikku.start("chain", {"n": 6})
+    assert c.wait(run_id, 30).output == 6, c.diagnostics()
+    assert received(worker, wa.ADD) == (0 if in_place else 6), worker.log()
+    said = ("enforces no time limit, so task_time_limit=300.0 sends no step" if in_place
+            else "none runs in place: the app sets task_time_limit=300.0")
+    assert said in worker.log(), worker.log()
+
+
 def test_a_streak_ends_after_in_place_steps_and_the_next_step_is_sent(
         make_cluster: Callable[..., Cluster]) -> None:
     c = make_cluster("redis", **{wa.ENV_IN_PLACE: "5"})

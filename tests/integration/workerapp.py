@@ -61,6 +61,7 @@ ENV_IN_PLACE = "PIKKU_IT_IN_PLACE_STEPS"
 # documents of the store's client, Redis commands of the lease service's, the task's name),
 # with no reaper running: the step budget measured on real worker processes.
 ENV_TALLY = "PIKKU_IT_TALLY"
+ENV_TIME_LIMIT = "PIKKU_IT_TASK_TIME_LIMIT"  # the app-wide task_time_limit, in seconds
 
 ADD = "it.add"
 SLOW = "it.slow"
@@ -145,6 +146,8 @@ def _celery_conf(env: Mapping[str, str]) -> dict[str, Any]:
         "worker_send_task_events": False,
         "task_routes": {PARKED: {"queue": parked_queue(queue)}},
     }
+    if env.get(ENV_TIME_LIMIT):
+        conf["task_time_limit"] = float(env[ENV_TIME_LIMIT])
     if env[ENV_BROKER].startswith("amqp"):
         conf["broker_heartbeat"] = 0
     else:

@@ -90,3 +90,25 @@ def test_another_apps_worker_is_told_nothing(caplog: pytest.LogCaptureFixture) -
     with caplog.at_level(logging.INFO, logger="pikku_celery"):
         pikku.routing._on_worker_ready(sender=SimpleNamespace(app=Celery("other")))
     assert not [r for r in caplog.records if "in place" in r.getMessage()]
+
+
+def test_on_a_pool_that_enforces_no_time_limit_steps_run_in_place_and_it_says_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    pikku = make(task_time_limit=300)
+
+    @pikku.step(name="notes.slow", time_limit=10, rate_limit="1/s")
+    def slow(x: Any) -> Any:
+        return x
+
+    worker = SimpleNamespace(app=pikku.app, pool_cls="threads")
+    pikku.routing._on_worker_init(sender=worker)
+    try:
+        lines = said_at_worker_start(pikku, caplog)
+    finally:
+        pikku.routing._on_worker_shutdown(sender=worker)
+    assert lines == [
+        "pikku: this worker's pool (threads) enforces no time limit, so task_time_limit=300 "
+        "sends no step: steps run in place",
+        "pikku: these steps are sent as tasks of their own, never run in place (a step run in "
+        "place would run inside the limits of the task that runs it): notes.slow "
+        "(rate_limit='1/s')"]

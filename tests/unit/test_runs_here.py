@@ -1,7 +1,8 @@
 """``CeleryDispatcher.runs_here``: when the task running in a worker may run a step in place
 (issue 24). Only when the step's message would go where this task's came from, through the
-same task class call, with no time limit on either and no rate limit on the step, in a
-worker that is not stopping. Each refusal is a case here that would pass without it."""
+same task class call, with no time limit on either that the worker's pool enforces and no
+rate limit on the step, in a worker that is not stopping. Each refusal is a case here that
+would pass without it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from celery.worker import state as worker_state
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
 from pikku_celery.store.memory import InMemoryWorkflowStore
+from pikku_celery.worker import pool_limits
 from pikku_celery.worker.tasks import CeleryDispatcher, internal_task
 
 
@@ -25,6 +27,15 @@ def _pikku(task_cls: Any = None, **conf: Any) -> tuple[Celery, PikkuCelery]:
     pikku = PikkuCelery(app, store=InMemoryWorkflowStore(), leases=InMemoryLeaseService(),
                         worker_reaper=False)
     return app, pikku
+
+
+@pytest.fixture(autouse=True)
+def no_worker_pool_known() -> Iterator[None]:
+    """As outside a worker: the pool is not known (an in-process worker of an earlier test
+    in this process forgets its own when it stops)."""
+    pool_limits.forget_worker_pool()
+    yield
+    pool_limits.forget_worker_pool()
 
 
 @pytest.fixture
@@ -98,6 +109,34 @@ def test_an_app_wide_time_limit_sends_every_step(running: Any) -> None:
     pikku.step(name="rh.step")(lambda data: data)
     running(internal_task(app, "orchestrate"), ("run",))
     assert not _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
+
+
+@pytest.mark.parametrize(("pool", "in_place"), [
+    ("threads", True), ("solo", True), ("prefork", False), ("gevent", False)])
+def test_time_limits_send_steps_only_where_the_pool_enforces_them(
+        running: Any, pool: str, in_place: bool) -> None:
+    """The threads and solo pools ignore Celery's time limits: a step sent as a task there
+    would run unlimited too, so it runs in place (issue 34). A rate limit still sends it."""
+    app, pikku = _pikku(task_time_limit=300, task_soft_time_limit=240)
+    pikku.step(name="rh.step")(lambda data: data)
+    pikku.step(name="rh.limited", time_limit=30)(lambda data: data)
+    pikku.step(name="rh.rated", rate_limit="10/m")(lambda data: data)
+    pool_limits.note_worker_pool(pool)
+    assert pool_limits.enforces_time_limits() is not in_place
+    running(internal_task(app, "orchestrate"), ("run",), timelimit=(60, 30))
+    dispatcher = _dispatcher(app, pikku)
+    assert dispatcher.runs_here("rh.step", "run", "s") is in_place
+    assert dispatcher.runs_here("rh.limited", "run", "s") is in_place
+    assert not dispatcher.runs_here("rh.rated", "run", "s")
+
+
+def test_a_worker_learns_its_pool_at_init_and_forgets_it_at_shutdown() -> None:
+    app, pikku = _pikku()
+    worker = type("Worker", (), {"app": app, "pool_cls": "threads"})()
+    pikku.routing._on_worker_init(sender=worker)
+    assert not pool_limits.enforces_time_limits() and pool_limits.pool_name() == "threads"
+    pikku.routing._on_worker_shutdown(sender=worker)
+    assert pool_limits.enforces_time_limits() and pool_limits.pool_name() is None
 
 
 class Traced(Task):  # type: ignore[misc]
