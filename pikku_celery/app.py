@@ -105,32 +105,32 @@ class PikkuCelery(RunOperations):
             ``app.conf``.
         redact_error: your own redaction of recorded errors: a callable ``(text) -> str``
             (or its dotted path) given each error's message and traceback after pikku's
-            built-in masking of credentials (URL passwords, ``password=``/``token=``
-            pairs, ``Bearer`` credentials), before the error is stored. If it raises, the
-            built-in masking's text is stored and the failure logged. See
-            ``pikku_celery.model.redaction``.
+            built-in masking of credentials, before the error is stored.
+        redact_value: your own redaction of each value the web API and the dashboard
+            show (never of what is stored): a callable ``(value, where) -> value`` (or its
+            dotted path). Both: see ``pikku_celery.model.redaction``.
     """
 
     def __init__(self, celery_app: Celery, *, store: WorkflowStore | None = None,
                  leases: LeaseService | None = None, step_lease: Duration | None = None,
                  run_lease: Duration | None = None, reaper_interval: Duration | None = None,
-                 max_countdown: Duration | None = None,
-                 undispatched_after: Duration | None = None,
+                 max_countdown: Duration | None = None, undispatched_after: Duration | None = None,
                  stalled_after: Duration | None = None, continue_in_place: bool | None = None,
                  in_place_steps: int | None = None, in_place_for: Duration | None = None,
                  worker_reaper: bool | None = None, queue: str | None = None,
                  redact_error: Callable[[str], str] | str | None = None,
+                 redact_value: Callable[[Any, str], Any] | str | None = None,
                  max_events_per_run: int | None = None, max_event_bytes: int | None = None
                  ) -> None:
         self.app = celery_app
         self.registry = Registry()
         explicit: dict[str, Any] = {
-            "store": store, "leases": leases, "step_lease": step_lease,
-            "run_lease": run_lease, "reaper_interval": reaper_interval,
-            "max_countdown": max_countdown, "undispatched_after": undispatched_after,
-            "stalled_after": stalled_after, "continue_in_place": continue_in_place,
-            "in_place_steps": in_place_steps, "in_place_for": in_place_for,
-            "worker_reaper": worker_reaper, "redact_error": redact_error,
+            "store": store, "leases": leases, "step_lease": step_lease, "run_lease": run_lease,
+            "reaper_interval": reaper_interval, "max_countdown": max_countdown,
+            "undispatched_after": undispatched_after, "stalled_after": stalled_after,
+            "continue_in_place": continue_in_place, "in_place_steps": in_place_steps,
+            "in_place_for": in_place_for, "worker_reaper": worker_reaper,
+            "redact_error": redact_error, "redact_value": redact_value,
             "max_events_per_run": max_events_per_run, "max_event_bytes": max_event_bytes}
         self._config = Configuration(celery_app, explicit)
         self._config.check_explicit()  # a bad argument fails here, as before

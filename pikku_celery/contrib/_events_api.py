@@ -15,7 +15,8 @@ route of their own: a read of a run is bounded whatever its events hold.
   ``next`` as ``events_next``.
 - ``GET api/runs/<run_id>/events/<seq>/payload`` (action ``read``): the event ``seq``
   whole, its ``payload`` with it (an event's payload is never changed: a client reads it
-  once); 404 ``WorkflowEventNotFound`` for a ``seq`` the run has not kept.
+  once; it is shown through the ``redact_value`` hook, told ``"event_payload"``); 404
+  ``WorkflowEventNotFound`` for a ``seq`` the run has not kept.
 
 Both read the run as every read does (``_readable.readable_run``: a run the caller's run
 filter does not keep is a 404).
@@ -29,7 +30,7 @@ from typing import Any
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._access import ApiError, Caller
-from pikku_celery.contrib._json import present, sent_events_json
+from pikku_celery.contrib._json import EVENT_VALUES, present, sent_events_json
 from pikku_celery.contrib._readable import readable_run
 from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.model.records import WorkflowEvent, WorkflowRun
@@ -99,7 +100,8 @@ def get_event(pikku: PikkuCelery, caller: Caller, run_id: str, raw_seq: str, *,
     if not found or found[0].seq != seq:
         raise ApiError(404, "WorkflowEventNotFound", f"run {run_id!r} has no event {seq}")
     [entry] = sent_events_json(_taken(pikku, run, found))
-    return 200, present(entry, show_tracebacks=show_tracebacks)
+    return 200, present(entry, show_tracebacks=show_tracebacks,
+                        redact=pikku.settings.redact_value, values=EVENT_VALUES)
 
 
 def _limit(raw: str | None) -> int:

@@ -1,7 +1,11 @@
 """Read models served as JSON, by the JSON API (``_api``), the dashboard and ``pikku
 show --json``: plain JSON values (datetimes as ISO 8601 strings), errors as ``type`` and
 ``message`` (their ``traceback`` only when shown), a run's events with the waits that took
-them."""
+them.
+
+The web surface shows each user value (``VALUES``) through the ``redact_value`` hook
+(``present(..., redact=)``, ``shown``; ``pikku_celery.model.redaction``): what is stored is
+never changed, the hook is given a copy. ``pikku show --json`` shows values as stored."""
 
 from __future__ import annotations
 
@@ -10,9 +14,28 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from pikku_celery.model.records import (
+    StepAttempt,
+    StepState,
+    WorkflowEvent,
+    WorkflowRun,
+    WorkflowSchedule,
+)
+from pikku_celery.model.redaction import ValueRedactor, redact_value
 from pikku_celery.operate.timeline import SentEvent
 
 _ERROR_FIELDS = ("type", "message")
+Values = tuple[tuple[str, str], ...]
+#: The user values each read model holds: its field, and the ``where`` the ``redact_value``
+#: hook is told.
+EVENT_VALUES: Values = (("payload", "event_payload"),)
+VALUES: dict[type, Values] = {
+    WorkflowRun: (("input", "input"), ("output", "output"), ("state", "state")),
+    StepState: (("data", "step_input"), ("result", "step_result")),
+    StepAttempt: (("result", "step_result"),),
+    WorkflowEvent: EVENT_VALUES,
+    WorkflowSchedule: (("data", "schedule_data"),),
+}
 
 
 def to_json(record: Any) -> Any:
@@ -28,15 +51,30 @@ def to_json(record: Any) -> Any:
     return record
 
 
-def present(record: Any, *, show_tracebacks: bool) -> Any:
+def shown(value: Any, where: str, redact: ValueRedactor | None) -> Any:
+    """A user value as the web surface shows it: as JSON (a copy), through ``redact``
+    (the ``redact_value`` hook) told ``where``."""
+    return redact_value(to_json(value), where, redact)
+
+
+def present(record: Any, *, show_tracebacks: bool, redact: ValueRedactor | None = None,
+            values: Values | None = None) -> Any:
     """A run, step or attempt as served: its ``error`` as type and message only (plus the
-    traceback when shown), and no traceback in error-shaped values nested anywhere else."""
+    traceback when shown), and no traceback in error-shaped values nested anywhere else;
+    with ``redact``, each user value (``values``, else ``VALUES`` of the record's type)
+    passed through it."""
     served = to_json(record)
     if isinstance(served, dict) and isinstance(served.get("error"), dict):
         error = served["error"]
         kept = _ERROR_FIELDS + (("traceback",) if show_tracebacks else ())
         served["error"] = {k: error[k] for k in kept if k in error}
-    return served if show_tracebacks else _without_tracebacks(served)
+    if not show_tracebacks:
+        served = _without_tracebacks(served)
+    if redact is not None and isinstance(served, dict):
+        for field, where in VALUES.get(type(record), ()) if values is None else values:
+            if field in served:
+                served[field] = redact_value(served[field], where, redact)
+    return served
 
 
 def _without_tracebacks(value: Any) -> Any:

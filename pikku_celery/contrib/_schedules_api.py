@@ -4,7 +4,7 @@
   whose runs the caller's run filter keeps (``_readable``; an unknown name and a hidden one
   are both a 404 below), by name (``pikku.list_schedules``), each as
   ``schedule_views.schedule_json`` serves it (its record, with ``timing``: ``cron ...``
-  or ``every ...``);
+  or ``every ...``), its ``data`` through the ``redact_value`` hook (``served``);
 - ``POST api/schedules/<name>/pause``, ``/resume`` (``pikku.pause_schedule``,
   ``resume_schedule``): 200 with ``{"paused": bool}`` / ``{"resumed": bool}`` (``false``:
   it already was / was not paused) and the schedule as it is now;
@@ -27,13 +27,22 @@ from pikku_celery.contrib._access import ApiError, Caller
 from pikku_celery.contrib._readable import readable_schedule, readable_schedules
 from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.model.records import WorkflowSchedule
+from pikku_celery.model.redaction import redact_value
 from pikku_celery.operate.schedule_views import schedule_json
 
 Response = tuple[int, Any]
 
 
+def served(pikku: PikkuCelery, schedule: WorkflowSchedule) -> dict[str, Any]:
+    """The schedule as served: its ``data`` (a copy) through the ``redact_value`` hook."""
+    found = schedule_json(schedule)
+    found["data"] = redact_value(found.get("data"), "schedule_data",
+                                 pikku.settings.redact_value)
+    return found
+
+
 def list_schedules(pikku: PikkuCelery, caller: Caller) -> Response:
-    return 200, {"schedules": [schedule_json(s) for s in readable_schedules(pikku, caller)]}
+    return 200, {"schedules": [served(pikku, s) for s in readable_schedules(pikku, caller)]}
 
 
 def known(pikku: PikkuCelery, caller: Caller, name: str) -> WorkflowSchedule:
@@ -54,14 +63,14 @@ def pause(pikku: PikkuCelery, caller: Caller, name: str, body: Any) -> Response:
     _no_body(body)
     known(pikku, caller, name)
     paused = pikku.pause_schedule(name)
-    return 200, {"paused": paused, "schedule": schedule_json(pikku.get_schedule(name))}
+    return 200, {"paused": paused, "schedule": served(pikku, pikku.get_schedule(name))}
 
 
 def resume(pikku: PikkuCelery, caller: Caller, name: str, body: Any) -> Response:
     _no_body(body)
     known(pikku, caller, name)
     resumed = pikku.resume_schedule(name)
-    return 200, {"resumed": resumed, "schedule": schedule_json(pikku.get_schedule(name))}
+    return 200, {"resumed": resumed, "schedule": served(pikku, pikku.get_schedule(name))}
 
 
 def trigger(pikku: PikkuCelery, caller: Caller, name: str, body: Any) -> Response:

@@ -3,11 +3,12 @@
 
 Everything shown passes through Jinja2 with autoescaping on: run inputs, outputs, errors
 and step names are user data. Errors are shown as the JSON API serves them (type and
-message; tracebacks only with ``PIKKU_SHOW_TRACEBACKS``). Each page costs a bounded number
-of index-served reads: the runs page one page of runs (``limit`` at most 200) and one
-count per status that stops at ``COUNT_LIMIT``; a run page the run, its steps and its
-history, of which it shows ``STEPS_PER_PAGE`` steps (``?steps_after=<step name>`` pages
-on), so it stays small with thousands of steps.
+message; tracebacks only with ``PIKKU_SHOW_TRACEBACKS``), and values through the
+``redact_value`` hook (the ``shown`` filter; the pages' ``redact``). Each page costs a
+bounded number of index-served reads: the runs page one page of runs (``limit`` at most
+200) and one count per status that stops at ``COUNT_LIMIT``; a run page the run, its steps
+and its history, of which it shows ``STEPS_PER_PAGE`` steps (``?steps_after=<step name>``
+pages on), so it stays small with thousands of steps.
 
 What a caller may read is the JSON API's rule (``contrib._api.readable_page`` and
 ``readable_run``): the runs page and its counts are queried with the caller's run filter,
@@ -55,7 +56,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from jinja2 import Environment, PackageLoader, StrictUndefined, pass_context
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._access import (
@@ -70,6 +71,7 @@ from pikku_celery.contrib._access import (
 )
 from pikku_celery.contrib._api import ApiError, ApiOptions, parse_body
 from pikku_celery.contrib._json import present
+from pikku_celery.contrib._json import shown as shown_value
 from pikku_celery.contrib._readable import (
     MAX_SEARCHED,
     RunSearch,
@@ -217,7 +219,8 @@ def _environment() -> Environment:
                       lstrip_blocks=True)
     env.filters.update(duration=format_duration, time=format_time, pretty=pretty,
                        error=lambda error, limit=300: error_line(error, limit=limit),
-                       segment=segment)
+                       segment=segment, shown=pass_context(
+                           lambda page, value, where: shown_value(value, where, page["redact"])))
     return env
 
 
@@ -432,6 +435,7 @@ class Dashboard:
             values=values, compensations=whole.compensations,
             view=view, home=view.base, run=run, timeline=timeline,
             served=present(run, show_tracebacks=shown),
+            redact=self.pikku.settings.redact_value,
             chart=chart(timeline), attempts=attempts,
             gates=[_gate_form(view, run_id, g, refusal) for g in whole.gates],
             refusal=refusal, event_waits=whole.event_waits, published=whole.published,

@@ -1,7 +1,8 @@
 """The dashboard's Schedules page (``<mount>/schedules``, linked from every page's header):
 every schedule in the store (``pikku.list_schedules``), each with its workflow, timing, time
 zone, catch-up, state (paused or active; "not declared" when this code no longer declares
-it), next and latest tick, the run the latest tick started and its data.
+it), next and latest tick, the run the latest tick started and its data (through the
+``redact_value`` hook).
 
 Each schedule gets Pause or Resume (by its state) and Trigger forms
 (``<mount>/schedules/<name>/pause|resume|trigger``), each authorized as its own action
@@ -113,5 +114,6 @@ def _render(board: Dashboard, view: View, refusal: ScheduleRefusal | None = None
         why_not = "you may not pause, resume or trigger schedules"
     return Page(status, ENV.get_template("schedules.html").render(
         view=view, home=view.base, rows=rows, verbs=VERBS, why_not=why_not,
+        redact=board.pikku.settings.redact_value,
         refusal=refusal, unsaved=unsaved_schedules(board.pikku, view.caller, stored),
         notice=NOTICES.get(view.query.get("notice") or "")))

@@ -22,10 +22,20 @@ engine records passes through ``redact_error`` first:
 The masking is a net for the common forms, not a guarantee: a secret with no marker
 (a bare password in a sentence) is not recognised. Code that knows its secrets should keep
 them out of its exceptions, or name them in the hook.
+
+Values (a run's input, output and state, a step's input and result, an event's payload, a
+schedule's data) are stored as they are given; what the web surface (the JSON API and the
+dashboard) *shows* of them passes through the user's ``redact_value`` hook
+(``PikkuCelery(redact_value=...)`` or the ``pikku_redact_value`` setting: a callable
+``(value, where) -> value`` or its dotted path; ``where`` is one of ``VALUE_KINDS``), given
+a copy of the value as JSON. A hook that raises, or returns what JSON cannot hold, shows
+``REDACTION_FAILED`` in the value's place (never the value) and is logged by name (never
+with the value): ``redact_value``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -40,6 +50,13 @@ MASK = "***"
 TEXT_FIELDS = ("message", "traceback")
 
 Redactor = Callable[[str], str]
+#: ``redact_value``: ``(value, where) -> the value shown``.
+ValueRedactor = Callable[[Any, str], Any]
+#: What the web surface shows in place of a value the ``redact_value`` hook failed on.
+REDACTION_FAILED = "[redaction failed]"
+#: The ``where`` a ``redact_value`` hook is told: the kind of value shown.
+VALUE_KINDS = ("input", "output", "state", "step_input", "step_result", "event_payload",
+               "schedule_data")
 
 # Every pattern starts only where a token starts (a look-behind, not ``\b``, which also
 # matches inside ``a.b.c``) and bounds what it scans, so masking stays linear in the text:
@@ -112,9 +129,54 @@ def redact_error(error: Mapping[str, Any], hook: Redactor | None = None) -> dict
             else value for key, value in error.items()}
 
 
+def redact_value(value: Any, where: str, hook: ValueRedactor | None) -> Any:
+    """``value`` as the web surface shows it: ``hook(value, where)`` (``value`` itself
+    without a hook). A hook that raises, or returns something JSON cannot hold, shows
+    ``REDACTION_FAILED`` instead, never ``value``, and is logged once, by the hook's name
+    and ``where`` (never the value, nor the exception's message, which may quote it)."""
+    if hook is None:
+        return value
+    try:
+        shown = hook(value, where)
+    except Exception as exc:
+        log.error("pikku: the redact_value hook %s raised %s on a value shown as %r; %r is "
+                  "shown in its place", hook_name(hook), type(exc).__name__, where,
+                  REDACTION_FAILED)
+        return REDACTION_FAILED
+    try:
+        json.dumps(shown)
+    except Exception:  # not JSON: a set, an object, a cycle
+        log.error("pikku: the redact_value hook %s returned a %s that is not JSON for a value "
+                  "shown as %r; %r is shown in its place", hook_name(hook),
+                  type(shown).__name__, where, REDACTION_FAILED)
+        return REDACTION_FAILED
+    return shown
+
+
+def hook_name(hook: Callable[..., Any]) -> str:
+    """``module.qualname`` of a hook (its class's for a callable object): never its
+    ``repr``, which may show what the hook holds."""
+    named = hook if hasattr(hook, "__qualname__") else type(hook)
+    module = getattr(named, "__module__", None)
+    qualname = getattr(named, "__qualname__", type(hook).__name__)
+    return f"{module}.{qualname}" if module else str(qualname)
+
+
 def load_redactor(value: object, what: str) -> Redactor | None:
     """The hook a setting names: a callable, or the dotted path of one (``pkg.mod:fn`` or
     ``pkg.mod.fn``); ``None`` or ``""`` for none. Raises ``ValueError`` naming ``what``."""
+    hook: Redactor | None = load_hook(value, what, "(text: str) -> str")
+    return hook
+
+
+def load_value_redactor(value: object, what: str) -> ValueRedactor | None:
+    """The ``redact_value`` hook a setting names, as ``load_redactor`` reads it."""
+    hook: ValueRedactor | None = load_hook(value, what, "(value, where: str) -> value")
+    return hook
+
+
+def load_hook(value: object, what: str, shape: str) -> Any:
+    """A callable, or the one a dotted path names; ``None`` for ``None`` or ``""``."""
     if value is None or value == "":
         return None
     if isinstance(value, str):
@@ -124,6 +186,5 @@ def load_redactor(value: object, what: str) -> Redactor | None:
             raise ValueError(f"invalid {what}: cannot import {value!r} ({exc})") from None
     if not callable(value):
         raise ValueError(f"invalid {what}: {value!r} is not callable (a function "
-                         "(text: str) -> str, or its dotted path)")
-    hook: Redactor = value
-    return hook
+                         f"{shape}, or its dotted path)")
+    return value

@@ -47,6 +47,10 @@ setting                                   default
                                           dotted path, run on every recorded error's
                                           message and traceback after the built-in
                                           masking of credentials (``redaction.py``)
+``pikku_redact_value``                    none: a callable ``(value, where) -> value``,
+                                          or its dotted path, run on every value the
+                                          web API and the dashboard show (not on what
+                                          is stored; ``redaction.py``)
 ``pikku_metrics_registry``                prometheus-client's default registry: a
                                           ``CollectorRegistry`` or its dotted path, where
                                           ``pikku_celery.observe.metrics`` counts
@@ -72,7 +76,12 @@ from pikku_celery.model._urls import carries_secret, redact_url, reserved_in_use
 from pikku_celery.model.dotted import import_dotted
 from pikku_celery.model.durations import Duration, to_ms, to_seconds
 from pikku_celery.model.errors import PikkuConfigurationError
-from pikku_celery.model.redaction import Redactor, load_redactor
+from pikku_celery.model.redaction import (
+    Redactor,
+    ValueRedactor,
+    load_redactor,
+    load_value_redactor,
+)
 from pikku_celery.store.base import WorkflowStore
 
 if TYPE_CHECKING:
@@ -116,6 +125,8 @@ class Resolved:
     in_place_steps: int = DEFAULT_IN_PLACE_STEPS
     in_place_ms: int = round(DEFAULT_IN_PLACE_FOR_S * 1000)
     redact_error: Redactor | None = None
+    # What the web surface shows of a value (not read by the engine: nothing stored).
+    redact_value: ValueRedactor | None = None
     # Every run's limits on its events (0: none).
     max_events_per_run: int = DEFAULT_MAX_EVENTS_PER_RUN
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
@@ -238,11 +249,18 @@ class Settings:
                 self.count(name, 0)
         if self._explicit.get("redact_error") is not None:
             self.redactor()
+        if self._explicit.get("redact_value") is not None:
+            self.value_redactor()
 
     def redactor(self) -> Redactor | None:
         """The user's ``redact_error`` hook: a callable, or the dotted path of one."""
         value, what = self.raw("redact_error")
         return load_redactor(value, what)
+
+    def value_redactor(self) -> ValueRedactor | None:
+        """The user's ``redact_value`` hook: a callable, or the dotted path of one."""
+        value, what = self.raw("redact_value")
+        return load_value_redactor(value, what)
 
     def resolve(self) -> Resolved:
         task_namespace(self._app)  # a bad one fails where every bad setting does
@@ -262,6 +280,7 @@ class Settings:
             in_place_steps=self.count("in_place_steps", DEFAULT_IN_PLACE_STEPS),
             in_place_ms=self.duration_ms("in_place_for", DEFAULT_IN_PLACE_FOR_S),
             redact_error=self.redactor(),
+            redact_value=self.value_redactor(),
             max_events_per_run=self.count("max_events_per_run", DEFAULT_MAX_EVENTS_PER_RUN),
             max_event_bytes=self.count("max_event_bytes", DEFAULT_MAX_EVENT_BYTES),
             metrics_registry=metrics_registry(self._app),
