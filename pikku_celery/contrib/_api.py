@@ -40,6 +40,10 @@ their payloads (``GET api/runs/<run_id>/events?after=``, and the first page in t
 own JSON), each with the wait that took it (``taken_by``) or ``null``; one event's payload
 has its own route (``GET api/runs/<run_id>/events/<seq>/payload``): ``_events_api``.
 
+The routes' contract is an OpenAPI 3.1 document (``_openapi``, written once there and
+checked against ``ROUTES`` by the tests), served at ``GET api/openapi.json`` to whoever may
+``read`` (asked with ``run_id`` ``None``, as a listing is).
+
 Served records carry errors as ``type`` and ``message`` only; their ``traceback`` (and
 those nested in step data, such as a compensation's input) is served only with
 ``show_tracebacks``, to an authorized caller.
@@ -54,6 +58,7 @@ from typing import Any
 
 from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib import _events_api as events_api
+from pikku_celery.contrib import _openapi as openapi
 from pikku_celery.contrib import _schedules_api as schedules
 from pikku_celery.contrib._access import (
     ACTIONS,
@@ -98,6 +103,7 @@ from pikku_celery.contrib._requests import (
     internal_error,
     parse_body,
     read_json_body,
+    single_values,
 )
 from pikku_celery.engine.forks import kept_approvals
 from pikku_celery.model.errors import (
@@ -144,10 +150,10 @@ __all__ = [
     "to_json",
 ]
 DEFAULT_LIMIT = 50
-MAX_LIMIT = 200
+MAX_LIMIT = openapi.MAX_LIMIT
 #: ``/steps`` and ``/history`` pages carry no values (``/steps/<step_name>`` serves them).
 DEFAULT_STEP_LIMIT = 100
-MAX_STEP_LIMIT = 500
+MAX_STEP_LIMIT = openapi.MAX_STEP_LIMIT
 
 
 @dataclass(frozen=True)
@@ -185,13 +191,18 @@ class RunsApi:
         self.caller = caller
 
     def _present(self, record: Any) -> Any:
-        return present(record, show_tracebacks=self.options.show_tracebacks)
+        """``record`` as served, its values through the ``redact_value`` hook (``_json``)."""
+        return present(record, show_tracebacks=self.options.show_tracebacks,
+                       redact=self.pikku.settings.redact_value)
 
     def list_runs(self, query: Mapping[str, str]) -> Response:
         limit = bounded_int(query.get("limit"), "limit", DEFAULT_LIMIT, MAX_LIMIT)
-        runs, more = readable_page(self.pikku, self.caller, workflow=query.get("workflow"),
-                                   status=query.get("status"), limit=limit,
-                                   before=query.get("before"))
+        # An empty parameter is an absent one, as for limit and before (a form's empty
+        # field; the OpenAPI document's allowEmptyValue).
+        runs, more = readable_page(self.pikku, self.caller,
+                                   workflow=query.get("workflow") or None,
+                                   status=query.get("status") or None, limit=limit,
+                                   before=query.get("before") or None)
         return 200, {"runs": [self._present(r) for r in runs], "next": more}
 
     def get_run(self, run_id: str) -> Response:
@@ -238,8 +249,8 @@ class RunsApi:
         return 200, {"attempts": [self._summary(a) for a in page], "next": more}
 
     def _summary(self, record: StepState | StepAttempt) -> Any:
-        served = self._present(record)
-        for name in VALUE_FIELDS:
+        served = present(record, show_tracebacks=self.options.show_tracebacks)
+        for name in VALUE_FIELDS:  # not shown: not redacted
             served.pop(name, None)
         return served
 
@@ -439,12 +450,16 @@ class Route:
             if not (self.action == START and api.caller.takes("input")):
                 api.caller.check(self.action, params.get("run_id"),
                                  **named(self.action, params.get("name")))
+            once = single_values(query)  # a repeated parameter: 400 (not first or last)
             body = read_body() if self.method == "POST" else None
-            return self.call(api, params, query, body)
+            return self.call(api, params, once, body)
         return handle(call)
 
 
 ROUTES = (
+    # The contract of every route here (``_openapi``), to whoever may list runs.
+    Route("openapi", "GET", "api/openapi.json", READ,
+          lambda api, p, q, b: (200, openapi.document())),
     Route("runs", "GET", "api/runs", READ, lambda api, p, q, b: api.list_runs(q)),
     Route("run", "GET", "api/runs/<run_id>", READ, lambda api, p, q, b: api.get_run(p["run_id"])),
     Route("steps", "GET", "api/runs/<run_id>/steps", READ,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -85,6 +85,24 @@ def read_json_body(content_type: str | None, content_length: int | None,
     if len(raw) > max_bytes:
         raise _too_large(max_bytes)
     return parse_body(raw)
+
+
+def single_values(query: Mapping[str, Any]) -> dict[str, str]:
+    """A request's query parameters, each given once: Flask's ``request.args`` reads the
+    first of a repeated parameter and Django's ``request.GET`` the last, so
+    ``?limit=5&limit=x`` would mean one thing in one framework and another in the other
+    (and to a proxy that checked either): a repeat is the caller's mistake (400). A plain
+    mapping (no ``lists()``) is taken as it is."""
+    lists = getattr(query, "lists", None)
+    if lists is None:
+        return dict(query)
+    found = {}
+    for name, values in lists():
+        if len(values) != 1:
+            raise ApiError(400, "InvalidQuery", f"the query parameter {name[:40]!r} is given "
+                                                f"{len(values)} times: give it once")
+        found[name] = values[0]
+    return found
 
 
 def content_length(header: str | None) -> int | None:

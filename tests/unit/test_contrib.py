@@ -216,6 +216,7 @@ def running_run(pikku: PikkuCelery, run_id: str = "r-live") -> str:
 # --- access, endpoint by endpoint -------------------------------------------------------
 
 ENDPOINTS = [
+    ("GET", "/openapi.json", "read"),
     ("GET", "/runs", "read"),
     ("GET", "/runs/r-live", "read"),
     ("GET", "/runs/r-live/steps", "read"),
