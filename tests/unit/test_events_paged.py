@@ -211,7 +211,9 @@ def test_the_live_pages_refresh_keeps_a_payload_read(site: Site) -> None:
     # The refresh moves each open payload into the fresh part instead of reading it.
     assert 'querySelectorAll("details.payload[open]")' in page.text
     assert "slot.replaceWith(box)" in page.text
-    assert 'box.classList.contains("payload")' in page.text
+    # And the loader that reads a payload when its row opens (opened.html).
+    assert "payload: function (box, body)" in page.text
+    assert "box.classList.contains(kind)" in page.text
 
 
 def test_a_send_over_a_limit_from_the_form_is_refused_with_its_reason(site: Site) -> None:
