@@ -19,6 +19,7 @@ from pikku_celery.model.durations import Duration, to_seconds
 from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.model.records import RUN_QUEUED
 from pikku_celery.model.validate import check_name
+from pikku_celery.observe import serve
 from pikku_celery.operations import RunOperations
 from pikku_celery.schedules.ticker import WorkerTicker
 from pikku_celery.store.base import WorkflowStore
@@ -147,8 +148,8 @@ class PikkuCelery(RunOperations):
         reset_in_forked_child(self)
         self._reaper: WorkerReaper | None = None
         register_internal_tasks(celery_app, lambda: self.engine)
-        # No app-wide prefetch of 1 (it hung the app's own expiring tasks): routing.py.
-        self.routing.connect()
+        self.routing.connect()  # no app-wide prefetch of 1 (it hung expiring tasks)
+        serve.connect(celery_app)  # the metrics on pikku_metrics_port, read at worker start
         if worker_reaper is not False:
             signals.worker_ready.connect(self._on_worker_ready, weak=False)
             signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)

@@ -197,10 +197,6 @@ class Settings:
     def __init__(self, app: Celery, explicit: dict[str, Any]) -> None:
         self._app = app
         self._explicit = explicit
-        # A worker serves the metrics when ``pikku_metrics_port`` is set (read at its start).
-        from pikku_celery.observe import serve
-
-        self.metrics_server = serve.connect(app)
 
     def raw(self, name: str) -> tuple[Any, str]:
         """The value to use for ``name`` and what to call it in an error message."""

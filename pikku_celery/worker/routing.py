@@ -160,7 +160,7 @@ class Routing:
         # worker's prefetch multiplier) is built, and before a prefork pool forks.
         if not self._ours(sender):
             return
-        note_worker_pool(sender.pool_cls)
+        note_worker_pool(self._app, sender.pool_cls)
         queue = self.queue()
         if queue is None:
             return
@@ -198,7 +198,7 @@ class Routing:
 
     def _on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         if self._ours(sender):
-            forget_worker_pool()
+            forget_worker_pool(self._app)
 
     def _say_why_steps_are_sent(self) -> None:
         pikku = getattr(self._app, "pikku", None)
@@ -211,5 +211,6 @@ class Routing:
         for line in sent_reasons(self._app, list(pikku.registry.steps),
                                  continue_in_place=settings.continue_in_place,
                                  in_place_steps=settings.in_place_steps,
-                                 limits_enforced=enforces_time_limits(), pool=pool_name()):
+                                 limits_enforced=enforces_time_limits(self._app),
+                                 pool=pool_name(self._app)):
             log.info(line)

@@ -174,7 +174,7 @@ class CeleryDispatcher:
         request = current.request
         if request.is_eager or request.called_directly or task.rate_limit:
             return False
-        if enforces_time_limits() and (any(request.timelimit or ()) or _time_limited(task)
+        if enforces_time_limits(self._app) and (any(request.timelimit or ()) or _time_limited(task)
                                        or _time_limited(current)):
             return False
         if _task_call(type(task)) is not _task_call(type(current)):

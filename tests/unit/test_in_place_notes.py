@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,17 +14,7 @@ import pytest
 from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, InMemoryWorkflowStore, PikkuCelery
-from pikku_celery.worker import pool_limits
 from pikku_celery.worker.tasks import internal_task_names
-
-
-@pytest.fixture(autouse=True)
-def no_worker_pool_known() -> Iterator[None]:
-    """As in a worker whose pool is not known: an in-process worker of an earlier test in
-    this process may have left its own (threads, solo) behind."""
-    pool_limits.forget_worker_pool()
-    yield
-    pool_limits.forget_worker_pool()
 
 
 def make(**conf: Any) -> PikkuCelery:

@@ -29,15 +29,6 @@ def _pikku(task_cls: Any = None, **conf: Any) -> tuple[Celery, PikkuCelery]:
     return app, pikku
 
 
-@pytest.fixture(autouse=True)
-def no_worker_pool_known() -> Iterator[None]:
-    """As outside a worker: the pool is not known (an in-process worker of an earlier test
-    in this process forgets its own when it stops)."""
-    pool_limits.forget_worker_pool()
-    yield
-    pool_limits.forget_worker_pool()
-
-
 @pytest.fixture
 def running() -> Iterator[Any]:
     """Make ``task`` the task a worker runs now, delivered from ``queue``."""
@@ -121,8 +112,8 @@ def test_time_limits_send_steps_only_where_the_pool_enforces_them(
     pikku.step(name="rh.step")(lambda data: data)
     pikku.step(name="rh.limited", time_limit=30)(lambda data: data)
     pikku.step(name="rh.rated", rate_limit="10/m")(lambda data: data)
-    pool_limits.note_worker_pool(pool)
-    assert pool_limits.enforces_time_limits() is not in_place
+    pool_limits.note_worker_pool(app, pool)
+    assert pool_limits.enforces_time_limits(app) is not in_place
     running(internal_task(app, "orchestrate"), ("run",), timelimit=(60, 30))
     dispatcher = _dispatcher(app, pikku)
     assert dispatcher.runs_here("rh.step", "run", "s") is in_place
@@ -134,9 +125,9 @@ def test_a_worker_learns_its_pool_at_init_and_forgets_it_at_shutdown() -> None:
     app, pikku = _pikku()
     worker = type("Worker", (), {"app": app, "pool_cls": "threads"})()
     pikku.routing._on_worker_init(sender=worker)
-    assert not pool_limits.enforces_time_limits() and pool_limits.pool_name() == "threads"
+    assert not pool_limits.enforces_time_limits(app) and pool_limits.pool_name(app) == "threads"
     pikku.routing._on_worker_shutdown(sender=worker)
-    assert pool_limits.enforces_time_limits() and pool_limits.pool_name() is None
+    assert pool_limits.enforces_time_limits(app) and pool_limits.pool_name(app) is None
 
 
 class Traced(Task):  # type: ignore[misc]
