@@ -33,6 +33,7 @@ from pikku_celery.engine.facade import Engine
 from pikku_celery.model.errors import (
     PikkuError,
     WorkflowEventError,
+    WorkflowEventLimitError,
     WorkflowStepSupersededError,
 )
 from pikku_celery.model.records import RUN_TERMINAL
@@ -43,6 +44,9 @@ from tests.property.ops_checks import ORDER, SCHEDULE, Checks, Model
 from tests.property.store_world import FakeTime, WorldClock
 
 LEASE_MS = 30_000
+# A run keeps at most this many events (pikku_max_events_per_run), low enough that the
+# machine's sends reach it: a refusal for the limit comes only when the store holds it.
+MAX_EVENTS = 3
 APPROVAL, PARENT, CHILD, COLLECT = "mb.approval", "mb.parent", "mb.child", "mb.collect"
 
 
@@ -126,7 +130,8 @@ class World(Checks):
         leases = InMemoryLeaseService(clock_ms=self.time)
         self.pikku = pikku = PikkuCelery(
             Celery(f"model-{id(self)}", broker="memory://"), store=store, leases=leases,
-            step_lease=LEASE_MS / 1000, run_lease=LEASE_MS / 1000, worker_reaper=False)
+            step_lease=LEASE_MS / 1000, run_lease=LEASE_MS / 1000, worker_reaper=False,
+            max_events_per_run=MAX_EVENTS)
         self._declare(pikku)
         self.engine: Engine = pikku.make_engine(
             store=self.store,
@@ -402,12 +407,21 @@ class World(Checks):
         assert run is not None
         try:
             event = self.pikku.send_event(run_id, "paid", payload, key=key)
+        except WorkflowEventLimitError:
+            kept = len(self.inner.list_events(run_id))
+            self.note(f"send paid to {run_id} key={key}: refused at the limit ({kept} kept)")
+            if kept < MAX_EVENTS:
+                raise self.violation(f"5. a send to run {run_id} holding {kept} events was "
+                                     f"refused for the limit of {MAX_EVENTS}") from None
+            return
         except WorkflowEventError:
             self.note(f"send paid to {run_id} key={key}: refused ({run.status})")
             if run.status not in RUN_TERMINAL:
                 raise self.violation(f"5. a send to live run {run_id} was refused") from None
             return
         self.note(f"send paid to {run_id} key={key} -> seq {event.seq}")
+        if len(self.inner.list_events(run_id)) > MAX_EVENTS:
+            raise self.violation(f"5. run {run_id} keeps more than {MAX_EVENTS} events")
         model = self.model
         if key is None:
             model.sends[run_id] = model.sends.get(run_id, 0) + 1

@@ -6,7 +6,8 @@ a message delivered (a pass, a timer, a step whose body succeeds, fails or dies,
 delivered twice), the clock moving (leases lapse, timeouts pass), a reaper sweep, a pass of
 any run, cancel (a retry landing inside its fence window, or not), retry (a sweep landing
 between its slot and its revival, or not), fork (with and without ``keep_decisions``, into a
-new id or an existing one), send_event (keyed, unkeyed, to an ended run), approve, a
+new id or an existing one), send_event (keyed, unkeyed, to an ended run, past the run's
+limit on kept events), approve, a
 schedule tick (one or two firers), an admit. After every rule the world's state is checked
 against the promises of section 7 (``tests/property/ops_world.py``: each failure names the
 invariant's number). Runs on the in-memory store and on the real ``mongod``.
