@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pikku_celery.observe import tracing as t
+from tests.integration import workerapp as wa
 from tests.integration.test_celery_workers import (
     REAPER_S,
     ROOT,
@@ -187,7 +188,10 @@ def test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run(
         tmp_path: Path) -> None:
     span_dir = tmp_path / "spans"
     span_dir.mkdir()
-    c = make_cluster("rabbitmq", **{ENV_SPANS: str(span_dir)})
+    # The reaper kept out of the way: a message it sends from a process that never saw the
+    # run carries no context (documented), and at 0.3 s it races the retry's own timer.
+    c = make_cluster("rabbitmq", **{ENV_SPANS: str(span_dir), wa.ENV_REAPER: "60",
+                                    wa.ENV_UNDISPATCHED: "120", wa.ENV_STALLED: "120"})
     workers = [_start(c, "r1", "prefork"), _start(c, "r2")]
     c.wait_ready(*workers)
     run_ids = [c.pikku.start("pipeline", {"a": i, "b": 1, "fail": 1}) for i in range(4)]
@@ -221,6 +225,6 @@ def test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run(
                 in_place += 1
                 assert parent["name"] == "pikku.pass pipeline" and parent["pid"] == span["pid"]
     assert in_place >= len(run_ids), "steps ran in place, inside their passes' spans"
-    # The starter's messages carried each run's context: no worker read a run to find it.
+    # pikku's messages carried each run's context: no worker read a run to find it.
     reads = [line for path in span_dir.glob("*.reads") for line in path.read_text().split()]
     assert not set(reads) & set(run_ids), reads
