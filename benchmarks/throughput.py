@@ -4,9 +4,11 @@ run and reported as medians and ratios (machines are noisy; ratios less so).
 
     python -m benchmarks.throughput [--broker redis|amqp] [--tasks 300] [--steps 10]
                                     [--rounds 3] [--modes chain,pikku,...]
-                                    [--time-limit SECONDS]
+                                    [--time-limit SECONDS] [--pool threads|prefork]
 
-Modes (each measured with two fresh workers, threads pool 2 x 8, in a fresh process):
+Modes (each measured with two fresh workers, 2 x 8 threads, or 2 x 8 prefork children
+with ``--pool prefork``, which enforces time limits where threads do not; in a fresh
+process each):
 
 ``plain``           ``--tasks`` no-op tasks sent at once, results in Redis;
 ``chain``           ``--tasks / --steps`` Celery chains of ``--steps`` no-op tasks, results
@@ -55,7 +57,7 @@ def start_workers(env: dict[str, str], count: int, logdir: Path,
         log = open(logdir / f"w{i}.log", "wb")  # noqa: SIM115 - lives with the process
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", app, "worker", "-P",
-             "threads", "-c", "8", "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
+             env.get("BENCH_POOL", "threads"), "-c", "8", "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
              "--without-gossip", "--without-mingle", "--without-heartbeat",
              "--loglevel", "WARNING"], stdout=log, stderr=subprocess.STDOUT, env=env))
     return procs
@@ -170,7 +172,8 @@ def interleaved(env: dict[str, Any], mongo_base: str, modes: list[str], rounds: 
 def report(broker: str, tasks: int, steps: int, rates: dict[str, list[float]]) -> str:
     medians = {mode: statistics.median(values) for mode, values in rates.items()}
     base = medians.get("chain") or next(iter(medians.values()))
-    lines = [f"throughput on {broker}, 2 workers x 8 threads, {tasks} units per mode, "
+    pool = os.environ.get("BENCH_POOL", "threads")
+    lines = [f"throughput on {broker}, 2 workers x 8 {pool}, {tasks} units per mode, "
              f"{steps} per chain or workflow, {len(next(iter(rates.values())))} rounds "
              "(median, range)"]
     for mode, median in medians.items():
@@ -201,8 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--time-limit", type=float, default=None,
                         help="an app-wide task_time_limit for every mode (seconds)")
+    parser.add_argument("--pool", choices=("threads", "prefork"), default="threads",
+                        help="the workers' pool (prefork enforces time limits)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    os.environ["BENCH_POOL"] = args.pool
     if args.measure:
         print(measure(args.measure, args.tasks, args.steps))
         return
@@ -216,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
                             args.tasks, args.steps)
     print(report(args.broker, args.tasks, args.steps, rates))
     if args.time_limit:
-        print(f"  every mode with task_time_limit={args.time_limit:g} (threads pool)")
+        print(f"  every mode with task_time_limit={args.time_limit:g} ({args.pool} pool)")
     print(f"  on {mongo}; load average at the end {_load()}")
 
 

@@ -1,9 +1,9 @@
 """Why steps will be sent as messages instead of run in place, said once when a worker
 starts. Running in place is what makes a workflow faster than a Celery chain, and the
-reasons it is off (an app-wide time limit on a pool that enforces it, a step's own limit
-or rate limit, the settings) are silent otherwise: a user sees only a slower worker
-(issue 34). On a pool that enforces no time limit (threads, solo), a limit sends nothing,
-and the worker says that instead."""
+reasons it is off or bounded (a step's own time limit or rate limit, a limit on pikku's
+orchestrate task, the settings, an app-wide time limit as a budget) are silent otherwise: a
+user sees only a slower worker (issue 34). On a pool that enforces no time limit (threads,
+solo), a limit sends nothing, and the worker says that instead."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from typing import Any
 
 from celery import Celery, Task
 
-from pikku_celery.worker.tasks import ORCHESTRATE_KIND, internal_task
+from pikku_celery.worker.task_names import ORCHESTRATE_KIND, internal_task
+from pikku_celery.worker.time_budget import limits_note, own_limits
 
 #: At most this many steps named in the line; the rest are counted.
 NAMED = 10
 
 
 def sent_reasons(app: Celery, step_names: list[str], *, continue_in_place: bool,
-                 in_place_steps: int, limits_enforced: bool = True,
+                 in_place_steps: int, in_place_ms: int, limits_enforced: bool = True,
                  pool: str | None = None) -> list[str]:
     """The lines to log: empty when every step may run in place. ``limits_enforced``:
     whether the worker's pool (``pool``) enforces time limits (``pool_limits``)."""
@@ -30,25 +31,23 @@ def sent_reasons(app: Celery, step_names: list[str], *, continue_in_place: bool,
     app_wide = _limits(app.conf.task_time_limit, app.conf.task_soft_time_limit,
                        "task_time_limit", "task_soft_time_limit")
     orchestrate = internal_task(app, ORCHESTRATE_KIND)
-    own = _task_limits(orchestrate)
+    own = _task_limits(orchestrate) if own_limits(orchestrate) else ""
     lines = []
     if (app_wide or own) and not limits_enforced:
         lines.append(f"pikku: this worker's pool ({pool}) enforces no time limit, so "
                      f"{app_wide or f'{orchestrate.name} having {own}'} sends no step: steps "
                      f"run in place")
-    elif app_wide:
-        return [f"pikku: every step is sent as a task of its own, none runs in place: the "
-                f"app sets {app_wide} (a step run in place would run inside the limit of "
-                f"the task that runs it, not its own)"]
     elif own:
         return [f"pikku: every step is sent as a task of its own, none runs in place: "
                 f"{orchestrate.name} has {own}"]
+    elif app_wide:
+        lines.append(f"pikku: the app sets {app_wide}: {limits_note(orchestrate, in_place_ms)}")
     limited = []
     for name in sorted(step_names):
         task = app.tasks.get(name)
         if task is None:
             continue
-        reason = _task_limits(task) if limits_enforced else ""
+        reason = _task_limits(task) if limits_enforced and own_limits(task) else ""
         if task.rate_limit:
             reason = ", ".join(filter(None, (reason, f"rate_limit={task.rate_limit!r}")))
         if reason:

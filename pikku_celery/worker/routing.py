@@ -211,6 +211,7 @@ class Routing:
         for line in sent_reasons(self._app, list(pikku.registry.steps),
                                  continue_in_place=settings.continue_in_place,
                                  in_place_steps=settings.in_place_steps,
+                                 in_place_ms=settings.in_place_ms,
                                  limits_enforced=enforces_time_limits(self._app),
                                  pool=pool_name(self._app)):
             log.info(line)

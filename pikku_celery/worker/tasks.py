@@ -17,7 +17,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task
@@ -39,30 +39,33 @@ from pikku_celery.model.validate import check_name
 from pikku_celery.observe import celery_events, logs  # noqa: F401
 from pikku_celery.store._concerns import deadline
 from pikku_celery.worker.backend import record_attempt
-from pikku_celery.worker.config import task_namespace
-from pikku_celery.worker.pool_limits import enforces_time_limits
+from pikku_celery.worker.dispatcher import CeleryDispatcher, Route
+from pikku_celery.worker.task_names import (
+    INTERNAL_KINDS,
+    NAMES_ATTR,
+    ORCHESTRATE,
+    ORCHESTRATE_KIND,
+    REAP,
+    REAP_KIND,
+    TIMER,
+    TIMER_KIND,
+    internal_task,
+    internal_task_names,
+)
+from pikku_celery.worker.time_budget import task_started
 
 if TYPE_CHECKING:
     from pikku_celery.engine.execution import StepOutcome
     from pikku_celery.engine.facade import Engine
 
-log = logging.getLogger("pikku_celery")
-Route = Callable[[str, tuple[Any, ...], Any], dict[str, Any]]
+# Re-exported: the dispatcher and the task names were this module's before they had their own.
+__all__ = ["INTERNAL_KINDS", "ORCHESTRATE", "ORCHESTRATE_KIND", "REAP", "REAP_KIND", "TIMER",
+           "TIMER_KIND", "CeleryDispatcher", "Route", "StepTask", "WorkerReaper",
+           "check_message", "check_step_call", "internal_task", "internal_task_names",
+           "make_step_task", "recorded_failure", "register_internal_tasks", "step_task_class"]
 
-# The kinds of pikku's own tasks. Each app names them ``<namespace>.<kind>`` (the setting
-# ``pikku_task_namespace``, default ``pikku.<main>``: ``internal_task_names``), so a worker
-# of another app never runs one: a message it takes from a shared queue is refused there
-# as an unregistered task, never run against the wrong app's engine.
-ORCHESTRATE_KIND = "orchestrate"
-TIMER_KIND = "timer"
-REAP_KIND = "reap"
-INTERNAL_KINDS = (ORCHESTRATE_KIND, TIMER_KIND, REAP_KIND)
-# The names every app used before namespaces (``pikku_task_namespace = "pikku"`` keeps
-# them); not the names of an app's tasks otherwise.
-ORCHESTRATE = "pikku.orchestrate"
-TIMER = "pikku.timer"
-REAP = "pikku.reap"
-_NAMES_ATTR = "_pikku_task_names"  # on the Celery app, once its tasks are registered
+log = logging.getLogger("pikku_celery")
+
 RUN_LEASE_RETRY_S = 1.0
 # The shortest deadline of a reaper sweep (and of its service probe): long enough to ride out
 # an election (pymongo waits 5 s for a server by default), so a routine failover is not a
@@ -81,27 +84,6 @@ STEP_TASK_DEFAULTS: dict[str, Any] = {
 _NO_STEP = object()
 
 
-def internal_task_names(app: Celery) -> dict[str, str]:
-    """The names of ``app``'s own pikku tasks, for routing (``task_routes``, ``-X``,
-    monitoring): ``{"orchestrate": ..., "timer": ..., "reap": ...}``, each
-    ``<namespace>.<kind>`` where the namespace is the ``pikku_task_namespace`` setting
-    (default ``pikku.<main>``, ``pikku`` for an app without a main name or ``__main__``).
-    Once the app is finalized, the names its tasks were registered under; before, the
-    names the configuration gives now."""
-    registered: dict[str, str] | None = getattr(app, _NAMES_ATTR, None)
-    if registered is not None:
-        return dict(registered)
-    namespace = task_namespace(app)
-    return {kind: f"{namespace}.{kind}" for kind in INTERNAL_KINDS}
-
-
-def internal_task(app: Celery, kind: str) -> Task:
-    """``app``'s own pikku task of ``kind`` (``"orchestrate"``, ``"timer"``, ``"reap"``),
-    finalizing the app first (its tasks, and so their names, are made then)."""
-    tasks = app.tasks
-    return tasks[internal_task_names(app)[kind]]
-
-
 def check_message(run_id: object, step_name: object = _NO_STEP) -> None:
     """A forged or malformed message is refused before it touches Redis or the store: its
     names must be names the store could hold (``check_name``), so a forged message with a
@@ -112,138 +94,6 @@ def check_message(run_id: object, step_name: object = _NO_STEP) -> None:
             check_name("step name", step_name)
     except InvalidInputError as exc:
         raise InvalidInputError(f"malformed pikku message: {exc}") from None
-
-
-class CeleryDispatcher:
-    """Sends engine work as Celery messages; long waits are chained, never one long ETA."""
-
-    def __init__(self, app: Celery, engine_ref: Callable[[], Engine], max_countdown_s: float,
-                 route: Route | None = None) -> None:
-        self._app = app
-        self._engine = engine_ref
-        self.max_countdown_s = max_countdown_s
-        # Extra routing options per message (pikku's queue, when one is configured).
-        self._route: Route = route or (lambda name, args, task: {})
-        self._local = threading.local()  # the producer of a batch, per thread
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Send the steps dispatched inside on one producer, as a Celery group does (a
-        fan-out's messages: a third less time per message than a producer each)."""
-        if getattr(self._local, "producer", None) is not None:
-            yield
-            return
-        with self._app.producer_or_acquire() as producer:
-            self._local.producer = producer
-            try:
-                yield
-            finally:
-                self._local.producer = None
-
-    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
-        task = self._app.tasks.get(function)
-        route = self._route(function, (run_id, step_name), task)
-        producer = getattr(self._local, "producer", None)
-        if producer is not None:
-            route = {**route, "producer": producer}
-        if task is not None:
-            task.apply_async((run_id, step_name), **route)
-        else:
-            self._app.send_task(function, args=(run_id, step_name), **route)
-
-    def wake_run(self, run_id: str, countdown_s: float = 0.0,
-                 step_name: str | None = None) -> None:
-        task = internal_task(self._app, ORCHESTRATE_KIND)
-        args = (run_id,) if step_name is None else (run_id, step_name)
-        task.apply_async(args, countdown=countdown_s or None,
-                         **self._route(task.name, args, task))
-
-    def runs_here(self, function: str, run_id: str, step_name: str) -> bool:
-        """Whether the task running now in this worker may run step ``function`` in place
-        (``passes``) instead of sending it: the message would go where this task's came
-        from (same queue, exchange and routing key, by the same routing), the step's task
-        has the same task class call (the app's ``task_cls`` around it, or not around
-        either), the step has no rate limit, neither task has a time limit the pool
-        enforces (a step in place runs inside this task's limits, not its own: the threads
-        and solo pools enforce none), and the worker is not shutting down.
-        Anything else, and the step is sent as a message."""
-        current = self._app.current_worker_task
-        task = self._app.tasks.get(function)
-        if current is None or current.app is not self._app or task is None or _stopping():
-            return False
-        request = current.request
-        if request.is_eager or request.called_directly or task.rate_limit:
-            return False
-        if enforces_time_limits(self._app) and (any(request.timelimit or ()) or _time_limited(task)
-                                       or _time_limited(current)):
-            return False
-        if _task_call(type(task)) is not _task_call(type(current)):
-            return False
-        here = self._here(current)
-        return here is not None and here == self._destination(function, (run_id, step_name),
-                                                               task)
-
-    def _here(self, current: Task) -> tuple[Any, ...] | None:
-        """Where the running task's message came from, worked out once per delivery (a
-        streak asks at every step)."""
-        request = current.request
-        key = (current.name, request.id)
-        cached = getattr(self._local, "here", None)
-        if cached is None or cached[0] != key:
-            cached = (key, self._destination(current.name, tuple(request.args or ()), current))
-            self._local.here = cached
-        return cached[1]
-
-    def _destination(self, name: str, args: tuple[Any, ...], task: Task
-                     ) -> tuple[Any, ...] | None:
-        """Where a message of ``name`` would go: its queue, exchange and routing key, as
-        ``apply_async`` routes it (the task's options, pikku's queue, the app's routes)."""
-        options = {**getattr(task, "_get_exec_options", dict)(),
-                   **self._route(name, args, task)}
-        try:
-            route = self._app.amqp.router.route(options, name, args, {}, task)
-        except Exception:  # a user's router that cannot answer this: send as usual
-            return None
-        queue = route.get("queue")
-        exchange = route.get("exchange") or getattr(getattr(queue, "exchange", None),
-                                                    "name", None)
-        return (getattr(queue, "name", queue), exchange,
-                route.get("routing_key") or getattr(queue, "routing_key", None))
-
-    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
-        # A broker ETA longer than the Redis transport's visibility timeout would be
-        # redelivered while it waits: chain short timers instead (each re-arms the next).
-        wait_s = max(0.0, (due_ms - self._engine().now_ms()) / 1000)
-        task = internal_task(self._app, TIMER_KIND)
-        task.apply_async((run_id, step_name), countdown=min(wait_s, self.max_countdown_s) or None,
-                         **self._route(task.name, (run_id, step_name), task))
-
-
-def _task_call(task_type: type) -> Any:
-    """The ``__call__`` a task class runs, seen through sentry-sdk's Celery integration:
-    in a worker (where Celery's stack protection makes ``__call__`` look custom to it) it
-    wraps each task class's ``__call__`` on its own, so no two tasks would share one and
-    no step could run in place. Its wrapper reports the task's exception and times it; a
-    step run in place is reported to Sentry by ``observe.errors`` instead."""
-    call: Any = task_type.__call__
-    while (getattr(call, "__wrapped__", None) is not None
-           and "sentry_sdk" in getattr(getattr(call, "__code__", None), "co_filename", "")):
-        call = call.__wrapped__
-    return call
-
-
-def _time_limited(task: Task) -> bool:
-    conf = task.app.conf
-    return bool(task.time_limit or task.soft_time_limit or conf.task_time_limit
-                or conf.task_soft_time_limit)
-
-
-def _stopping() -> bool:
-    """A worker asked to stop (warm shutdown) finishes its tasks: they must not go on."""
-    from celery.worker import state
-
-    return any(flag is not None and flag is not False
-               for flag in (state.should_stop, state.should_terminate))
 
 
 def check_step_call(name: str, args: Any, kwargs: Any) -> None:
@@ -291,6 +141,7 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
         if kwargs or len(args) != 2:
             check_step_call(name, args, kwargs)
         run_id, step_name = args
+        task_started(task.request.id)
         check_message(run_id, step_name)  # a forged message of the right shape
         engine = engine_ref()
         definition = engine.registry.steps[name]
@@ -407,7 +258,7 @@ def register_internal_tasks(app: Celery, engine_ref: Callable[[], Engine]) -> No
     def register() -> None:
         names = internal_task_names(app)
         _register(app, engine_ref, names)
-        setattr(app, _NAMES_ATTR, names)
+        setattr(app, NAMES_ATTR, names)
 
     if app.finalized:
         register()
@@ -422,6 +273,7 @@ def _register(app: Celery, engine_ref: Callable[[], Engine], names: dict[str, st
     def orchestrate(task: Task, run_id: str, step_name: str | None = None) -> str:
         # ``step_name``: the step whose change sent this message (the pass reads it); none
         # from the reaper, a resume or a start (the pass reads whatever may have changed).
+        task_started(task.request.id)
         check_message(run_id) if step_name is None else check_message(run_id, step_name)
         engine = engine_ref()
         try:
@@ -441,8 +293,10 @@ def _register(app: Celery, engine_ref: Callable[[], Engine], names: dict[str, st
             log.warning("pikku: orchestrator message for unknown run %r dropped", run_id)
             raise Ignore() from None
 
-    @app.task(name=names[TIMER_KIND], shared=False, acks_late=True, serializer="json")
-    def timer(run_id: str, step_name: str) -> str:
+    @app.task(name=names[TIMER_KIND], bind=True, shared=False, acks_late=True,
+              serializer="json")
+    def timer(task: Task, run_id: str, step_name: str) -> str:
+        task_started(task.request.id)
         check_message(run_id, step_name)
         return engine_ref().fire_timer(run_id, step_name)
 

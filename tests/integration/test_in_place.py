@@ -67,21 +67,40 @@ def test_a_sequential_run_sends_no_message_per_step(make_cluster: Callable[..., 
     assert received(worker, wa.ADD) == 0, worker.log()
 
 
-@pytest.mark.parametrize(("pool", "in_place"), [("threads", True), ("prefork", False)])
-def test_an_app_wide_time_limit_sends_steps_only_where_the_pool_enforces_it(
-        make_cluster: Callable[..., Cluster], pool: str, in_place: bool) -> None:
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_an_app_wide_time_limit_keeps_steps_in_place(
+        make_cluster: Callable[..., Cluster], pool: str) -> None:
     """``task_time_limit=300`` (issue 34): the threads pool enforces no time limit, so the
-    steps run in place as without it; prefork does, so each step is sent as its own task.
-    The worker says which when it starts."""
+    steps run in place as without it; prefork does, and the limit is a budget: pikku's
+    messages carry 310 s, and the steps of a short run all fit in the first 10 s. The
+    worker says which when it starts."""
     c = make_cluster("redis", **{wa.ENV_TIME_LIMIT: "300"})
     worker = c.start("limited", pool)
     c.wait_ready(worker)
     run_id = c.pikku.start("chain", {"n": 6})
     assert c.wait(run_id, 30).output == 6, c.diagnostics()
-    assert received(worker, wa.ADD) == (0 if in_place else 6), worker.log()
-    said = ("enforces no time limit, so task_time_limit=300.0 sends no step" if in_place
-            else "none runs in place: the app sets task_time_limit=300.0")
+    assert received(worker, wa.ADD) == 0, worker.log()
+    said = ("enforces no time limit, so task_time_limit=300.0 sends no step"
+            if pool == "threads" else
+            "the app sets task_time_limit=300.0: steps run in place for the first 10 s")
     assert said in worker.log(), worker.log()
+
+
+def test_a_step_the_remaining_limit_cannot_cover_is_sent(
+        make_cluster: Callable[..., Cluster]) -> None:
+    """On prefork with ``task_time_limit=5`` the margin is 0.5 s: the slow step (1 s) starts
+    in place at once; the step after it would have less than 5 s left, so it is sent, and
+    its task (whose message carries 5.5 s) runs it."""
+    c = make_cluster("redis", **{wa.ENV_TIME_LIMIT: "5"})
+    worker = c.start("budget", "prefork")
+    c.wait_ready(worker)
+    run_id = c.pikku.start("one_slow", {"seconds": 1.0, "ledger": c.ledger_key})
+    run = c.wait(run_id, 30)
+    assert run.status == "completed", c.diagnostics()
+    assert received(worker, wa.SLOW) == 0, worker.log()
+    assert received(worker, wa.ADD) == 1, worker.log()
+    assert [(h.step_name, h.attempt) for h in c.pikku.get_history(run_id)] == [
+        ("slow", 1), ("after", 1)]
 
 
 def test_a_streak_ends_after_in_place_steps_and_the_next_step_is_sent(

@@ -45,9 +45,12 @@ def test_nothing_is_said_when_every_step_may_run_in_place(
 @pytest.mark.parametrize("setting", ["task_time_limit", "task_soft_time_limit"])
 def test_an_app_wide_time_limit_is_named(setting: str,
                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A budget, not a reason to send (issue 34): the line says how long steps run in
+    place and what pikku's messages carry."""
     (line,) = said_at_worker_start(make(**{setting: 300}), caplog)
-    assert line.startswith("pikku: every step is sent as a task of its own, none runs in "
-                           f"place: the app sets {setting}=300")
+    assert line.startswith(f"pikku: the app sets {setting}=300: steps run in place for the "
+                           "first 10 s of each task"), line
+    assert f"pikku's messages carry {setting}=310" in line, line
 
 
 def test_a_limit_on_pikkus_orchestrate_task_is_named(caplog: pytest.LogCaptureFixture) -> None:

@@ -6,6 +6,7 @@ would pass without it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +17,9 @@ from celery.worker import state as worker_state
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
 from pikku_celery.store.memory import InMemoryWorkflowStore
-from pikku_celery.worker import pool_limits
-from pikku_celery.worker.tasks import CeleryDispatcher, internal_task
+from pikku_celery.worker import pool_limits, time_budget
+from pikku_celery.worker.dispatcher import CeleryDispatcher
+from pikku_celery.worker.tasks import internal_task
 
 
 def _pikku(task_cls: Any = None, **conf: Any) -> tuple[Celery, PikkuCelery]:
@@ -95,11 +97,77 @@ def test_time_limits_and_rate_limits_send_the_step(running: Any) -> None:
     assert not dispatcher.runs_here("rh.step", "run", "s")
 
 
-def test_an_app_wide_time_limit_sends_every_step(running: Any) -> None:
+def _started(task: Task, ago_s: float) -> None:
+    """The body of the task running now started ``ago_s`` seconds ago."""
+    time_budget._started.task = (task.request.id, time.monotonic() - ago_s)
+
+
+@pytest.mark.parametrize("pool", ["prefork", "gevent"])
+def test_an_app_wide_time_limit_is_a_budget(running: Any, pool: str) -> None:
+    """Issue 34: under ``task_time_limit=300`` on a pool that enforces it, a step runs in
+    place while the running task's remaining limit (its message's: 300 + the 10 s margin)
+    covers the step's 300 s; after that it is sent."""
+    app, pikku = _pikku(task_time_limit=300, task_soft_time_limit=240)
+    pikku.step(name="rh.step")(lambda data: data)
+    pool_limits.note_worker_pool(app, pool)
+    orchestrate = internal_task(app, "orchestrate")
+    dispatcher = _dispatcher(app, pikku)
+    running(orchestrate, ("run",), id="t1", timelimit=(310, 250))
+    for ago_s, in_place in ((0.0, True), (9.5, True), (10.0, False), (60.0, False)):
+        _started(orchestrate, ago_s)
+        assert dispatcher.runs_here("rh.step", "run", "s") is in_place, ago_s
+    # A start this thread never noted (not one of pikku's tasks): no budget known.
+    time_budget._started.task = ("another task", time.monotonic())
+    assert not dispatcher.runs_here("rh.step", "run", "s")
+    # A message with the app's limit and no margin (not sent by pikku): no time to spare.
+    running(orchestrate, ("run",), id="t2", timelimit=(300, 240))
+    _started(orchestrate, 0.0)
+    assert not dispatcher.runs_here("rh.step", "run", "s")
+
+
+def test_only_the_limits_the_step_would_have_count(running: Any) -> None:
+    """A running task with a limit the step would not have (its message's own hard limit,
+    none app-wide) cannot lend it time: the step would be cut short where its own task
+    would not."""
     app, pikku = _pikku(task_soft_time_limit=60)
     pikku.step(name="rh.step")(lambda data: data)
-    running(internal_task(app, "orchestrate"), ("run",))
+    orchestrate = internal_task(app, "orchestrate")
+    running(orchestrate, ("run",), id="t1", timelimit=(600, 66))
+    _started(orchestrate, 0.0)
     assert not _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
+    running(orchestrate, ("run",), id="t2", timelimit=(None, 66))
+    _started(orchestrate, 0.0)
+    assert _dispatcher(app, pikku).runs_here("rh.step", "run", "s")
+
+
+def test_pikkus_messages_carry_the_apps_limits_plus_the_margin() -> None:
+    app, pikku = _pikku(task_time_limit=300, task_soft_time_limit=20)
+    pikku.step(name="rh.step")(lambda data: data)
+    pikku.step(name="rh.own", time_limit=30)(lambda data: data)
+    orchestrate = internal_task(app, "orchestrate")
+    # The margin: the smaller of pikku_in_place_for (10 s) and a tenth of the least limit.
+    assert time_budget.message_limits(orchestrate, 10_000) == {
+        "time_limit": 302.0, "soft_time_limit": 22.0}
+    assert time_budget.message_limits(app.tasks["rh.step"], 1_000) == {
+        "time_limit": 301.0, "soft_time_limit": 21.0}
+    # A step with a limit of its own keeps it exactly (Celery puts it in the message).
+    assert time_budget.message_limits(app.tasks["rh.own"], 10_000) == {}
+    sent: list[dict[str, Any]] = []
+    for task in (orchestrate, app.tasks["rh.step"]):
+        task.apply_async = lambda *a, **options: sent.append(options)  # type: ignore[method-assign]
+    dispatcher = _dispatcher(app, pikku)
+    dispatcher.wake_run("run")
+    dispatcher.dispatch_step("rh.step", "run", "s")
+    assert [(o["time_limit"], o["soft_time_limit"]) for o in sent] == [(302.0, 22.0)] * 2
+
+
+def test_with_running_in_place_off_messages_keep_the_apps_limits() -> None:
+    app, pikku = _pikku(task_time_limit=300, pikku_in_place_steps=0)
+    sent: list[dict[str, Any]] = []
+    orchestrate = internal_task(app, "orchestrate")
+    orchestrate.apply_async = lambda *a, **options: sent.append(options)  # type: ignore[method-assign]
+    _dispatcher(app, pikku).wake_run("run")
+    assert "time_limit" not in sent[0]
 
 
 @pytest.mark.parametrize(("pool", "in_place"), [
