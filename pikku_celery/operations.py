@@ -14,6 +14,7 @@ from pikku_celery.engine.facade import Engine
 from pikku_celery.model.durations import Duration
 from pikku_celery.model.records import (
     RUN_TERMINAL,
+    QueuedReason,
     StepAttempt,
     StepState,
     WorkflowEvent,
@@ -106,6 +107,12 @@ class RunOperations(ScheduleOperations):
 
     def get_history(self, run_id: str) -> list[StepAttempt]:
         return self.engine.get_history(run_id)
+
+    def why_queued(self, run_id: str) -> QueuedReason | None:
+        """Why the run waits ``queued``: its key, its workflow's concurrency limit, the runs
+        holding the slots and how many queued runs come before it; ``None`` when the run
+        is not queued. ``WorkflowRunNotFoundError`` for an unknown run."""
+        return self.engine.why_queued(run_id)
 
     def wait(self, run_id: str, timeout: float) -> WorkflowRun:
         """Block until the run is completed, failed or cancelled and return it;

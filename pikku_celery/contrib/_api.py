@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from pikku_celery.app import PikkuCelery
@@ -89,6 +89,7 @@ from pikku_celery.contrib._readable import (
     readable_count,
     readable_forks,
     readable_page,
+    readable_queued,
     readable_run,
     readable_search,
 )
@@ -112,6 +113,8 @@ from pikku_celery.model.errors import (
 )
 from pikku_celery.model.records import StepAttempt, StepState, WorkflowRun
 from pikku_celery.operate.timeline import Timeline, build
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 # Kept here for the adapters and the dashboard (the actions are ``_access``'s, what a
 # caller may read ``_readable``'s, the JSON of read models ``_json``'s, a request's body
@@ -176,7 +179,8 @@ UNKNOWN_CALLER = (
     "(the body says 'by': {by!r}). Send the decision without 'by' (only a gate without "
     "approvers takes it), or have the server identify its callers: in Flask, set "
     "PIKKU_IDENTIFY to a callable (request) -> the caller's name; in Django, sign in (the "
-    "approval is recorded as given by the signed-in user)")
+    "approval is recorded as given by the signed-in user); `pikku dashboard`: serve it "
+    "behind a proxy that signs users in, with --identity-header naming the header it sets")
 
 
 class RunsApi:
@@ -217,6 +221,8 @@ class RunsApi:
                                              show_tracebacks=self.options.show_tracebacks)
         served["events_next"] = more
         served["forks"] = [f.run_id for f in readable_forks(self.pikku, self.caller, run_id)]
+        served["queued"] = readable_queued(self.pikku, self.caller, run,
+                                           self.pikku.settings.redact_value)
         return 200, served
 
     def _timeline(self, run: WorkflowRun) -> Timeline:

@@ -25,7 +25,7 @@ filter does not keep is a 404).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from pikku_celery.app import PikkuCelery
@@ -35,6 +35,8 @@ from pikku_celery.contrib._readable import readable_run
 from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.model.records import WorkflowEvent, WorkflowRun
 from pikku_celery.operate.timeline import SentEvent, build
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 Response = tuple[int, Any]
 DEFAULT_LIMIT = 100

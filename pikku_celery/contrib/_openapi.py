@@ -131,11 +131,20 @@ SCHEMAS["Event"] = {
     "allOf": [_ref("SentEvent"), {
         "type": "object", "required": ["taken_by", "taken_by_step"],
         "properties": {"taken_by": _nullable(_STR), "taken_by_step": _nullable(_STR)}}]}
+SCHEMAS["Queued"] = {
+    "description": "Why a queued run waits: its concurrency key, the limit, the queued runs "
+                   "before it, the runs holding the slots that the caller may read, and "
+                   "how many others hold one.",
+    "type": "object", "required": ["key", "limit", "ahead", "holders", "other_holders"],
+    "properties": {"key": _ANY, "limit": _nullable({"type": "integer"}),
+                   "ahead": {"type": "integer"}, "holders": {"type": "array", "items": _STR},
+                   "other_holders": {"type": "integer"}}}
 SCHEMAS["RunDetail"] = {"allOf": [_ref("Run"), {
-    "type": "object", "required": ["events", "events_next", "forks"],
+    "type": "object", "required": ["events", "events_next", "forks", "queued"],
     "properties": {"events": {"type": "array", "items": _ref("Event")},
                    "events_next": _nullable({"type": "integer"}),
-                   "forks": {"type": "array", "items": _STR}}}]}
+                   "forks": {"type": "array", "items": _STR},
+                   "queued": _nullable(_ref("Queued"))}}]}
 SCHEMAS["EventWithPayload"] = {"allOf": [_ref("Event"), {
     "type": "object", "required": ["payload"], "properties": {"payload": _ANY}}]}
 SCHEMAS["StepSummary"] = {

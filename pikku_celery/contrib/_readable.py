@@ -19,6 +19,7 @@ from pikku_celery.app import PikkuCelery
 from pikku_celery.contrib._access import READ, ApiError, Caller
 from pikku_celery.model.errors import InvalidInputError, WorkflowRunNotFoundError
 from pikku_celery.model.records import WorkflowRun, WorkflowSchedule
+from pikku_celery.model.redaction import ValueRedactor, redact_value
 from pikku_celery.store.base import run_matches
 
 
@@ -203,3 +204,27 @@ def readable_count(pikku: PikkuCelery, caller: Caller, status: str, *,
                    workflow: str | None, limit: int) -> int:
     """How many runs of ``status`` the caller's run filter keeps, up to ``limit``."""
     return pikku.count_runs(status, workflow=workflow, limit=limit, match=caller.match())
+
+
+def readable_queued(pikku: PikkuCelery, caller: Caller, run: WorkflowRun,
+                    redact: ValueRedactor | None) -> dict[str, Any] | None:
+    """Why ``run`` waits ``queued``, as the caller may see it: the key (through the
+    ``redact_value`` hook, ``"concurrency_key"``), the limit, how many runs come before it,
+    the runs holding the slots that the caller may read (``holders``) and how many others
+    do (``other_holders``: never their ids). ``None`` for a run that is not queued."""
+    why = pikku.why_queued(run.run_id) if run.status == "queued" else None
+    if why is None:
+        return None
+    mine = [h for h in why.holders if not hidden_run(pikku, caller, h)
+            and _exists(pikku, h)]
+    return {"key": redact_value(why.key, "concurrency_key", redact), "limit": why.limit,
+            "ahead": why.ahead, "holders": mine,
+            "other_holders": len(why.holders) - len(mine)}
+
+
+def _exists(pikku: PikkuCelery, run_id: str) -> bool:
+    try:
+        pikku.get_run(run_id)
+    except WorkflowRunNotFoundError:
+        return False
+    return True

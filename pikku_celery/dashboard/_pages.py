@@ -24,8 +24,10 @@ the JSON API's ``api/runs/<run_id>/steps/<step_name>`` when it is opened, so a p
 hundreds of steps carries none of their values.
 
 Approval gates (``wf.approval``) are shown as gates: name, approvers, expiry, schema, and
-the decision once made. A gate the run waits on gets a decision form (``decide``): the
-decision is JSON, checked against the gate's schema and approvers by ``pikku.approve``
+the decision once made. A gate the run waits on gets a decision form (``decide``) made
+from its schema (``_decision``: a boolean as Approve / Reject buttons, an enum as a
+choice, strings and numbers as fields; JSON typed in a textarea for what a form cannot
+show), the decision checked against the gate's schema and approvers by ``pikku.approve``
 (the JSON API's path), recorded as given by the caller the adapter identifies, authorized
 as the ``approve`` action told the gate, and CSRF-checked like the buttons; a refused
 decision re-renders the page with the refusal and the decision as typed (409). A run
@@ -52,7 +54,7 @@ import json
 import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -78,9 +80,18 @@ from pikku_celery.contrib._readable import (
     readable_count,
     readable_forks,
     readable_page,
+    readable_queued,
     readable_run,
     readable_search,
 )
+from pikku_celery.dashboard._decision import (
+    Refusal,
+    form_of,
+    gate_form,
+    read,
+    schema_of,
+)
+from pikku_celery.dashboard._decision import typed as typed_fields
 from pikku_celery.dashboard._events import (
     EventRefusal,
     TypedEvent,
@@ -110,7 +121,9 @@ from pikku_celery.model.errors import (
 from pikku_celery.model.records import RUN_CANCELLED, RUN_FAILED, RUN_STATUSES, RUN_SUSPENDED
 from pikku_celery.model.validate import check_name, check_run_id
 from pikku_celery.operate._text import error_line, format_duration, format_time
-from pikku_celery.operate.timeline import GateView, Timeline, build
+from pikku_celery.operate.timeline import Timeline, build
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 log = logging.getLogger("pikku_celery.contrib")
 
@@ -152,26 +165,6 @@ NOTICES = {
 }
 DONE = {CANCEL: ("cancelled", "not-cancelled"), RESUME: ("resumed", "not-resumed"),
         RETRY: ("retried", "not-retried")}
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """A decision ``pikku.approve`` refused, shown on the run page with what was typed."""
-
-    gate: str
-    message: str
-    decision: str
-
-
-@dataclass(frozen=True)
-class GateForm:
-    """An approval gate on the run page: ``form`` when the caller may decide it here,
-    else ``why_not`` (``None`` too when it waits no more)."""
-
-    gate: GateView
-    form: bool
-    why_not: str | None
-    refusal: Refusal | None = None
 
 
 @dataclass(frozen=True)
@@ -297,15 +290,21 @@ class Dashboard:
             check_name("approval name", gate)
             readable_run(self.pikku, view.caller, run_id)
             typed = (form.get("decision") or "").strip()
+            fields: dict[str, str] = {}
             try:
-                decision = parse_body(typed)
-                if not typed:
-                    raise InvalidInputError("no decision was given: type one, as JSON")
+                if "decision" in form:  # typed as JSON
+                    decision = parse_body(typed)
+                    if not typed:
+                        raise InvalidInputError("no decision was given: type one, as JSON")
+                else:  # the fields of the gate's schema
+                    shape = form_of(schema_of(self._timeline(run_id).gates, run_id, gate))
+                    fields = typed_fields(shape, form)
+                    decision = read(shape, form)
                 self.pikku.approve(run_id, gate, decision, by=view.caller.name())
             except (ApiError, InvalidInputError, WorkflowApprovalError) as exc:
                 message = exc.message if isinstance(exc, ApiError) else str(exc)
                 status = 409 if isinstance(exc, WorkflowApprovalError) else 400
-                return self._run(view, run_id, Refusal(gate, message, typed), status)
+                return self._run(view, run_id, Refusal(gate, message, typed, fields), status)
             return _back(view, run_id, "decided")
         return self._page(view.base, decide)
 
@@ -437,7 +436,7 @@ class Dashboard:
             served=present(run, show_tracebacks=shown),
             redact=self.pikku.settings.redact_value,
             chart=chart(timeline), attempts=attempts,
-            gates=[_gate_form(view, run_id, g, refusal) for g in whole.gates],
+            gates=[gate_form(view, run_id, g, refusal) for g in whole.gates],
             refusal=refusal, event_waits=whole.event_waits, published=whole.published,
             events=whole.events, events_later=sent.later, events_first=sent.first,
             event_form=event_form(whole, forms=view.csrf is not None,
@@ -452,6 +451,8 @@ class Dashboard:
             fork_steps=([(s.state.step_name, s.label) for s in whole.steps]
                         if view.csrf is not None and view.can(FORK, run_id) else []),
             forks=readable_forks(self.pikku, view.caller, run_id),
+            queued=readable_queued(self.pikku, view.caller, run,
+                                   self.pikku.settings.redact_value),
             notice=NOTICES.get(view.query.get("notice") or ""), live=live,
             refresh_s=REFRESH_S, progress=whole.progress(), steps_total=len(whole.steps),
             later=later and (f"{view.base}runs/{segment(run_id)}?"
@@ -505,26 +506,6 @@ def _only_gate_waits(timeline: Timeline) -> str | None:
     if timeline.event_wait_only is not None:
         return "not-resumed-event"
     return None
-
-
-def _gate_form(view: View, run_id: str, gate: GateView, refusal: Refusal | None
-               ) -> GateForm:
-    """Whether the caller gets a decision form for ``gate``, or why not."""
-    refused = refusal if refusal is not None and refusal.gate == gate.name else None
-    if not gate.waiting:
-        return GateForm(gate, False, None)
-    if view.csrf is None:
-        return GateForm(gate, False, "no forms here (the app has no SECRET_KEY)")
-    if not view.can(APPROVE, run_id, gate.name):
-        return GateForm(gate, False, "you may not decide this approval")
-    if gate.approvers is not None:
-        who = view.caller.name()
-        if who is None:
-            return GateForm(gate, False, "only its approvers may decide it, and this server "
-                                         "cannot tell who you are")
-        if who not in gate.approvers:
-            return GateForm(gate, False, f"only its approvers may decide it; you are {who}")
-    return GateForm(gate, True, None, refused)
 
 
 def _steps_page(timeline: Timeline, after: str | None) -> tuple[Timeline, str | None]:

@@ -21,9 +21,19 @@ was not told that browsers reach it over HTTPS). It is signed with
 at random when the app is made: enough for one process, but every process draws its own,
 so a server with several worker processes must set it. It is never printed or logged.
 
-None of these names the caller, so the JSON API here records approvals with no approver:
-a body naming ``by`` is refused (403), and a decision without it is taken only by a gate
-without approvers. To record who approves, mount ``PikkuFlask`` with ``PIKKU_IDENTIFY``.
+Who the caller is: neither the token nor ``authorize`` names anyone, so by default the
+dashboard records approvals with no approver: its decision forms are offered only for
+gates without approvers, and the JSON API refuses a body naming ``by`` (403). To decide a
+gate that names approvers, either mount the dashboard in your app, which identifies its
+users (``PikkuFlask`` with ``PIKKU_IDENTIFY``; Django's signed-in user), or put the
+standalone dashboard behind a proxy that signs users in and names them in a header, and
+name that header here: ``identity_header`` (``pikku dashboard --identity-header
+X-Forwarded-User``, ``PIKKU_DASHBOARD_IDENTITY_HEADER``). Off by default, and trusted only
+when set: the header's value is then the caller's name (the approval's ``by``, the
+approver checked), so the proxy must set it on every request, replacing any the client
+sent (nginx's ``proxy_set_header`` does), and the dashboard must be reachable only through
+that proxy (bind it to loopback). A request without the header names no one. The token
+(or ``authorize``) still decides who gets in.
 
 Access log: ``serve`` logs one line per request on ``pikku_celery.dashboard.access`` with
 the value of every query parameter the app reads as ``token`` replaced by ``***``: the
@@ -35,6 +45,7 @@ access log (``logging.getLogger("gunicorn.access").addFilter(RedactTokens())``;
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -75,6 +86,15 @@ CONNECTIONS_PER_ADDRESS = 8
 REQUEST_DEADLINE_S = 10.0
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
+IDENTITY_HEADER_ENV = "PIKKU_DASHBOARD_IDENTITY_HEADER"
+#: A header that can name the caller: an HTTP token without ``_`` (servers drop or merge
+#: such names: ``X_User`` would reach the app as ``X-User``, past a proxy setting it).
+_HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,99}")
+#: Headers waitress removes (it trusts no proxy) or that carry something else.
+_NOT_AN_IDENTITY = frozenset({
+    "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
+    "x-forwarded-port", "x-forwarded-by", "authorization", "cookie", "host",
+    "content-type", "content-length", "origin", "referer"})
 #: A ``name=value`` of a query in a line of text: what follows ``?``, ``&``, ``;`` or a
 #: space, up to the next of them (``name`` is matched as sent, percent-encoded or not).
 _PAIR_IN_TEXT = re.compile(r"(^|[?&;\s])([^=?&;\s\"']+)=([^&;\s\"']*)")
@@ -85,12 +105,15 @@ access_log = logging.getLogger("pikku_celery.dashboard.access")
 
 def make_app(pikku: PikkuCelery, *, authorize: _access.Authorize | str | None = None,
              token: str | None = None, show_tracebacks: bool = False,
-             secret_key: str | bytes | None = None, plain_http: bool = False) -> Flask:
+             secret_key: str | bytes | None = None, plain_http: bool = False,
+             identity_header: str | None = None) -> Flask:
     """A Flask app serving the dashboard at ``/`` and the JSON API at ``/api/``, letting
     in the callers ``authorize`` allows, else whoever has ``token``; one of them is
     required. ``secret_key`` signs its session cookie (``None``: a random one, for this
     process only). ``plain_http``: served over plain HTTP on loopback, so the cookie
-    cannot be ``Secure``."""
+    cannot be ``Secure``. ``identity_header``: the header a proxy names its signed-in
+    user in (``None``: no caller is named; see the module)."""
+    identify = None if identity_header is None else header_identity(identity_header)
     if secret_key is not None and len(secret_key) < MIN_SECRET_KEY_CHARS:
         # Never the key itself in the message: it is one line on a terminal or in a log.
         raise ValueError(
@@ -116,10 +139,32 @@ def make_app(pikku: PikkuCelery, *, authorize: _access.Authorize | str | None = 
     if token is not None and authorize is None:
         app.before_request(_token_login(token))
     app.extensions[EXTENSION] = PikkuState(
-        pikku=pikku, rules=_access.Rules(authorize=rule),
+        pikku=pikku, rules=_access.Rules(authorize=rule, identify=identify),
         options=_api.ApiOptions(show_tracebacks=show_tracebacks))
     app.register_blueprint(blueprint(), url_prefix="")
     return app
+
+
+def header_identity(header: str) -> _access.Identify:
+    """``identify`` reading the caller's name from the request's ``header`` (set by the
+    proxy in front); ``None`` when the request has none, or an empty one, or several (a
+    value with a comma: a client's header the proxy appended to rather than replaced).
+    Raises ``ValueError`` for a name that cannot be a proxy's identity header."""
+    if not _HEADER_NAME.fullmatch(header) or header.lower() in _NOT_AN_IDENTITY:
+        raise ValueError(
+            f"{header!r} cannot be the identity header: name a header your proxy sets to "
+            "the signed-in user (letters, digits and '-', such as X-Forwarded-User; not "
+            "one of " + ", ".join(sorted(_NOT_AN_IDENTITY)) + ")")
+
+    def identify(req: Any) -> str | None:
+        sent = req.headers.get(header)
+        if not sent:
+            return None
+        with contextlib.suppress(UnicodeError):  # WSGI reads latin-1: a proxy sends UTF-8
+            sent = sent.encode("latin-1").decode("utf-8")
+        name = str(sent).strip()
+        return name if name and "," not in name else None
+    return identify
 
 
 def new_token() -> str:
@@ -267,7 +312,8 @@ def from_env() -> Flask:
     """For a WSGI server: the app of ``PIKKU_DASHBOARD_CELERY_APP`` (``"proj.celery:app"``)
     with ``PIKKU_DASHBOARD_AUTHORIZE`` or ``PIKKU_DASHBOARD_TOKEN``, its session signed
     with ``PIKKU_DASHBOARD_SECRET_KEY`` (needed with more than one worker process), its
-    cookie ``Secure`` (put it behind HTTPS)."""
+    cookie ``Secure`` (put it behind HTTPS), its callers named by the header
+    ``PIKKU_DASHBOARD_IDENTITY_HEADER`` when set."""
     from pikku_celery.app import get_pikku
 
     for name in ("gunicorn.access", "werkzeug"):
@@ -276,4 +322,5 @@ def from_env() -> Flask:
                                        "PIKKU_DASHBOARD_CELERY_APP")
     return make_app(get_pikku(celery_app),
                     authorize=os.environ.get("PIKKU_DASHBOARD_AUTHORIZE"),
-                    token=token_from_env(), secret_key=secret_key_from_env())
+                    token=token_from_env(), secret_key=secret_key_from_env(),
+                    identity_header=os.environ.get(IDENTITY_HEADER_ENV) or None)

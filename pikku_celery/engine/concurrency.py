@@ -19,6 +19,7 @@ admits."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,7 @@ from pikku_celery.engine.protocols import Dispatcher
 from pikku_celery.engine.reopen import send_reopened
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model.errors import InvalidInputError
-from pikku_celery.model.records import RUN_QUEUED, WorkflowRun
+from pikku_celery.model.records import RUN_QUEUED, QueuedReason, WorkflowRun
 from pikku_celery.model.validate import check_name
 from pikku_celery.store._slots import holder_run, slot_holder, slot_id
 from pikku_celery.store.base import WorkflowStore
@@ -135,3 +136,22 @@ def slot_of(definition: WorkflowDefinition, data: Any) -> str | None:
         if key is not None:
             check_name(f"concurrency key of workflow {definition.name!r}", key)
     return slot_id(definition.name, key)
+
+
+def queued_reason(store: WorkflowStore, run: WorkflowRun,
+                  definition: WorkflowDefinition | None) -> QueuedReason | None:
+    """Why ``run`` waits ``queued`` (``None``: it does not): its key and limit (from its
+    workflow's definition when this process has it, else what its slot group keeps), the
+    runs holding the slots, and how many queued runs come before it."""
+    if run.status != RUN_QUEUED or run.slot is None:
+        return None
+    group = store.slot_group(run.slot) or {}
+    key, limit = group.get("key"), group.get("limit")
+    if definition is not None:
+        limit = definition.concurrency
+        if definition.concurrency_key is not None:
+            with contextlib.suppress(Exception):  # it queued the run: it answered then
+                key = definition.concurrency_key(run.input)
+    holders = tuple(dict.fromkeys(holder_run(h)[0] for h in group.get("holders") or ()))
+    return QueuedReason(run.run_id, run.workflow, key, limit, holders,
+                        store.queued_ahead(run.slot, run))

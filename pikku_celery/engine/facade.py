@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from pikku_celery.engine.claims import Claimer
+from pikku_celery.engine.concurrency import queued_reason
 from pikku_celery.engine.execution import RecordedStepError, StepExecution, StepOutcome
 from pikku_celery.engine.forks import Forks
 from pikku_celery.engine.gates import Gates
@@ -33,7 +34,7 @@ from pikku_celery.engine.reaper import Reaper
 from pikku_celery.engine.runs import Runs
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model.clock import Clock, ServerClock
-from pikku_celery.model.records import StepAttempt, StepState, WorkflowRun
+from pikku_celery.model.records import QueuedReason, StepAttempt, StepState, WorkflowRun
 from pikku_celery.model.validate import check_by
 from pikku_celery.model.views import ALL
 from pikku_celery.store.base import WorkflowStore
@@ -250,6 +251,10 @@ class Engine:
 
     def wait(self, run_id: str, timeout: float) -> WorkflowRun:
         return self.reads.wait(run_id, timeout)
+
+    def why_queued(self, run_id: str) -> QueuedReason | None:
+        run = self.get_run(run_id)
+        return queued_reason(self._store, run, self.registry.workflows.get(run.workflow))
 
     # --- the reaper (reaper.py) -----------------------------------------------------------
 

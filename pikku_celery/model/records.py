@@ -92,6 +92,29 @@ class WorkflowRun:
 
 
 @dataclass(frozen=True)
+class QueuedReason:
+    """Why a run waits ``queued``: its workflow's concurrency limit for its key is taken
+    (``pikku.why_queued``). ``holders``: the runs holding the key's slots now; ``ahead``:
+    the queued runs admitted before it (admission goes by creation time)."""
+
+    run_id: str
+    workflow: str
+    key: str | None
+    limit: int | None
+    holders: tuple[str, ...]
+    ahead: int
+
+    def describe(self) -> str:
+        """One line for a person, e.g. ``waits for a slot: concurrency 2 for key 'acme' is
+        held by run-1, run-2; 3 runs ahead``."""
+        key = "" if self.key is None else f" for key {self.key!r}"
+        limit = "its concurrency limit" if self.limit is None else f"concurrency {self.limit}"
+        held = ", ".join(self.holders) if self.holders else "no run (a slot frees now)"
+        ahead = {0: "next in line", 1: "1 run ahead"}.get(self.ahead, f"{self.ahead} runs ahead")
+        return f"waits for a slot: {limit}{key} is held by {held}; {ahead}"
+
+
+@dataclass(frozen=True)
 class StepState:
     """The current state of one step; ``attempt`` is the fencing token (1-based)."""
 

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pikku_celery.model.records import LINEAGE_FORK, WorkflowRun, WorkflowSchedule
+from pikku_celery.model.records import (
+    LINEAGE_FORK,
+    QueuedReason,
+    WorkflowRun,
+    WorkflowSchedule,
+)
 from pikku_celery.operate._text import error_line, format_duration, format_time
 from pikku_celery.operate.schedule_views import NOT_DECLARED, PAUSED, state_text, timing_text
 from pikku_celery.operate.timeline import (
@@ -71,8 +76,10 @@ def value_text(value: Any) -> str:
     return shown if len(shown) <= MAX_VALUE_CHARS else shown[:MAX_VALUE_CHARS] + "…"
 
 
-def runs_table(runs: list[WorkflowRun], *, whole: bool = False) -> Table:
-    """One line per run; ``whole``: every value in full (the output is not a terminal)."""
+def runs_table(runs: list[WorkflowRun], *, whole: bool = False,
+               queued: Mapping[str, QueuedReason] | None = None) -> Table:
+    """One line per run; ``whole``: every value in full (the output is not a terminal);
+    ``queued``: why the queued runs wait, by run id (a column when there are any)."""
     limit = PIPE_ERROR_CHARS if whole else TERMINAL_ERROR_CHARS
     table = Table(box=None, pad_edge=False, header_style="bold")
     # Ids are never cut: the error column gives way.
@@ -84,6 +91,8 @@ def runs_table(runs: list[WorkflowRun], *, whole: bool = False) -> Table:
     if scheduled:
         table.add_column("schedule", no_wrap=True)
         table.add_column("scheduled for (UTC)", no_wrap=True)
+    if queued:
+        table.add_column("waits for", overflow="fold")
     table.add_column("error", no_wrap=True, overflow="ellipsis")  # one line per run
     for run in runs:
         cells: list[Text | str] = [
@@ -91,6 +100,10 @@ def runs_table(runs: list[WorkflowRun], *, whole: bool = False) -> Table:
             format_time(run.created_at), format_time(run.updated_at)]
         if scheduled:
             cells += [Text(run.schedule or "-"), format_time(run.scheduled_for)]
+        if queued:
+            why = queued.get(run.run_id)
+            cells.append(Text("-" if why is None else why.describe().removeprefix(
+                "waits for ")))
         table.add_row(*cells, Text(error_line(run.error, limit=limit)))
     return table
 
@@ -160,6 +173,8 @@ def run_header(timeline: Timeline, *, tracebacks: bool = False,
         rows.append(("scheduled for", format_time(run.scheduled_for)))
     if run.cancel_reason:
         rows.append(("cancel reason", Text(run.cancel_reason)))
+    if timeline.queued is not None:
+        rows.append(("queued", Text(timeline.queued.describe(), style="yellow")))
     rows.extend(lineage_rows(run, forks))
     rows.append(("input", Text(value_text(run.input))))
     if run.state_version:
@@ -312,6 +327,38 @@ def _decision(gate: GateView) -> Text:
     if gate.decided_by:
         text.append(f" by {gate.decided_by}", style="dim")
     return text
+
+
+def decided_line(run_id: str, name: str, decision: Any, gate_data: Any) -> str:
+    """What ``pikku approve`` prints once the decision is recorded: ``rejected`` for a
+    decision that says no (``decided_verb``), else ``approved``; ``gate_data`` is the
+    settled gate's ``data`` (its schema)."""
+    data = gate_data if isinstance(gate_data, dict) else {}
+    text = data.get("schema_json")  # "schema": a gate an earlier version recorded
+    try:
+        schema = json.loads(text) if isinstance(text, str) else data.get("schema")
+    except ValueError:
+        schema = None
+    return (f"{decided_verb(decision, schema)} {name!r} of run {run_id}: "
+            f"{json.dumps(decision, sort_keys=True)}")
+
+
+def decided_verb(decision: Any, schema: Any = None) -> str:
+    """``rejected`` for a decision that says no: ``false``, ``{"approved": false}``, or
+    an object whose only boolean property in the gate's ``schema`` is ``false`` (the
+    dashboard's Reject button); ``approved`` for any other decision."""
+    if decision is False:
+        return "rejected"
+    if isinstance(decision, dict):
+        said = ["approved"]
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if isinstance(properties, dict):
+            booleans = [k for k, v in properties.items()
+                        if isinstance(v, dict) and v.get("type") == "boolean"]
+            said += booleans if len(booleans) == 1 else []
+        if any(decision.get(key) is False for key in said):
+            return "rejected"
+    return "approved"
 
 
 def approve_hint(run_id: str, gate: GateView) -> Text:

@@ -19,7 +19,7 @@ import ipaddress
 import json
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import click
@@ -47,6 +47,8 @@ from pikku_celery.operate.timeline import (
 )
 from pikku_celery.workflow.replay import APPROVAL_PREFIX
 from pikku_celery_commands import HELP
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 EXIT_FOR_STATUS = {"completed": 0, "failed": 1, "cancelled": 2}
 DEFAULT_DASHBOARD_PORT = 5580
@@ -81,7 +83,8 @@ def timeline_of(app: PikkuCelery, run_id: str, *, history: bool = True) -> Timel
     false: without the attempts (one read fewer)."""
     run = app.get_run(run_id)
     return build(run, app.get_steps(run_id), app.get_history(run_id) if history else [],
-                 datetime.now(UTC), events=app.list_events(run_id))
+                 datetime.now(UTC), events=app.list_events(run_id),
+                 queued=app.why_queued(run_id) if run.status == "queued" else None)
 
 
 def events_json(timeline: Timeline) -> list[dict[str, Any]]:
@@ -106,6 +109,7 @@ def timeline_json(timeline: Timeline) -> dict[str, Any]:
             "event_waits": to_json(timeline.event_waits),
             "published": to_json(timeline.published),
             "events": events_json(timeline),
+            "queued": to_json(timeline.queued),
             "compensations": [{"for_step": c.for_step, "step": c.step.step_name,
                                "function": c.function, "status": c.status,
                                "result": to_json(c.result), "error": c.error}
@@ -132,8 +136,11 @@ def runs(ctx: click.Context, workflow: str | None, status: str | None, limit: in
     found = app.list_runs(workflow=workflow, status=status, limit=limit,
                           created_before=app.get_run(before) if before else None)
     more = found[-1].run_id if len(found) == limit else None
+    # Why each queued run waits (two reads each; a page is at most 1,000 runs).
+    queued = {r.run_id: why for r in found if r.status == "queued"
+              if (why := app.why_queued(r.run_id)) is not None}
     if as_json:
-        echo_json({"runs": found, "next": more})
+        echo_json({"runs": found, "next": more, "queued": queued})
         return
     from pikku_celery.operate import _terminal
 
@@ -141,7 +148,8 @@ def runs(ctx: click.Context, workflow: str | None, status: str | None, limit: in
     if not found:
         out.print("no runs")
         return
-    out.print(_terminal.runs_table(found, whole=not _terminal.is_terminal(out.file)))
+    out.print(_terminal.runs_table(found, whole=not _terminal.is_terminal(out.file),
+                                   queued=queued))
     if more:
         out.print(f"next page: --before {more}", style="dim")
 
@@ -373,7 +381,9 @@ def approve(ctx: click.Context, run_id: str, name: str, decision: str, by: str |
     if as_json:
         echo_json(step)
         return
-    click.echo(f"approved {name!r} of run {run_id}: {json.dumps(value, sort_keys=True)}")
+    from pikku_celery.operate import _terminal
+
+    click.echo(_terminal.decided_line(run_id, name, value, step.data))
 
 
 @pikku.command("send")
@@ -476,9 +486,16 @@ def check(ctx: click.Context, create_indexes: bool) -> None:
 @click.option("--token", "token_argument", hidden=True,
               help="Refused: a command line shows in ps; use PIKKU_DASHBOARD_TOKEN.")
 @click.option("--show-tracebacks", is_flag=True, help="Show error tracebacks to readers.")
+@click.option("--identity-header", metavar="HEADER",
+              envvar="PIKKU_DASHBOARD_IDENTITY_HEADER",
+              help="A header your proxy sets to the signed-in user (X-Forwarded-User): "
+                   "its value names the caller, who may then decide gates naming "
+                   "approvers. Serve only behind that proxy, which must replace any the "
+                   "client sends.")
 @click.pass_context
 def dashboard(ctx: click.Context, host: str, port: int, authorize: str | None,
-              behind_https: bool, token_argument: str | None, show_tracebacks: bool) -> None:
+              behind_https: bool, token_argument: str | None, show_tracebacks: bool,
+              identity_header: str | None) -> None:
     """Serve the dashboard (and the JSON API) standalone, on waitress.
 
     Who gets in: --authorize decides every request; else whoever has the token
@@ -503,7 +520,7 @@ def dashboard(ctx: click.Context, host: str, port: int, authorize: str | None,
         web = standalone.make_app(
             resolve(ctx), authorize=authorize, token=token or drawn,
             show_tracebacks=show_tracebacks, secret_key=standalone.secret_key_from_env(),
-            plain_http=loopback and not behind_https)
+            plain_http=loopback and not behind_https, identity_header=identity_header)
         server = standalone.create_server(web, host, port)
     shown = f"[{host}]" if ":" in host else host
     where = f"http://{shown}:{server.effective_port}/"

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pikku_celery.model.records import (
@@ -46,6 +46,7 @@ from pikku_celery.model.records import (
     STEP_FAILED,
     STEP_SCHEDULED,
     STEP_SUCCEEDED,
+    QueuedReason,
     StepAttempt,
     StepState,
     WorkflowEvent,
@@ -58,6 +59,8 @@ from pikku_celery.workflow.replay import (
     PUBLISH_PREFIX,
     SUSPEND_PREFIX,
 )
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 LEASE_EXPIRED = "WorkflowStepLeaseExpiredError"
 CANCELLED = "WorkflowCancelledError"
@@ -257,6 +260,8 @@ class Timeline:
     #: The events sent to the run, in the order sent (what the caller of ``build`` read
     #: with ``pikku.list_events``; empty when it read none).
     events: list[SentEvent] = field(default_factory=list)
+    #: Why the run waits ``queued`` (``pikku.why_queued``), when it does and it was read.
+    queued: QueuedReason | None = None
 
     @property
     def attempts(self) -> list[AttemptView]:
@@ -481,7 +486,8 @@ def outcome_of(entry: StepAttempt, current_attempt: int) -> str:
 
 
 def build(run: WorkflowRun, steps: list[StepState], history: list[StepAttempt],
-          now: datetime, events: list[WorkflowEvent] | None = None) -> Timeline:
+          now: datetime, events: list[WorkflowEvent] | None = None,
+          queued: QueuedReason | None = None) -> Timeline:
     """The timeline of ``run`` from its steps and history; ``now`` ends what is open;
     ``events``: the run's sent events (``pikku.list_events``), shown with the waits that
     took them (``None``: none were read)."""
@@ -497,7 +503,7 @@ def build(run: WorkflowRun, steps: list[StepState], history: list[StepAttempt],
     end = max([end, *latest])
     waits = [v.event_wait for v in views if v.event_wait is not None]
     return Timeline(run=run, steps=views, start=min([run.created_at, *latest]), end=end,
-                    events=sent_events(events or [], waits))
+                    events=sent_events(events or [], waits), queued=queued)
 
 
 def _step_view(step: StepState, entries: list[StepAttempt], end: datetime) -> StepView:

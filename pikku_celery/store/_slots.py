@@ -28,6 +28,7 @@ class SlotField:
     KEY = "key"
     HOLDERS = "holders"
     HELD = "held"  # how many holders: the index the sweep reads groups with holders by
+    LIMIT = "limit"  # the limit its last taker had (what a queued run is told it waits on)
 
 
 def slot_id(workflow: str, key: str | None) -> str:
@@ -64,6 +65,13 @@ def check_slot(slot: str, holder: str | None = None, limit: int | None = None) -
         check_concurrency("concurrency", limit)
 
 
+def group_of(doc: Doc) -> dict[str, Any]:
+    """A slot group document as ``slot_group`` returns it."""
+    return {"slot": doc[SlotField.ID], "workflow": doc.get(SlotField.WORKFLOW),
+            "key": doc.get(SlotField.KEY), "holders": list(doc.get(SlotField.HOLDERS) or []),
+            "limit": doc.get(SlotField.LIMIT)}
+
+
 @runtime_checkable
 class SlotStore(Protocol):
     """The slots part of the store contract."""
@@ -83,6 +91,16 @@ class SlotStore(Protocol):
 
     def list_slots(self, limit: int = 1000) -> list[dict[str, Any]]:
         """The groups with holders: ``{"slot", "workflow", "key", "holders"}`` each."""
+        ...
+
+    def slot_group(self, slot: str) -> dict[str, Any] | None:
+        """One group: ``{"slot", "workflow", "key", "holders", "limit"}`` (``limit``: its
+        last taker's, ``None`` for a group taken before it was kept); ``None``: no group."""
+        ...
+
+    def queued_ahead(self, slot: str, run: WorkflowRun) -> int:
+        """How many of the group's ``queued`` runs come before ``run`` (created earlier, or
+        at the same time with a smaller run id): the order admission follows."""
         ...
 
     def next_queued(self, slot: str) -> WorkflowRun | None:

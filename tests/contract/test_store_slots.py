@@ -67,3 +67,27 @@ def test_a_bad_limit_is_refused(store: WorkflowStore, limit: object) -> None:
     with pytest.raises(InvalidInputError, match="concurrency must be an int"):
         store.take_slot("g", "r", limit)  # type: ignore[arg-type]
     assert store.slot_holders("g") == []
+
+
+def test_a_group_tells_its_key_limit_and_holders(store: WorkflowStore) -> None:
+    """What a queued run is told it waits on (issue 36 item 5)."""
+    assert store.slot_group("g2") is None
+    store.take_slot("g2", "r1", 2, workflow="wf", key="acme")
+    store.take_slot("g2", "r2", 2)
+    assert store.slot_group("g2") == {"slot": "g2", "workflow": "wf", "key": "acme",
+                                      "holders": ["r1", "r2"], "limit": 2}
+    store.give_slot("g2", "r1")
+    assert store.slot_group("g2")["holders"] == ["r2"]  # type: ignore[index]
+
+
+def test_a_queued_run_knows_how_many_are_ahead_of_it(store: WorkflowStore) -> None:
+    runs = {}
+    for i, run_id in enumerate(["a-b", "a-a", "a-c", "a-d"]):
+        runs[run_id], _ = store.create_run(NewRun(run_id, "wf", {"i": i}, slot="ahead"),
+                                           T0 + (i // 2))
+    store.create_run(NewRun("elsewhere", "wf", None, slot="other"), T0 - 10)
+    # a-a and a-b share a millisecond: by run id. Admission order: a-a, a-b, a-c, a-d.
+    assert [store.queued_ahead("ahead", runs[r]) for r in ("a-a", "a-b", "a-c", "a-d")] == [
+        0, 1, 2, 3]
+    assert store.transition_run("a-a", ["queued"], "running", T0 + 5)
+    assert store.queued_ahead("ahead", runs["a-d"]) == 2

@@ -9,7 +9,7 @@ loopback port, in-memory services, Debian's chromium)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -23,6 +23,8 @@ from tests.integration.test_dashboard_browser import wait
 from tests.support.browser import chromium, served_dashboard
 from tests.unit.test_contrib import authorize, make_pikku
 from tests.unit.test_dashboard_runs_detail import add_graphs
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 pytestmark = pytest.mark.slow
 

@@ -174,3 +174,28 @@ def test_an_inline_start_returns_a_queued_run_at_once() -> None:
     first = limited.start("held", 1, inline=True)
     second = limited.start("held", 2, inline=True)  # returns: it waits for a slot
     assert [limited.get_run(r).status for r in (first, second)] == ["suspended", "queued"]
+
+
+def test_a_queued_run_says_why(pikku: PikkuCelery, kit: InlineKit) -> None:
+    """Issue 36 item 5: the key, the limit, the runs holding the slots, the runs ahead (in
+    admission order: creation time, then run id for runs of the same millisecond)."""
+    a1 = pikku.start("per_customer", {"customer": "ann", "order": "a1"})
+    queued = [pikku.start("per_customer", {"customer": "ann", "order": f"a{i}"})
+              for i in (2, 3)]
+    assert pikku.why_queued(a1) is None  # running (suspended on its event): not queued
+    reasons = {run_id: pikku.why_queued(run_id) for run_id in queued}
+    first, second = sorted(queued, key=lambda r: reasons[r].ahead)  # type: ignore[union-attr]
+    why = reasons[second]
+    assert why is not None
+    assert (why.run_id, why.workflow, why.key, why.limit, why.holders, why.ahead) == (
+        second, "per_customer", "ann", 1, (a1,), 1)
+    assert reasons[first].ahead == 0  # type: ignore[union-attr]
+    assert why.describe() == (f"waits for a slot: concurrency 1 for key 'ann' is held by "
+                              f"{a1}; 1 run ahead")
+    pikku.send_event(a1, "done")  # the first in line takes the slot; the other is next
+    assert _status(pikku, first) == "suspended"
+    why = pikku.why_queued(second)
+    assert why is not None and (why.holders, why.ahead) == ((first,), 0)
+    assert why.describe().endswith(f"is held by {first}; next in line")
+    with pytest.raises(Exception, match="nope"):
+        pikku.why_queued("nope")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import json
 import re
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -24,6 +24,8 @@ from pikku_celery.store.base import NewRun
 from tests.unit.test_cli import run_cli
 from tests.unit.test_contrib import PREFIX, Web, django_web, flask_web, make_pikku
 from tests.unit.test_dashboard import BASE, Site, rows
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 
 def add_graphs(pikku: PikkuCelery) -> None:

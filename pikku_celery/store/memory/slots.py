@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pikku_celery.model.clock import epoch_ms
 from pikku_celery.model.keys import RunField as R
 from pikku_celery.model.records import RUN_QUEUED, WorkflowRun
 from pikku_celery.store import _docs
 from pikku_celery.store._slots import SlotField as F
-from pikku_celery.store._slots import check_slot
+from pikku_celery.store._slots import check_slot, group_of
 from pikku_celery.store.memory.base import MemoryStoreBase
 
 
@@ -28,6 +29,7 @@ class MemorySlots(MemoryStoreBase):
                 return False
             holders.append(run_id)
             doc[F.HELD] += 1
+            doc[F.LIMIT] = limit
             return True
 
     def give_slot(self, slot: str, run_id: str) -> bool:
@@ -52,6 +54,20 @@ class MemorySlots(MemoryStoreBase):
                           key=lambda d: (d[F.HELD], d[F.ID]))[:limit]
             return [{"slot": d[F.ID], "workflow": d[F.WORKFLOW], "key": d[F.KEY],
                      "holders": list(d[F.HOLDERS])} for d in held]
+
+    def slot_group(self, slot: str) -> dict[str, Any] | None:
+        check_slot(slot)
+        with self._lock:
+            doc = self._slots.get(slot)
+            return None if doc is None else group_of(copy.deepcopy(doc))
+
+    def queued_ahead(self, slot: str, run: WorkflowRun) -> int:
+        check_slot(slot)
+        place = (epoch_ms(run.created_at), run.run_id)
+        with self._lock:
+            return sum(1 for d in self._runs.values()
+                       if d.get(R.SLOT) == slot and d[R.STATUS] == RUN_QUEUED
+                       and (d[R.CREATED], d[R.RUN]) < place)
 
     def next_queued(self, slot: str) -> WorkflowRun | None:
         check_slot(slot)

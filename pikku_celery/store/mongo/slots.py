@@ -7,11 +7,12 @@ from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
+from pikku_celery.model.clock import epoch_ms
 from pikku_celery.model.keys import RunField as R
 from pikku_celery.model.records import RUN_QUEUED, WorkflowRun
 from pikku_celery.store import _docs
 from pikku_celery.store._slots import SlotField as F
-from pikku_celery.store._slots import check_slot
+from pikku_celery.store._slots import check_slot, group_of
 from pikku_celery.store.mongo.base import MongoStoreBase
 
 
@@ -25,7 +26,7 @@ class MongoSlots(MongoStoreBase):
         try:
             self._slots.update_one(
                 {F.ID: slot, F.HOLDERS: {"$ne": run_id}, F.HELD: {"$lt": limit}},
-                {"$push": {F.HOLDERS: run_id}, "$inc": {F.HELD: 1},
+                {"$push": {F.HOLDERS: run_id}, "$inc": {F.HELD: 1}, "$set": {F.LIMIT: limit},
                  "$setOnInsert": {F.WORKFLOW: workflow, F.KEY: key}},
                 upsert=True, session=self._session)
             return True
@@ -51,6 +52,21 @@ class MongoSlots(MongoStoreBase):
             [(F.HELD, 1), (F.ID, 1)]).limit(limit)
         return [{"slot": d[F.ID], "workflow": d.get(F.WORKFLOW), "key": d.get(F.KEY),
                  "holders": list(d.get(F.HOLDERS) or [])} for d in found]
+
+    def slot_group(self, slot: str) -> dict[str, Any] | None:
+        check_slot(slot)
+        doc = self._slots.find_one({F.ID: slot}, session=self._session)
+        return None if doc is None else group_of(doc)
+
+    def queued_ahead(self, slot: str, run: WorkflowRun) -> int:
+        check_slot(slot)
+        created = epoch_ms(run.created_at)
+        # (slot, status, created_ms, run_id): the queue's index, counted up to the run.
+        return self._runs.count_documents(
+            {R.SLOT: slot, R.STATUS: RUN_QUEUED,
+             "$or": [{R.CREATED: {"$lt": created}},
+                     {R.CREATED: created, R.RUN: {"$lt": run.run_id}}]},
+            session=self._session)
 
     def next_queued(self, slot: str) -> WorkflowRun | None:
         check_slot(slot)
