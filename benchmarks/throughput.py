@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,7 +58,8 @@ def start_workers(env: dict[str, str], count: int, logdir: Path,
         log = open(logdir / f"w{i}.log", "wb")  # noqa: SIM115 - lives with the process
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", app, "worker", "-P",
-             env.get("BENCH_POOL", "threads"), "-c", "8", "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
+             env.get("BENCH_POOL", "threads"), "-c", "8",
+             "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
              "--without-gossip", "--without-mingle", "--without-heartbeat",
              "--loglevel", "WARNING"], stdout=log, stderr=subprocess.STDOUT, env=env))
     return procs
@@ -135,6 +137,7 @@ def measure(mode: str, tasks: int, steps: int, app: str = "benchmarks.benchapp")
         for proc in procs:
             proc.wait(20)
         forget(env)
+        shutil.rmtree(logdir, ignore_errors=True)  # the workers' logs: read only on failure
 
 
 def forget(env: dict[str, str]) -> None:
