@@ -137,7 +137,7 @@ def measure(mode: str, tasks: int, steps: int, app: str = "benchmarks.benchapp")
         for proc in procs:
             proc.wait(20)
         forget(env)
-        shutil.rmtree(logdir, ignore_errors=True)  # the workers' logs: read only on failure
+        shutil.rmtree(logdir, ignore_errors=True)  # the workers' logs, not kept
 
 
 def forget(env: dict[str, str]) -> None:

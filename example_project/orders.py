@@ -44,17 +44,17 @@ def allocate_courier(ctx: StepContext, data: dict[str, Any]) -> dict[str, Any]:
     return {"courier": f"courier-{ctx.attempt}", "order_id": data["order_id"]}
 
 
-@pikku.step()
+@pikku.step(retries=3)  # the demo kills workers mid-step: run it again
 def send_email(data: dict[str, Any]) -> str:
     return f"email sent for {data['order_id']}"
 
 
-@pikku.step()
+@pikku.step(retries=3)
 def send_sms(data: dict[str, Any]) -> str:
     return f"sms sent for {data['order_id']}"
 
 
-@pikku.step()
+@pikku.step(retries=3)
 def ship(data: dict[str, Any]) -> dict[str, Any]:
     return {"shipped": data["order_id"], "courier": data["courier"]}
 

@@ -35,6 +35,7 @@ from pikku_celery.model.errors import (
     WorkflowStepSupersededError,
 )
 from pikku_celery.model.records import (
+    QueuedReason,
     StepAttempt,
     StepState,
     WorkflowEvent,
@@ -48,6 +49,7 @@ from pikku_celery.worker.shared import shared_step, shared_workflow
 from pikku_celery.worker.tasks import internal_task_names
 from pikku_celery.workflow._graph_rounds import with_state
 from pikku_celery.workflow.replay import WorkflowContext
+from pikku_celery.workflow.typed import Step, Workflow
 
 __all__ = [
     "InMemoryLeaseService",
@@ -61,10 +63,13 @@ __all__ = [
     "PikkuCelery",
     "PikkuConfigurationError",
     "PikkuError",
+    "QueuedReason",
     "RedisLeaseService",
+    "Step",
     "StepAttempt",
     "StepContext",
     "StepState",
+    "Workflow",
     "WorkflowApprovalError",
     "WorkflowCancelledError",
     "WorkflowContext",

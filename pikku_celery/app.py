@@ -7,7 +7,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, cast
 
 from celery import Celery, signals
 
@@ -16,7 +16,6 @@ from pikku_celery.leases.base import LeaseService
 from pikku_celery.model._fork import reset_in_forked_child
 from pikku_celery.model.clock import Clock
 from pikku_celery.model.durations import Duration, to_seconds
-from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.model.records import RUN_QUEUED
 from pikku_celery.model.validate import check_name
 from pikku_celery.observe import serve
@@ -36,19 +35,17 @@ from pikku_celery.worker.tasks import (
     make_step_task,
     register_internal_tasks,
 )
-from pikku_celery.workflow._graph_rounds import run_graph
+from pikku_celery.workflow.declare import attach_workflow, graph_definition
 from pikku_celery.workflow.definitions import (
-    DEFAULT_RETRIES,
     Registry,
     StepDefinition,
     WorkflowDefinition,
     make_step,
     make_workflow,
 )
-from pikku_celery.workflow.graph import build_graph
-from pikku_celery.workflow.replay import WorkflowContext
+from pikku_celery.workflow.retry import Errors
+from pikku_celery.workflow.typed import P, R, Step, Workflow
 
-F = TypeVar("F", bound=Callable[..., Any])
 EngineFactory = Callable[["PikkuCelery"], Engine]
 log = logging.getLogger("pikku_celery")
 
@@ -151,8 +148,10 @@ class PikkuCelery(RunOperations):
         self.routing.connect()  # no app-wide prefetch of 1 (it hung expiring tasks)
         serve.connect(celery_app)  # the metrics on pikku_metrics_port, read at worker start
         if worker_reaper is not False:
-            signals.worker_ready.connect(self._on_worker_ready, weak=False)
-            signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
+            uid = f"pikku-app-{id(self)}"  # Celery < 5.7: one bound method per function else
+            signals.worker_ready.connect(self._on_worker_ready, weak=False, dispatch_uid=uid)
+            signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False,
+                                            dispatch_uid=uid)
             self._ticker = WorkerTicker(self).connect()
         celery_app.pikku = self
         shared.bind(self)  # steps and workflows declared with shared_step/shared_workflow
@@ -224,22 +223,27 @@ class PikkuCelery(RunOperations):
 
     # --- decorators -----------------------------------------------------------------------
 
-    def step(self, name: str | None = None, *, retries: int = DEFAULT_RETRIES,
-             retry_delay: Duration | None = None, lease: Duration | None = None,
-             bind: bool = False, no_retry_for: tuple[type[BaseException], ...] = (),
-             transactional: bool = False, **task_options: Any) -> Callable[[F], Any]:
+    def step(self, name: str | None = None, *, retries: int | None = None,
+             max_retries: int | None = None, retry_delay: Duration | None = None,
+             autoretry_for: Errors | None = None, no_retry_for: Errors = (),
+             retry_backoff: bool | Duration | None = None,
+             retry_backoff_max: Duration | None = None, retry_jitter: bool | None = None,
+             lease: Duration | None = None, bind: bool = False, transactional: bool = False,
+             **task_options: Any) -> Callable[[Callable[P, R]], Step[P, R]]:
         """Turn ``fn(data)`` (or ``fn(ctx, data)`` with ``bind=True``) into a Celery task
-        that is also a workflow step. ``retries`` (default 3) gives ``retries + 1``
-        attempts; ``retry_delay`` is fixed when given, else 1 s doubling per attempt. An
-        exception of a ``no_retry_for`` class fails the step at once (a declined card).
-        ``transactional=True``: its writes commit with its settle (``transactional``).
-        Extra keyword arguments are Celery task options (``queue``, ``acks_late``...)."""
-        def decorate(fn: F) -> Any:
-            task_name = name or self.app.gen_task_name(fn.__name__, fn.__module__)
-            definition = make_step(fn, task_name, retries=retries, retry_delay=retry_delay,
-                                   lease=lease, bind=bind, no_retry_for=tuple(no_retry_for),
-                                   transactional=transactional)
-            return self.add_step(definition, task_options)
+        that is also a workflow step, typed by ``fn`` (a ``Step``). Its body's error is not
+        retried unless it asks, as in Celery (``retries``, ``autoretry_for``... and the
+        ``pikku_step_*`` settings: ``pikku_celery.workflow.retry``); a lost worker's attempt
+        runs again. ``transactional=True``: its writes commit with its settle. Other
+        keyword arguments are Celery task options (``queue``...)."""
+        def decorate(fn: Callable[P, R]) -> Step[P, R]:
+            definition = make_step(
+                fn, name or self.app.gen_task_name(fn.__name__, fn.__module__),
+                retries=retries, max_retries=max_retries, retry_delay=retry_delay,
+                autoretry_for=autoretry_for, no_retry_for=no_retry_for,
+                retry_backoff=retry_backoff, retry_backoff_max=retry_backoff_max,
+                retry_jitter=retry_jitter, lease=lease, bind=bind, transactional=transactional)
+            return cast("Step[P, R]", self.add_step(definition, task_options))
         return decorate
 
     def add_step(self, definition: StepDefinition, task_options: dict[str, Any]) -> Any:
@@ -253,16 +257,16 @@ class PikkuCelery(RunOperations):
                               {**task_options, "pikku_step": definition})
 
     def workflow(self, name: str | None = None, *, concurrency: int | None = None,
-                 concurrency_key: Callable[[Any], Any] | None = None) -> Callable[[F], F]:
+                 concurrency_key: Callable[[Any], Any] | None = None
+                 ) -> Callable[[Callable[P, R]], Workflow[P, R]]:
         """Register ``fn(wf, data) -> result`` as a workflow named ``name`` (default: the
         function's name); ``concurrency=N``: at most N runs at once per
         ``concurrency_key(input)``, the others ``queued`` (``pikku_celery.engine.concurrency``)."""
-        def decorate(fn: F) -> F:
+        def decorate(fn: Callable[P, R]) -> Workflow[P, R]:
             definition = make_workflow(fn, name or fn.__name__, concurrency=concurrency,
                                        concurrency_key=concurrency_key)
             self.add_workflow(definition)
-            fn.pikku_workflow = definition  # type: ignore[attr-defined]
-            return fn
+            return attach_workflow(fn, definition)
         return decorate
 
     def add_workflow(self, definition: WorkflowDefinition) -> None:
@@ -282,15 +286,8 @@ class PikkuCelery(RunOperations):
         (``{"over": pred, "sequential": True}`` for one at a time). An edge back to an
         earlier node is a loop: each visit is its own step (``node#2``, ...), at most
         ``max_visits`` (default 10) per node. Start it like any workflow, by name."""
-        spec = build_graph(name, nodes, edges, branch, on_error, for_each, max_visits)
-        for node, step in spec.nodes.items():
-            if not isinstance(getattr(step, "pikku_step", None), StepDefinition):
-                raise InvalidInputError(f"graph {name!r}: node {node!r} is not a pikku step")
-
-        def graph_workflow(wf: WorkflowContext, data: Any) -> dict[str, Any]:
-            return run_graph(spec, wf, data)
-
-        definition = make_workflow(graph_workflow, name, source=spec.describe())
+        definition = graph_definition(name, nodes, edges, branch, on_error, for_each,
+                                      max_visits)
         self.registry.add_workflow(definition)
         return definition
 

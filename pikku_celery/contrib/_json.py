@@ -31,7 +31,8 @@ Values = tuple[tuple[str, str], ...]
 EVENT_VALUES: Values = (("payload", "event_payload"),)
 VALUES: dict[type, Values] = {
     WorkflowRun: (("input", "input"), ("output", "output"), ("state", "state")),
-    StepState: (("data", "step_input"), ("result", "step_result")),
+    StepState: (("data", "step_input"), ("result", "step_result"),
+                ("progress", "step_progress")),
     StepAttempt: (("result", "step_result"),),
     WorkflowEvent: EVENT_VALUES,
     WorkflowSchedule: (("data", "schedule_data"),),

@@ -103,7 +103,9 @@ SCHEMAS: dict[str, Schema] = {
             "created_at": _TIME, "updated_at": _TIME, "invocation_id": _STR,
             "due_at": _nullable(_TIME), "child_run_id": _nullable(_STR),
             "retry_delay_ms": {"type": "integer"}, "on_error": _nullable(_STR),
-            "task_id": _nullable(_STR), "forked_from": _nullable(_STR)}},
+            "task_id": _nullable(_STR), "forked_from": _nullable(_STR),
+            "errors_retried": {"type": "boolean"}, "progress": _ANY,
+            "progress_at": _nullable(_TIME)}},
     "Attempt": {
         "type": "object", "required": ["run_id", "step_name", "attempt", "status", "error"],
         "properties": {

@@ -24,7 +24,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from pikku_celery.engine.heartbeat import Heartbeat, HeldStep
@@ -47,6 +47,8 @@ from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 if TYPE_CHECKING:
     from pymongo.client_session import ClientSession
 
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
+
 
 class StepContext:
     """What a step body sees with ``bind=True``.
@@ -58,7 +60,8 @@ class StepContext:
     """
 
     def __init__(self, state: StepState, held: HeldStep | None,
-                 session: ClientSession | None = None) -> None:
+                 session: ClientSession | None = None,
+                 report: Callable[[Any], None] | None = None) -> None:
         #: A transactional step's MongoDB session, in the transaction its settle commits
         #: in (``None`` for any other step, and in the test kit): write with
         #: ``session=ctx.session`` on a collection of the store's client.
@@ -69,6 +72,17 @@ class StepContext:
         self.max_attempts = state.max_attempts
         self.invocation_id = state.invocation_id
         self._held = held
+        self._report = report
+
+    def progress(self, meta: Any) -> None:
+        """Record how far the body has got, as Celery's ``update_state(state="PROGRESS",
+        meta=...)`` does: plain JSON of at most 16 KiB (``InvalidInputError`` otherwise),
+        shown by ``pikku show``, the API and the dashboard while the step runs, cleared when
+        another attempt starts. Fenced like every write of the attempt: once it is
+        superseded or cancelled this raises ``WorkflowStepSupersededError``, and the body
+        should stop (its result would be refused too)."""
+        if self._report is not None:
+            self._report(meta)
 
     @property
     def lease_lost(self) -> bool:
@@ -174,6 +188,13 @@ class Claimer:
         self.clock = clock
         self.heartbeat = heartbeat
         self.host = host
+
+    def progress_of(self, state: StepState) -> Callable[[Any], None]:
+        """What ``StepContext.progress`` of the attempt ``state`` writes with."""
+        def report(meta: Any) -> None:
+            self.store.record_progress(state.run_id, state.step_name, state.attempt, meta,
+                                       self.clock.now_ms())
+        return report
 
     @property
     def worker(self) -> str | None:

@@ -334,7 +334,9 @@ class StepExecution:
     def _call_body(self, definition: StepDefinition, claim: Claimed) -> Any:
         try:
             if definition.bind:
-                return definition.fn(StepContext(claim.state, claim.held), claim.state.data)
+                return definition.fn(StepContext(claim.state, claim.held,
+                                                 report=self.claimer.progress_of(claim.state)),
+                                     claim.state.data)
             return definition.fn(claim.state.data)
         except BaseException as exc:
             if not isinstance(exc, Exception):  # SystemExit & co: let the lease lapse
@@ -346,8 +348,10 @@ class StepExecution:
                         final: bool = False) -> tuple[StepOutcome, StepState]:
         state = claim.state
         override = state.retry_delay_ms if state.retry_delay_ms >= 0 else None
-        delay_ms = definition.delay_before(state.attempt + 1, override)
-        final = final or isinstance(exc, definition.no_retry_for)
+        defaults = self.settings.step_defaults  # the app's, for what the step left out
+        delay_ms = definition.delay_before(state.attempt + 1, override, defaults)
+        final = (final or not state.errors_retried
+                 or not definition.retry.retries_on(exc, defaults))
         error = self.recorded_error(serialize_error(exc))
         try:
             try:

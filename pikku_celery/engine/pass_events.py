@@ -12,7 +12,7 @@ run after the event was kept and before its wake."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from pikku_celery.engine._guard import guarded
@@ -21,6 +21,8 @@ from pikku_celery.model.records import RUN_RUNNING, RUN_SUSPENDED, STEP_SUCCEEDE
 from pikku_celery.model.validate import as_stored
 from pikku_celery.model.views import RunView
 from pikku_celery.store.base import WorkflowStore
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 
 class _Passes(Protocol):

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from contextlib import nullcontext
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from pikku_celery.engine._guard import guarded as _guarded
@@ -74,7 +74,7 @@ from pikku_celery.model.views import ALL, RunView, Views
 from pikku_celery.store import _docs
 from pikku_celery.store._concerns import deadline
 from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
-from pikku_celery.workflow.definitions import Registry, StepDefinition
+from pikku_celery.workflow.definitions import Registry, StepDefaults, StepDefinition
 from pikku_celery.workflow.replay import PassInterrupted, Pause, WorkflowContext
 
 log = logging.getLogger("pikku_celery")
@@ -518,7 +518,7 @@ class _PassHost(EventWrites):
         self._view.put(dataclasses.replace(
             self._view.steps[gate], status=STEP_SUCCEEDED, result=result, error=None,
             due_at=None, lease_expires_at=None,
-            updated_at=datetime.fromtimestamp(now / 1000, tz=UTC)))
+            updated_at=datetime.fromtimestamp(now / 1000, tz=timezone.utc)))
         return True
 
     def note_waiting(self, step_names: set[str]) -> None:
@@ -577,7 +577,7 @@ class _PassHost(EventWrites):
             self._view.put(dataclasses.replace(
                 self._view.steps[step_name], status=STEP_SUCCEEDED, result=None, error=None,
                 due_at=None, lease_expires_at=None,
-                updated_at=datetime.fromtimestamp(now / 1000, tz=UTC)))
+                updated_at=datetime.fromtimestamp(now / 1000, tz=timezone.utc)))
         return settled
 
     def ensure_child(self, parent_run_id: str, step_name: str, workflow: str, data: Any,
@@ -585,6 +585,9 @@ class _PassHost(EventWrites):
         self.flush()
         _guarded(lambda: self._passes.runs.ensure_child(parent_run_id, step_name, workflow, data,
                                                    child_run_id, self._dispatcher))
+
+    def step_defaults(self) -> StepDefaults:
+        return self._passes.settings.step_defaults
 
     def step_definition(self, step: Any) -> StepDefinition:
         if isinstance(step, StepDefinition):

@@ -19,6 +19,7 @@ from pikku_celery.model.records import StepState, WorkflowRun
 from pikku_celery.model.redaction import Redactor
 from pikku_celery.store.base import NewClaim, NewStep
 from pikku_celery.workflow.definitions import StepDefinition
+from pikku_celery.workflow.retry import NO_DEFAULTS, StepDefaults
 
 
 class Emit(Protocol):
@@ -93,6 +94,9 @@ class Settings:
     # Every run's limits on its events (``store._events``; 0: none).
     max_events_per_run: int = DEFAULT_MAX_EVENTS_PER_RUN
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    # The app's ``pikku_step_*`` settings: retries of the steps that give none
+    # (``workflow.retry``).
+    step_defaults: StepDefaults = NO_DEFAULTS
 
     def wake_check_ms(self, now_ms: int) -> int:
         """When the reaper makes sure that a gate opened now has its run moving: the

@@ -98,8 +98,9 @@ class TransactionalAttempt:
         held.in_transaction = True
         try:
             try:
-                result = definition.fn(StepContext(state, held, session=txn.session),
-                                       state.data)
+                result = definition.fn(StepContext(
+                    state, held, session=txn.session,
+                    report=self.claimer.progress_of(state)), state.data)
             except Exception as exc:
                 txn.abort()
                 if has_label(exc, TRANSIENT):

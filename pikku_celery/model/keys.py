@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime, timezone
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 # --- Ids derived from a run id and a name ------------------------------------------------
 
@@ -213,6 +215,13 @@ class StepField:
     ATTEMPT = "attempt"
     MAX_ATTEMPTS = "max_attempts"
     RETRY_DELAY = "retry_delay_ms"
+    # False: an error in the body is not tried again, only a lost worker's attempt is (a
+    # step that said nothing of retries: issue 36). Absent: true (documents from before).
+    ERRORS_RETRIED = "errors_retried"
+    # What the running attempt said of its progress (``ctx.progress``), and when; cleared
+    # by the claim of each attempt.
+    PROGRESS = "progress"
+    PROGRESS_AT = "progress_ms"
     RESULT = "result"
     ERROR = "error"
     LEASE = "lease_expires_ms"

@@ -135,7 +135,13 @@ class StepState:
     child_run_id: str | None = None
     retry_delay_ms: int = 0
     on_error: str | None = None
+    # Whether an attempt whose body raised may be tried again (attempts allowing); a lost
+    # worker's attempt always may (``workflow.retry``).
+    errors_retried: bool = True
     task_id: str | None = None  # the Celery task id of the delivery that claimed ``attempt``
+    # What the current attempt said of its progress (``StepContext.progress``), and when.
+    progress: Any = None
+    progress_at: datetime | None = None
     # The run a fork copied this step's outcome from (``pikku.fork``); ``None`` for a step
     # this run recorded itself.
     forked_from: str | None = None

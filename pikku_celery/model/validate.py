@@ -30,6 +30,8 @@ _INT64 = 2**63
 # The run state is for small shared values (a counter, a flag, an id), read by every node
 # started after a write: it travels in each node's data, so it is kept small.
 MAX_STATE_BYTES = 64 * 1024
+# A step's progress (``ctx.progress``) is a note shown to people, rewritten as the body goes.
+MAX_PROGRESS_BYTES = 16 * 1024
 # A state key becomes a MongoDB field name under ``state.``: no dots, no ``$``.
 _STATE_KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 
@@ -251,3 +253,12 @@ def check_concurrency(what: str, value: object) -> int:
         raise InvalidInputError(f"{what} must be an int from 1 to {MAX_CONCURRENCY}, got "
                                 f"{value!r}")
     return value
+
+
+def check_progress(step_name: str, progress: Any) -> None:
+    """A step's progress must be plain JSON of at most ``MAX_PROGRESS_BYTES``."""
+    size = check_value(f"progress of step {step_name!r}", progress)
+    if size > MAX_PROGRESS_BYTES:
+        raise InvalidInputError(
+            f"progress of step {step_name!r} is {size} bytes as JSON, more than "
+            f"{MAX_PROGRESS_BYTES}: keep it to a few counters and a message")

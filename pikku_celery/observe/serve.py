@@ -137,8 +137,9 @@ class MetricsServer:
         self.port: int | None = None
 
     def connect(self) -> MetricsServer:
-        signals.worker_ready.connect(self.ready, weak=False)
-        signals.worker_shutdown.connect(self.shutdown, weak=False)
+        uid = f"pikku-metrics-{id(self)}"  # Celery < 5.7: one bound method per function else
+        signals.worker_ready.connect(self.ready, weak=False, dispatch_uid=uid)
+        signals.worker_shutdown.connect(self.shutdown, weak=False, dispatch_uid=uid)
         return self
 
     def ready(self, sender: Any = None, **_: Any) -> None:

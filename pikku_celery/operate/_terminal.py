@@ -390,5 +390,23 @@ def progress_line(timeline: Timeline) -> Text:
     return line
 
 
+def step_progress_table(timeline: Timeline) -> Table | None:
+    """What each running step's attempt said of its progress (``ctx.progress``)."""
+    moving = [s for s in timeline.steps
+              if s.state.status == "running" and s.state.progress is not None]
+    if not moving:
+        return None
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("running step", "attempt", "progress", "said at (UTC)"):
+        table.add_column(name, overflow="fold")
+    for step in moving:
+        table.add_row(Text(step.label), str(step.state.attempt),
+                      Text(value_text(step.state.progress)),
+                      format_time(step.state.progress_at))
+    return table
+
+
 def live_view(timeline: Timeline) -> RenderableType:
-    return Group(attempts_table(timeline), progress_line(timeline))
+    moving = step_progress_table(timeline)
+    return Group(*([] if moving is None else [moving]), attempts_table(timeline),
+                 progress_line(timeline))

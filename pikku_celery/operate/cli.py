@@ -174,7 +174,8 @@ def show(ctx: click.Context, run_id: str, as_json: bool, tracebacks: bool) -> No
     out = _terminal.console()
     out.print(_terminal.run_header(timeline, tracebacks=tracebacks, forks=forks))
     out.print()
-    for table in (_terminal.gates_table(timeline), _terminal.event_waits_table(timeline),
+    for table in (_terminal.step_progress_table(timeline), _terminal.gates_table(timeline),
+                  _terminal.event_waits_table(timeline),
                   _terminal.compensations_table(timeline)):
         if table is not None:
             out.print(table)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from pikku_celery.engine.protocols import Dispatcher, Emit, no_emit
@@ -50,6 +50,8 @@ from pikku_celery.model.records import CATCH_UP_ALL, CATCH_UP_LATEST, WorkflowRu
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.workflow.definitions import Registry
 from pikku_celery.workflow.schedule_spec import ScheduleDefinition, Timing
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 log = logging.getLogger("pikku_celery")
 

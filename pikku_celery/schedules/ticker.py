@@ -153,8 +153,9 @@ class WorkerTicker:
         self.ticker: ScheduleTicker | None = None
 
     def connect(self) -> WorkerTicker:
-        signals.worker_ready.connect(self.ready, weak=False)
-        signals.worker_shutdown.connect(self.shutdown, weak=False)
+        uid = f"pikku-ticker-{id(self)}"  # Celery < 5.7: one bound method per function else
+        signals.worker_ready.connect(self.ready, weak=False, dispatch_uid=uid)
+        signals.worker_shutdown.connect(self.shutdown, weak=False, dispatch_uid=uid)
         return self
 
     def ready(self, sender: Any = None, **_: Any) -> None:

@@ -114,6 +114,8 @@ def running_fields(now_ms: int, lease_ms: int, worker: str | None,
         S.ERROR: None,
         S.DUE: None,
         S.UPDATED: now_ms,
+        S.PROGRESS: None,
+        S.PROGRESS_AT: None,
     }
 
 

@@ -8,7 +8,7 @@ stand-in and mongomock, and they never depend on a worker's own wall clock.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from pikku_celery.model.keys import HistoryField as H
@@ -26,6 +26,8 @@ from pikku_celery.model.records import (
     WorkflowRun,
 )
 from pikku_celery.store.base import NewRun, NewStep
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 Doc = dict[str, Any]
 #: A run's trace context (``WorkflowRun.trace``): ``{"traceparent", "tracestate"}``, only on
@@ -72,7 +74,7 @@ def new_run_doc(run: NewRun, now_ms: int) -> Doc:
 
 def new_step_doc(step: NewStep, now_ms: int, seq: int = 0) -> Doc:
     """A step as first recorded; ``seq`` is the run-lease token of the pass recording it."""
-    return {
+    doc: Doc = {
         S.ID: invocation_id(step.run_id, step.step_name),
         S.RUN: step.run_id,
         S.NAME: step.step_name,
@@ -99,6 +101,9 @@ def new_step_doc(step: NewStep, now_ms: int, seq: int = 0) -> Doc:
         S.CREATED: now_ms,
         S.UPDATED: now_ms,
     }
+    if not step.errors_retried:
+        doc[S.ERRORS_RETRIED] = False
+    return doc
 
 
 def run_from_doc(doc: Doc) -> WorkflowRun:
@@ -174,9 +179,12 @@ def step_from_doc(doc: Doc) -> StepState:
         due_at=to_datetime(doc.get(S.DUE)),
         child_run_id=doc.get(S.CHILD_RUN),
         retry_delay_ms=doc.get(S.RETRY_DELAY) or 0,
+        errors_retried=doc.get(S.ERRORS_RETRIED) is not False,
         on_error=doc.get(S.ON_ERROR),
         task_id=doc.get(S.TASK_ID),
         forked_from=doc.get(S.FORKED_FROM),
+        progress=doc.get(S.PROGRESS),
+        progress_at=to_datetime(doc.get(S.PROGRESS_AT)),
     )
 
 

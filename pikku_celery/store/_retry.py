@@ -121,7 +121,7 @@ def forked_doc(run_id: str, state: StepState, now_ms: int, source_run_id: str) -
     doc = new_step_doc(NewStep(
         run_id=run_id, step_name=state.step_name, function=state.function, data=state.data,
         max_attempts=state.max_attempts, retry_delay_ms=state.retry_delay_ms,
-        on_error=state.on_error), now_ms)
+        on_error=state.on_error, errors_retried=state.errors_retried), now_ms)
     doc.update({S.STATUS: STEP_SUCCEEDED, S.RESULT: result, S.DUE: None,
                 S.STARTED: now_ms, S.CHILD_RUN: state.child_run_id, FORKED_FROM: source_run_id,
                 S.ATTEMPTS: {"1": {**open_entry(now_ms, None, None), H.STATUS: STEP_SUCCEEDED,

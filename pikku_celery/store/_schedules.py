@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, Protocol, runtime_checkable
 
 from pikku_celery.model import keys
@@ -32,6 +32,8 @@ from pikku_celery.model.errors import InvalidInputError
 from pikku_celery.model.keys import ScheduleField as F
 from pikku_celery.model.records import CATCH_UPS, WorkflowSchedule
 from pikku_celery.model.validate import check_name, check_value
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 Doc = dict[str, Any]
 MAX_LISTED = 1000  # schedules one listing returns at most

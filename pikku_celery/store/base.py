@@ -80,6 +80,7 @@ class NewStep:
     due_ms: int | None = None
     child_run_id: str | None = None
     on_error: str | None = None
+    errors_retried: bool = True  # ``StepState.errors_retried``
 
 
 @dataclass(frozen=True)
@@ -395,6 +396,12 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, P
     def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
         """Clear the lease of a running step (it waits on a child); fenced, ``False`` if not
         the current attempt."""
+        ...
+
+    def record_progress(self, run_id: str, step_name: str, attempt: int, progress: Any,
+                        now_ms: int) -> None:
+        """Record what running ``attempt`` says of its progress (``StepContext.progress``);
+        fenced: ``WorkflowStepSupersededError`` when it is not the running attempt."""
         ...
 
     def settle_waiting_step(

@@ -57,6 +57,18 @@ setting                                   default
 ``pikku_metrics_port``                    none: the port on which a worker's main process
                                           serves the metrics (``observe/serve.py``)
 ``pikku_metrics_addr``                    ``0.0.0.0``: the address it listens on
+``pikku_step_retries``                    none: a step that gives no ``retries`` gets 0,
+                                          or 3 with ``autoretry_for`` (Celery's
+                                          ``max_retries``); set, every such step gets it
+``pikku_step_autoretry_for``              none (every ``Exception`` is retried while
+                                          attempts are left): the exception classes (or
+                                          their names, dotted paths) retried for a step
+                                          that gives no ``autoretry_for``
+``pikku_step_retry_backoff``              none: Celery's ``retry_backoff`` (``True``: 1 s,
+                                          a number: seconds) for a step that sets
+                                          neither ``retry_delay`` nor ``retry_backoff``
+``pikku_step_retry_backoff_max``          600 s
+``pikku_step_retry_jitter``               ``True`` (applies with a backoff)
 ========================================  ================================================
 """
 
@@ -83,6 +95,7 @@ from pikku_celery.model.redaction import (
     load_value_redactor,
 )
 from pikku_celery.store.base import WorkflowStore
+from pikku_celery.workflow.retry import NO_DEFAULTS, StepDefaults, step_defaults
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -135,6 +148,8 @@ class Resolved:
     metrics_registry: Any = None
     metrics_port: int | None = None
     metrics_addr: str = "0.0.0.0"
+    # The ``pikku_step_*`` settings: how steps that do not say retry (``workflow.retry``).
+    step_defaults: StepDefaults = NO_DEFAULTS
 
     def engine_settings(self) -> EngineSettings:
         """What of these the engine reads (``engine.protocols.Settings``)."""
@@ -145,7 +160,7 @@ class Resolved:
             continue_in_place=self.continue_in_place, in_place_steps=self.in_place_steps,
             in_place_ms=self.in_place_ms, redact_error=self.redact_error,
             max_events_per_run=self.max_events_per_run,
-            max_event_bytes=self.max_event_bytes)
+            max_event_bytes=self.max_event_bytes, step_defaults=self.step_defaults)
 
 
 def setting_names(app: Celery, name: str) -> str:
@@ -282,6 +297,8 @@ class Settings:
             metrics_registry=metrics_registry(self._app),
             metrics_port=metrics_port(self._app),
             metrics_addr=metrics_addr(self._app),
+            step_defaults=step_defaults(lambda name: conf_value(self._app, name),
+                                        lambda name: setting_names(self._app, name)),
         )
 
     def store(self) -> WorkflowStore:

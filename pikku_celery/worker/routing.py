@@ -68,7 +68,8 @@ def conf_sets(conf: Any, setting: str) -> bool:
     """
     conf.finalize()  # an app not configured yet holds one pending layer: load it first
     layers = list(conf.maps)[:-1]
-    names = conf._to_keys(setting)
+    # The old name's function too: Celery before 5.7 leaves it out of _to_keys.
+    names = {*conf._to_keys(setting), *(f(setting) for f in conf._keys or ())}
     return any(name in layer for layer in layers for name in names)
 
 
@@ -103,10 +104,13 @@ class Routing:
         self._notes: list[str] = []
 
     def connect(self) -> None:
-        signals.celeryd_init.connect(self._on_celeryd_init, weak=False)
-        signals.worker_init.connect(self._on_worker_init, weak=False)
-        signals.worker_ready.connect(self._on_worker_ready, weak=False)
-        signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False)
+        # A dispatch_uid of this object's: Celery before 5.7 keys a bound method by its
+        # function alone, so a second app's handlers were taken for the first's and dropped.
+        uid = f"pikku-routing-{id(self)}"
+        signals.celeryd_init.connect(self._on_celeryd_init, weak=False, dispatch_uid=uid)
+        signals.worker_init.connect(self._on_worker_init, weak=False, dispatch_uid=uid)
+        signals.worker_ready.connect(self._on_worker_ready, weak=False, dispatch_uid=uid)
+        signals.worker_shutdown.connect(self._on_worker_shutdown, weak=False, dispatch_uid=uid)
 
     @property
     def queue_name(self) -> str | None:

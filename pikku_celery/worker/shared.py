@@ -17,24 +17,24 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from celery import current_app
 
 from pikku_celery.model.durations import Duration
 from pikku_celery.model.errors import InvalidInputError
+from pikku_celery.workflow.declare import attach_workflow
 from pikku_celery.workflow.definitions import (
-    DEFAULT_RETRIES,
     StepDefinition,
     WorkflowDefinition,
     make_step,
     make_workflow,
 )
+from pikku_celery.workflow.retry import Errors
+from pikku_celery.workflow.typed import P, R, Workflow
 
 if TYPE_CHECKING:
     from celery import Task
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Instance(Protocol):
@@ -89,13 +89,14 @@ def instances() -> list[Instance]:
         return list(_instances)
 
 
-class SharedStep:
+class SharedStep(Generic[P, R]):
     """What ``shared_step`` returns: the step's definition (``pikku_step``, all that
-    ``wf.do`` needs), and for anything else the step task of Celery's current app, as
-    ``shared_task``'s proxy does (``my_step.name``, ``my_step.pikku_step.fn``)."""
+    ``wf.do`` needs, typed by the step's function), and for anything else the step task of
+    Celery's current app, as ``shared_task``'s proxy does (``my_step.name``,
+    ``my_step.pikku_step.fn``)."""
 
-    def __init__(self, definition: StepDefinition) -> None:
-        self.pikku_step = definition
+    def __init__(self, definition: StepDefinition[P, R]) -> None:
+        self.pikku_step: StepDefinition[P, R] = definition
         self.name = definition.name
         functools.update_wrapper(self, definition.fn)
 
@@ -115,27 +116,35 @@ class SharedStep:
         return f"<shared pikku step {self.name}>"
 
 
-def shared_step(name: str | None = None, *, retries: int = DEFAULT_RETRIES,
-                retry_delay: Duration | None = None, lease: Duration | None = None,
-                bind: bool = False, no_retry_for: tuple[type[BaseException], ...] = (),
-                **task_options: Any) -> Callable[[F], SharedStep]:
+def shared_step(name: str | None = None, *, retries: int | None = None,
+                max_retries: int | None = None, retry_delay: Duration | None = None,
+                autoretry_for: Errors | None = None, no_retry_for: Errors = (),
+                retry_backoff: bool | Duration | None = None,
+                retry_backoff_max: Duration | None = None, retry_jitter: bool | None = None,
+                lease: Duration | None = None, bind: bool = False,
+                **task_options: Any) -> Callable[[Callable[P, R]], SharedStep[P, R]]:
     """``@pikku.step`` for code that has no instance: the step is registered on every
-    ``PikkuCelery`` of the process, created before or after. Same arguments; the task name
-    defaults to ``<module>.<function name>`` (set ``name`` for a module run as
-    ``__main__``)."""
-    def decorate(fn: F) -> SharedStep:
-        task_name = name or f"{fn.__module__}.{fn.__name__}"
-        definition = make_step(fn, task_name, retries=retries, retry_delay=retry_delay,
-                               lease=lease, bind=bind, no_retry_for=tuple(no_retry_for))
+    ``PikkuCelery`` of the process, created before or after. Same arguments (one attempt
+    unless it asks for more; what it leaves out, each app's ``pikku_step_*`` settings
+    decide); the task name defaults to ``<module>.<function name>`` (set ``name`` for a
+    module run as ``__main__``)."""
+    def decorate(fn: Callable[P, R]) -> SharedStep[P, R]:
+        definition = make_step(
+            fn, name or f"{fn.__module__}.{fn.__name__}", retries=retries,
+            max_retries=max_retries, retry_delay=retry_delay, autoretry_for=autoretry_for,
+            no_retry_for=no_retry_for, retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max, retry_jitter=retry_jitter, lease=lease,
+            bind=bind)
         on_every_instance(lambda pikku: pikku.add_step(definition, task_options))
         return SharedStep(definition)
     return decorate
 
 
-def shared_workflow(name: str | None = None) -> Callable[[F], F]:
+def shared_workflow(name: str | None = None
+                    ) -> Callable[[Callable[P, R]], Workflow[P, R]]:
     """``@pikku.workflow`` for code that has no instance: registered on every
     ``PikkuCelery`` of the process, created before or after."""
-    def decorate(fn: F) -> F:
+    def decorate(fn: Callable[P, R]) -> Workflow[P, R]:
         definition = make_workflow(fn, name or fn.__name__)
         with _lock:  # refused here, not in every instance created later
             taken = _shared_workflows.get(definition.name)
@@ -144,14 +153,13 @@ def shared_workflow(name: str | None = None) -> Callable[[F], F]:
                     f"a shared workflow named {definition.name!r} is already declared (by "
                     f"{taken.__module__}.{taken.__qualname__})")
             _shared_workflows[definition.name] = fn
-        fn.pikku_workflow = definition  # type: ignore[attr-defined]
         try:
             on_every_instance(lambda pikku: pikku.add_workflow(definition))
         except BaseException:
             with _lock:
                 _shared_workflows.pop(definition.name, None)
             raise
-        return fn
+        return attach_workflow(fn, definition)
     return decorate
 
 

@@ -5,53 +5,76 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic
 
-from pikku_celery.model.durations import Duration, to_ms
+from pikku_celery.model.durations import Duration
 from pikku_celery.model.errors import InvalidInputError, WorkflowNotFoundError
 from pikku_celery.model.validate import check_concurrency, check_name
+from pikku_celery.workflow.retry import (
+    DEFAULT_RETRIES,
+    NO_DEFAULTS,
+    Errors,
+    RetryPolicy,
+    StepDefaults,
+    check_retries,
+    positive_ms,
+    retry_policy,
+)
 from pikku_celery.workflow.schedule_spec import ScheduleDefinition
 
-DEFAULT_RETRIES = 3  # so 4 attempts: max attempts is always retries + 1
-DEFAULT_RETRY_DELAY_MS = 1000  # the first retry's delay; doubled per attempt when not set
-MAX_BACKOFF_MS = 300_000
+if TYPE_CHECKING:  # defaults (PEP 696): a bare ``StepDefinition`` is ``[..., Any]``
+    from typing_extensions import ParamSpec, TypeVar
 
+    P = ParamSpec("P", default=...)
+    R = TypeVar("R", default=Any)
+else:  # typing_extensions is not a dependency
+    from typing import ParamSpec, TypeVar
 
-def check_retries(retries: object, what: str) -> int:
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 1000:
-        raise InvalidInputError(f"{what}: retries must be an int from 0 to 1000, "
-                                f"got {retries!r}")
-    return retries
+    P = ParamSpec("P")
+    R = TypeVar("R")
+
+__all__ = ["DEFAULT_RETRIES", "P", "R", "Registry", "StepDefaults", "StepDefinition",
+           "WorkflowDefinition", "check_retries", "make_step", "make_workflow"]
 
 
 @dataclass(frozen=True)
-class StepDefinition:
+class StepDefinition(Generic[P, R]):
     """A step: the Celery task name it runs as is its identity in the store."""
 
     name: str
-    fn: Callable[..., Any]
-    retries: int
-    retry_delay_ms: int | None  # None: exponential from DEFAULT_RETRY_DELAY_MS
+    fn: Callable[P, R]
     lease_ms: int | None  # None: the app's step_lease
     bind: bool
-    no_retry_for: tuple[type[BaseException], ...] = ()  # errors that fail the step at once
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # see ``workflow.retry``
     # The body's MongoDB writes (``ctx.session``) commit with its settle (``transactional``)
     transactional: bool = False
 
-    def delay_before(self, next_attempt: int, override_ms: int | None = None) -> int:
-        """The wait before ``next_attempt`` (2, 3, ...): fixed if set, else exponential."""
-        fixed = override_ms if override_ms is not None else self.retry_delay_ms
-        if fixed is not None:
-            return fixed
-        backoff: int = DEFAULT_RETRY_DELAY_MS * 2 ** max(0, next_attempt - 2)
-        return min(backoff, MAX_BACKOFF_MS)
+    @property
+    def retries(self) -> int | None:
+        """The step's own retries (``None``: it did not say; ``max_attempts`` decides)."""
+        return self.retry.retries
+
+    @property
+    def no_retry_for(self) -> Errors:
+        return self.retry.no_retry_for
+
+    def max_attempts(self, defaults: StepDefaults = NO_DEFAULTS) -> int:
+        return self.retry.max_attempts(defaults)
+
+    def delay_before(self, next_attempt: int, override_ms: int | None = None,
+                     defaults: StepDefaults = NO_DEFAULTS) -> int:
+        """The wait before ``next_attempt`` (2, 3, ...): see ``RetryPolicy``."""
+        return self.retry.delay_ms_before(next_attempt, override_ms, defaults)
 
 
-def make_step(fn: Callable[..., Any], name: str, *, retries: int, retry_delay: Duration | None,
-              lease: Duration | None, bind: bool,
-              no_retry_for: tuple[type[BaseException], ...] = (),
-              transactional: bool = False) -> StepDefinition:
+def make_step(fn: Callable[P, R], name: str, *, retries: int | None = None,
+              retry_delay: Duration | None = None, lease: Duration | None = None,
+              bind: bool = False, no_retry_for: Errors = (), transactional: bool = False,
+              max_retries: int | None = None, autoretry_for: Errors | None = None,
+              retry_backoff: bool | Duration | None = None,
+              retry_backoff_max: Duration | None = None,
+              retry_jitter: bool | None = None) -> StepDefinition[P, R]:
     check_name("step function name", name)
     if transactional is not False and transactional is not True:
         raise InvalidInputError(f"step {name!r}: transactional must be True or False, got "
@@ -59,21 +82,13 @@ def make_step(fn: Callable[..., Any], name: str, *, retries: int, retry_delay: D
     if transactional and not bind:
         raise InvalidInputError(f"step {name!r}: transactional=True needs bind=True (the "
                                 "body writes with ctx.session)")
-    if not all(isinstance(t, type) and issubclass(t, BaseException) for t in no_retry_for):
-        raise InvalidInputError(f"step {name!r}: no_retry_for must be exception classes, "
-                                f"got {no_retry_for!r}")
+    policy = retry_policy(f"step {name!r}", retries=retries, max_retries=max_retries,
+                          retry_delay=retry_delay, autoretry_for=autoretry_for,
+                          no_retry_for=no_retry_for, retry_backoff=retry_backoff,
+                          retry_backoff_max=retry_backoff_max, retry_jitter=retry_jitter)
     return StepDefinition(
-        name=name, fn=fn, retries=check_retries(retries, f"step {name!r}"),
-        retry_delay_ms=None if retry_delay is None else to_ms(retry_delay, what="retry_delay"),
-        lease_ms=None if lease is None else _positive_ms(lease, "lease"), bind=bind,
-        no_retry_for=tuple(no_retry_for), transactional=transactional)
-
-
-def _positive_ms(value: Duration, what: str) -> int:
-    ms = to_ms(value, what=what)
-    if ms <= 0:
-        raise ValueError(f"invalid {what}: {value!r} (must be greater than zero)")
-    return ms
+        name=name, fn=fn, lease_ms=None if lease is None else positive_ms(lease, "lease"),
+        bind=bind, retry=policy, transactional=transactional)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar, overload
 
 from pikku_celery.model import keys
 from pikku_celery.model.durations import Duration, to_ms
@@ -40,6 +40,8 @@ from pikku_celery.model.records import (
 from pikku_celery.model.validate import check_event_name, check_state_write
 from pikku_celery.store.base import NewStep
 from pikku_celery.workflow.definitions import StepDefinition, check_retries
+from pikku_celery.workflow.retry import StepDefaults
+from pikku_celery.workflow.typed import HasStep, R
 
 CHILD_PREFIX = "workflow:"
 SUSPEND_PREFIX = "__suspend:"
@@ -47,6 +49,7 @@ APPROVAL_PREFIX = "__approval:"
 EVENT_PREFIX = "__event:"  # a wf.wait_for_event: its result names the event it took
 PUBLISH_PREFIX = "__publish:"  # a wf.set_event: its result is the value published
 EXPIRED = {"expired": True}  # an approval's result when its expiry elapsed first
+T = TypeVar("T")  # a step's data
 
 
 class Pause(BaseException):
@@ -77,6 +80,10 @@ class ReplayHost(Protocol):
                      child_run_id: str) -> None: ...
 
     def step_definition(self, step: Any) -> StepDefinition: ...
+
+    def step_defaults(self) -> StepDefaults:
+        """The app's retries for a step that gives none (``workflow.retry``)."""
+        ...
 
     def suspend_run(self, run_id: str, gate: str) -> bool: ...
 
@@ -148,6 +155,20 @@ class WorkflowContext:
 
     # --- steps --------------------------------------------------------------------------
 
+    @overload  # typed by the step's function: fn(data: T) -> R, or fn(ctx, data: T) -> R
+    def do(self, step_name: str, step: HasStep[[T], R], data: T, *, retries: int | None = ...,
+           retry_delay: Duration | None = ..., on_error: Any = ...) -> R: ...
+    @overload
+    def do(self, step_name: str, step: HasStep[[Any, T], R], data: T, *,
+           retries: int | None = ..., retry_delay: Duration | None = ...,
+           on_error: Any = ...) -> R: ...
+    @overload
+    def do(self, step_name: str, step: HasStep[[None], R], *, retries: int | None = ...,
+           retry_delay: Duration | None = ..., on_error: Any = ...) -> R: ...
+    @overload
+    def do(self, step_name: str, step: str | StepDefinition, data: Any = ..., *,
+           retries: int | None = ..., retry_delay: Duration | None = ...,
+           on_error: Any = ...) -> Any: ...
     def do(self, step_name: str, step: Any, data: Any = None, *, retries: int | None = None,
            retry_delay: Duration | None = None, on_error: Any = None) -> Any:
         """Run ``step`` once as step ``step_name`` and return its result; raises
@@ -155,7 +176,7 @@ class WorkflowContext:
         name = self._physical(step_name)
         state = self._steps.get(name)
         if state is not None and state.status == STEP_SUCCEEDED:  # the replay's common case
-            self._check_same_function(state, self._function_of(step))
+            _check_same_function(self.run_id, state, self._function_of(step))
             result = state.result
             return _copied(result) if type(result) in _CONTAINERS else result
         call = self._call(name, step, data, retries=retries, retry_delay=retry_delay,
@@ -176,19 +197,15 @@ class WorkflowContext:
               retry_delay: Duration | None, on_error: Any) -> StepCall:
         state = self._steps.get(name)
         if state is not None:
-            self._check_same_function(state, self._function_of(step))
+            _check_same_function(self.run_id, state, self._function_of(step))
             return self._outcome(state)
         definition = self._host.step_definition(step)
-        n_retries = definition.retries if retries is None else check_retries(
-            retries, f"step {name!r}")
         delay = None if retry_delay is None else to_ms(retry_delay, what="retry_delay")
         compensation = None if on_error is None else self._host.step_definition(on_error)
-        state = self._record(NewStep(
-            run_id=self.run_id, step_name=name, function=definition.name, data=data,
-            max_attempts=n_retries + 1,
-            retry_delay_ms=delay if delay is not None else -1,
-            on_error=None if compensation is None else compensation.name))
-        self._check_same_function(state, definition.name)
+        state = self._record(_function_step(
+            self.run_id, name, definition, data, self._host.step_defaults(), retries=retries,
+            delay_ms=delay, on_error=None if compensation is None else compensation.name))
+        _check_same_function(self.run_id, state, definition.name)
         return self._outcome(state)
 
     def gather(self, *calls: StepCall) -> list[Any]:
@@ -218,7 +235,7 @@ class WorkflowContext:
             state = self._record(NewStep(
                 run_id=self.run_id, step_name=name, function=None, data={"sleep_ms": wait_ms},
                 status=STEP_SCHEDULED, due_ms=self._host.now_ms() + wait_ms))
-        self._check_same_function(state, None)
+        _check_same_function(self.run_id, state, None)
         if state.status == STEP_SUCCEEDED:
             return
         if state.status == STEP_SCHEDULED and self._host.settle_sleep(self.run_id, name):
@@ -238,7 +255,7 @@ class WorkflowContext:
             state = self._record(NewStep(
                 run_id=self.run_id, step_name=name, function=function, data=data,
                 status=STEP_RUNNING, child_run_id=child_run_id))
-        self._check_same_function(state, function)
+        _check_same_function(self.run_id, state, function)
         if state.status == STEP_RUNNING:  # the recorded id: one derived before an upgrade too
             self._host.ensure_child(self.run_id, name, workflow_name, state.data,
                                     state.child_run_id or child_run_id)
@@ -284,7 +301,7 @@ class WorkflowContext:
                       else json.dumps(schema, sort_keys=True),
                       "approvers": allowed, "expires_at_ms": due},
                 status=STEP_SCHEDULED, due_ms=due))
-        self._check_same_function(state, None)
+        _check_same_function(self.run_id, state, None)
         if state.status == STEP_SUCCEEDED:
             return _copied(state.result)
         if (state.status == STEP_SCHEDULED and state.due_at is not None
@@ -316,7 +333,7 @@ class WorkflowContext:
                 run_id=self.run_id, step_name=gate, function=None,
                 data={"event": name, "expires_at_ms": due}, status=STEP_SCHEDULED,
                 due_ms=due))
-        self._check_same_function(state, None)
+        _check_same_function(self.run_id, state, None)
         if state.status == STEP_SUCCEEDED:
             return _payload(state, default)
         if state.status == STEP_FAILED:  # fenced by a cancel: the run is ending
@@ -343,7 +360,7 @@ class WorkflowContext:
         if state is None:
             state = self._record(NewStep(run_id=self.run_id, step_name=step, function=None,
                                          data={"publish": key}, status=STEP_SCHEDULED))
-        self._check_same_function(state, None)
+        _check_same_function(self.run_id, state, None)
         if state.status == STEP_SCHEDULED:
             self._host.publish(self.run_id, step, value)
 
@@ -390,13 +407,6 @@ class WorkflowContext:
                 self._functions[step] = name
             return name
 
-    def _check_same_function(self, state: StepState, function: str | None) -> None:
-        if state.function != function:
-            raise WorkflowReplayError(
-                f"run {self.run_id}: step {state.step_name!r} was recorded as "
-                f"{state.function!r} but the workflow now reaches {function!r} there; the "
-                "workflow's code changed under a running run in a way replay cannot follow")
-
     def _outcome(self, state: StepState) -> StepCall:
         if state.status == STEP_SUCCEEDED:
             return StepCall(state.step_name, "done", result=_copied(state.result))
@@ -413,13 +423,32 @@ class WorkflowContext:
         name = f"{failed.name}:on_error"
         comp = self._steps.get(name)
         if comp is None:
-            definition = self._host.step_definition(state.on_error)
-            comp = self._record(NewStep(
-                run_id=self.run_id, step_name=name, function=definition.name,
-                data={"error": state.error, "data": state.data},
-                max_attempts=definition.retries + 1, retry_delay_ms=-1))
+            comp = self._record(_function_step(
+                self.run_id, name, self._host.step_definition(state.on_error),
+                {"error": state.error, "data": state.data}, self._host.step_defaults()))
         if self._outcome(comp).outcome == "waiting":
             raise Pause
+
+
+def _function_step(run_id: str, name: str, definition: StepDefinition, data: Any,
+                   defaults: StepDefaults, *, retries: int | None = None,
+                   delay_ms: int | None = None, on_error: str | None = None) -> NewStep:
+    """A step of a function as replay first records it: its attempts from one call's
+    ``retries`` or its definition, and whether its body's error is tried again."""
+    return NewStep(
+        run_id=run_id, step_name=name, function=definition.name, data=data,
+        max_attempts=definition.max_attempts(defaults) if retries is None else (
+            check_retries(retries, f"step {name!r}") + 1),
+        retry_delay_ms=-1 if delay_ms is None else delay_ms, on_error=on_error,
+        errors_retried=retries is not None or definition.retry.errors_retried(defaults))
+
+
+def _check_same_function(run_id: str, state: StepState, function: str | None) -> None:
+    if state.function != function:
+        raise WorkflowReplayError(
+            f"run {run_id}: step {state.step_name!r} was recorded as {state.function!r} but "
+            f"the workflow now reaches {function!r} there; the workflow's code changed under "
+            "a running run in a way replay cannot follow")
 
 
 def _payload(state: StepState, default: Any) -> Any:

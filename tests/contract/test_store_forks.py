@@ -5,12 +5,14 @@ attempt keeps the total it ran under after a retry."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from pikku_celery.model.records import RUN_FAILED, RUN_RUNNING, STEP_SCHEDULED, RunLineage
 from pikku_celery.store._docs import lineage_entry
 from pikku_celery.store.base import NewRun, NewStep, WorkflowStore
 from tests.contract.test_store import FN, LEASE, T0, add_step, new_run, store
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 __all__ = ["store"]  # the fixture, parametrized over every store
 

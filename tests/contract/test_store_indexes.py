@@ -28,6 +28,7 @@ from pikku_celery import (
     MongoWorkflowStore,
     PikkuCelery,
     WorkflowEventLimitError,
+    WorkflowStepSupersededError,
 )
 from pikku_celery.operate._checks import run_checks
 from pikku_celery.store._schedules import NewSchedule
@@ -179,6 +180,9 @@ def _exercise(store: MongoWorkflowStore) -> None:
                                NewStep(run_id="run-0001", step_name="d", function="f"), LEASE,
                                seq=99, worker="w")
     store.claim_step(one, "a", "f", late, LEASE)  # a lapsed lease: reclaim
+    store.record_progress(one, "a", 2, {"done": 1}, late)  # the reclaimed attempt's note
+    with pytest.raises(WorkflowStepSupersededError):  # attempt 1's: refused, then read
+        store.record_progress(one, "a", 1, {"done": 1}, late)
     store.claim_step("run-0002", "b", "f", late, LEASE)  # settled for good: nothing
     store.claim_step("run-0017", "a", "f", T0 + 1, LEASE)  # a live lease: nothing
     store.set_result(one, "a", 2, "done", late)
@@ -218,6 +222,10 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.slot_holders("grp")
     store.list_slots()
     store.give_slot("grp", "run-queued")
+    store.slot_group("grp")
+    queued = store.get_run("run-queued")
+    assert queued is not None
+    store.queued_ahead("grp", queued)
     store.get_history(one)
     # Schedules: saved (new, the same, a changed timing), read, listed (all, by name),
     # moved past a tick (and the loser of that race), paused and resumed.

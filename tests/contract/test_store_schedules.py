@@ -9,7 +9,7 @@ import dataclasses
 import threading
 import types
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -22,6 +22,8 @@ from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.conftest import pooled_database
 from tests.contract.test_store import T0, atomic_store, store
 from tests.support.threads import race
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 __all__ = ["atomic_store", "store"]  # the fixtures, parametrized over every store
 

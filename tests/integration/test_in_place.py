@@ -132,11 +132,16 @@ def test_a_step_routed_to_another_queue_is_sent(make_cluster: Callable[..., Clus
     c.pikku.cancel(run_id)
 
 
+@pytest.mark.parametrize("default_retries", [False, True])
 def test_a_worker_killed_in_a_step_run_in_place_loses_it_to_another(
-        make_cluster: Callable[..., Cluster]) -> None:
+        make_cluster: Callable[..., Cluster], default_retries: bool) -> None:
+    """``default_retries``: the step says nothing of retries (issue 36: its body tries
+    once, as a Celery task's does), yet its attempt lost with its worker runs again, as an
+    ``acks_late`` task is redelivered."""
     c = make_cluster("redis")
     c.wait_ready(c.start("w1", "prefork"), c.start("w2", "prefork"))
-    run_id = c.pikku.start("one_slow", {"seconds": 2.0, "ledger": c.ledger_key})
+    run_id = c.pikku.start("one_slow", {"seconds": 2.0, "ledger": c.ledger_key,
+                                        "default_retries": default_retries})
     start1 = wait_for(lambda: c.starts(), 20, "the slow step to start", c.diagnostics)[0]
     running = c.history(run_id, "slow")
     assert attempts(running) == [(1, "running")] and running[0].task_id

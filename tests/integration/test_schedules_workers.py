@@ -11,13 +11,15 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 import pytest
 
 from pikku_celery.model import keys
 from tests.integration import scheduleapp
 from tests.integration.test_celery_workers import ROOT, Cluster, Worker, make_cluster, wait_for
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 __all__ = ["make_cluster"]  # the fixture, imported for pytest
 

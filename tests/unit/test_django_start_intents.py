@@ -197,7 +197,7 @@ def test_django_values_are_stored_as_json_with_the_default_encoder(
     from django.db import transaction
 
     key = uuid.UUID("12345678-1234-5678-1234-567812345678")
-    at = datetime.datetime(2026, 12, 3, 7, 30, tzinfo=datetime.UTC)
+    at = datetime.datetime(2026, 12, 3, 7, 30, tzinfo=datetime.timezone.utc)
     with transaction.atomic():
         run_id = pikku.start_on_commit(
             "sum", {"price": Decimal("12.50"), "at": at, "key": key, "a": 1})

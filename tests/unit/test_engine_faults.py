@@ -47,7 +47,7 @@ def pikku(clock: FakeClock) -> Iterator[PikkuCelery]:
 
 
 def _one_step_workflow(pikku: PikkuCelery, body: Any) -> tuple[str, Any]:
-    step = pikku.step(name="faults.body", bind=True)(body)
+    step = pikku.step(name="faults.body", bind=True, retries=3)(body)  # reclaimed: attempt 2
 
     @pikku.workflow("faults.flow")
     def flow(wf: Any, data: Any) -> Any:
@@ -194,7 +194,7 @@ def test_a_pass_resends_a_pending_step_whose_message_was_lost(pikku: PikkuCelery
 
 def test_52_a_graph_node_whose_worker_died_is_dispatched_again(pikku: PikkuCelery,
                                                                clock: FakeClock) -> None:
-    node = pikku.step(name="faults.node")(lambda data: "node done")
+    node = pikku.step(name="faults.node", retries=1)(lambda data: "node done")  # runs again
     pikku.graph("faults.graph", nodes={"a": node, "b": node}, edges=[("a", "b")])
     run_id = pikku.start("faults.graph", None)
     pikku.engine.advance(run_id)

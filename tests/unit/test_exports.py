@@ -20,7 +20,9 @@ EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "Workflow
           "WorkflowEventNotSentError",  # issue 31: a send that could not reach the store
           "WorkflowEventLimitError",  # issue 35: a run's limits on its events
           "WorkflowSchedule",  # issue 26: schedules
-          "internal_task_names"}  # issue 25: pikku's own task names, per app
+          "internal_task_names",  # issue 25: pikku's own task names, per app
+          "Step", "Workflow",  # issue 36: what the decorators return, typed
+          "QueuedReason"}  # issue 36: why a queued run waits (pikku.why_queued)
 
 
 def test_the_exported_names_are_exactly_the_public_api() -> None:

@@ -11,7 +11,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -31,6 +31,8 @@ from pikku_celery.schedules.ticker import (
 from pikku_celery.store.base import NewRun
 from pikku_celery.testing import InlineKit, inline
 from pikku_celery.workflow.schedule_spec import Timing
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 TEN_MIN = 600_000
 

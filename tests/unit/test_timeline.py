@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -18,6 +18,8 @@ from pikku_celery.operate.timeline import EVENT, PUBLISH, Timeline, build
 from pikku_celery.store.base import NewRun, NewStep
 from pikku_celery.testing import InlineKit, inline
 from tests.support.operate import ADD, LEASE_MS
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 T0 = 1_700_000_000_000
 

@@ -102,7 +102,7 @@ def test_a_run_in_place_is_one_trace_under_the_span_it_was_started_in(
         assert dict(attempt.attributes) | {tracing.TASK_ID: ""} == {
             tracing.RUN_ID: run_id, tracing.WORKFLOW: f"tr-{tag}", tracing.STEP:
             attempt.attributes[tracing.STEP], tracing.FUNCTION: f"tr{tag}.inc",
-            tracing.ATTEMPT: 1, tracing.MAX_ATTEMPTS: 4,
+            tracing.ATTEMPT: 1, tracing.MAX_ATTEMPTS: 4,  # 3 retries, for lost workers only
             tracing.IN_PLACE: attempt.attributes[tracing.IN_PLACE],
             tracing.SUPERSEDED: False, tracing.LEASE_LOST: False,
             tracing.OUTCOME: "succeeded", tracing.TASK_ID: "",

@@ -17,7 +17,7 @@ from pikku_celery.model.errors import (
 from pikku_celery.model.keys import RunField as R
 from pikku_celery.model.keys import StepField as S
 from pikku_celery.model.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
-from pikku_celery.model.validate import as_stored, check_name, check_value
+from pikku_celery.model.validate import as_stored, check_name, check_progress, check_value
 from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._decide import Action, claimed_step_doc, decide_claim, running_fields
@@ -168,6 +168,17 @@ class MemorySteps(MemoryStoreBase):
                     continue
                 doc[S.LEASE] = now_ms + lease_ms
         return refused
+
+    def record_progress(self, run_id: str, step_name: str, attempt: int, progress: Any,
+                        now_ms: int) -> None:
+        check_progress(step_name, progress)
+        with self._lock:
+            doc = self._steps.get(keys.invocation_id(run_id, step_name))
+            if doc is None or doc[S.ATTEMPT] != attempt or doc[S.STATUS] != STEP_RUNNING:
+                raise WorkflowStepSupersededError(run_id, step_name, attempt,
+                                                  None if doc is None else doc[S.ATTEMPT])
+            doc[S.PROGRESS] = copy.deepcopy(progress)
+            doc[S.PROGRESS_AT] = now_ms
 
     def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
         with self._lock:

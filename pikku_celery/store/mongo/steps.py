@@ -23,7 +23,7 @@ from pikku_celery.model.keys import HistoryField as H
 from pikku_celery.model.keys import RunField as R
 from pikku_celery.model.keys import StepField as S
 from pikku_celery.model.records import RUN_TERMINAL, STEP_RUNNING, StepAttempt, StepState
-from pikku_celery.model.validate import check_name, check_value
+from pikku_celery.model.validate import check_name, check_progress, check_value
 from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._decide import (
@@ -305,6 +305,18 @@ class MongoSteps(MongoStoreBase):
             {S.ID: {"$in": list(ids)}, S.STATUS: STEP_RUNNING, S.LEASE: {"$ne": None}},
             {S.ID: 1, S.ATTEMPT: 1}, session=self._session) if d[S.ATTEMPT] == ids[d[S.ID]][2]}
         return {(run, name) for sid, (run, name, _) in ids.items() if sid not in live}
+
+    def record_progress(self, run_id: str, step_name: str, attempt: int, progress: Any,
+                        now_ms: int) -> None:
+        check_progress(step_name, progress)
+        step_id = keys.invocation_id(run_id, step_name)
+        found = self._steps.update_one(
+            {S.ID: step_id, S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING},
+            {"$set": {S.PROGRESS: progress, S.PROGRESS_AT: now_ms}}, session=self._session)
+        if found.matched_count == 0:
+            current = self._steps.find_one({S.ID: step_id}, {S.ATTEMPT: 1}, session=self._session)
+            raise WorkflowStepSupersededError(run_id, step_name, attempt,
+                                              None if current is None else current[S.ATTEMPT])
 
     def release_lease(self, run_id: str, step_name: str, attempt: int) -> bool:
         found = self._steps.update_one(
