@@ -44,7 +44,9 @@ from pikku_celery.model.records import (
 )
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
+from pikku_celery.leases.outage import RedisUnreachableError
 from pikku_celery.store.mongo import MongoWorkflowStore
+from pikku_celery.store.mongo.errors import MongoUnreachableError
 from pikku_celery.worker.shared import shared_step, shared_workflow
 from pikku_celery.worker.tasks import internal_task_names
 from pikku_celery.workflow._graph_rounds import with_state
@@ -59,12 +61,14 @@ __all__ = [
     "LeaseLostError",
     "LeaseService",
     "LeaseTakenError",
+    "MongoUnreachableError",
     "MongoWorkflowStore",
     "PikkuCelery",
     "PikkuConfigurationError",
     "PikkuError",
     "QueuedReason",
     "RedisLeaseService",
+    "RedisUnreachableError",
     "Step",
     "StepAttempt",
     "StepContext",

@@ -13,6 +13,9 @@ CONTRACT = {  # ../shared/design/contract.md section 1
     "WorkflowRunFailedError", "WorkflowCancelledError", "LeaseTakenError", "LeaseLostError",
 }
 INTEGRATION = {"shared_step", "shared_workflow"}  # contract section 5
+# Issue 36: what an unreachable service raises, to catch by name. Driver errors on purpose,
+# not PikkuErrors: the engine fails a run on a PikkuError, while an outage only interrupts.
+OUTAGES = {"MongoUnreachableError", "RedisUnreachableError"}
 EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "WorkflowReplayError",
           "WorkflowStepNotFoundError", "WorkflowStore", "WorkflowRunConflictError", "get_pikku",
           "hold_lease", "PikkuConfigurationError", "WorkflowApprovalError", "with_state",
@@ -22,7 +25,8 @@ EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "Workflow
           "WorkflowSchedule",  # issue 26: schedules
           "internal_task_names",  # issue 25: pikku's own task names, per app
           "Step", "Workflow",  # issue 36: what the decorators return, typed
-          "QueuedReason"}  # issue 36: why a queued run waits (pikku.why_queued)
+          "QueuedReason",  # issue 36: why a queued run waits (pikku.why_queued)
+          *OUTAGES}
 
 
 def test_the_exported_names_are_exactly_the_public_api() -> None:
@@ -33,8 +37,17 @@ def test_the_exported_names_are_exactly_the_public_api() -> None:
 
 def test_every_error_derives_from_pikku_error() -> None:
     errors = [getattr(pikku_celery, n) for n in pikku_celery.__all__
-              if n.endswith("Error") and n != "PikkuError"]
+              if n.endswith("Error") and n != "PikkuError" and n not in OUTAGES]
     assert errors and all(issubclass(e, pikku_celery.PikkuError) for e in errors)
+
+
+def test_an_outage_is_the_drivers_own_error() -> None:
+    """Code catching pymongo's or redis-py's connection errors keeps catching them."""
+    import pymongo.errors
+    import redis.exceptions
+
+    assert issubclass(pikku_celery.MongoUnreachableError, pymongo.errors.ConnectionFailure)
+    assert issubclass(pikku_celery.RedisUnreachableError, redis.exceptions.ConnectionError)
 
 
 def test_the_read_api_of_pikku_celery() -> None:
