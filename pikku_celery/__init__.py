@@ -13,6 +13,7 @@ from pikku_celery.leases import (
     RedisLeaseService,
     hold_lease,
 )
+from pikku_celery.leases.outage import RedisUnreachableError
 from pikku_celery.model.errors import (
     InvalidInputError,
     LeaseLostError,
@@ -44,7 +45,6 @@ from pikku_celery.model.records import (
 )
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
-from pikku_celery.leases.outage import RedisUnreachableError
 from pikku_celery.store.mongo import MongoWorkflowStore
 from pikku_celery.store.mongo.errors import MongoUnreachableError
 from pikku_celery.worker.shared import shared_step, shared_workflow
