@@ -47,7 +47,7 @@ from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 from pikku_celery.store.mongo.errors import MongoUnreachableError
-from pikku_celery.worker.shared import shared_step, shared_workflow
+from pikku_celery.worker.shared import shared_schedule, shared_step, shared_workflow
 from pikku_celery.worker.tasks import internal_task_names
 from pikku_celery.workflow._graph_rounds import with_state
 from pikku_celery.workflow.replay import WorkflowContext
@@ -96,6 +96,7 @@ __all__ = [
     "get_pikku",
     "hold_lease",
     "internal_task_names",
+    "shared_schedule",
     "shared_step",
     "shared_workflow",
     "with_state",

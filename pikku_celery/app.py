@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -200,7 +199,7 @@ class PikkuCelery(RunOperations):
                                              resolved.max_countdown_s,
                                              route=self.routing.options)
         engine = Engine(store, leases, self.registry, celery_dispatcher,
-                        resolved.engine_settings(), worker=socket.gethostname(),
+                        resolved.engine_settings(), worker=self.routing.worker_host,
                         clock=clock, emit=SignalSender(self))
         if dispatcher is not None:
             engine.dispatcher = dispatcher(engine)

@@ -182,7 +182,7 @@ class Claimer:
     """Claims, holds and settles step attempts for one process."""
 
     def __init__(self, store: WorkflowStore, leases: LeaseService, clock: Clock,
-                 heartbeat: Heartbeat, *, host: str | None = None) -> None:
+                 heartbeat: Heartbeat, *, host: str | Callable[[], str] | None = None) -> None:
         self.store = store
         self.leases = leases
         self.clock = clock
@@ -198,8 +198,11 @@ class Claimer:
 
     @property
     def worker(self) -> str | None:
-        """``host:pid`` of the process claiming now (a prefork child, not its parent)."""
-        return None if self.host is None else f"{self.host}:{os.getpid()}"
+        """``<host>:<pid>`` of the process claiming now (a prefork child, not its parent):
+        ``host`` is a name, or a callable asked at each claim (a worker's Celery node name,
+        ``w1@host``, learnt when it starts). The pid is what follows the last ``:``."""
+        host = self.host() if callable(self.host) else self.host
+        return None if host is None else f"{host}:{os.getpid()}"
 
     def claim(self, run_id: str, step_name: str, function: str | None,
               lease_ms: int, *, task_id: str | None = None,

@@ -18,6 +18,7 @@ forwards each call to the part that owns it; replacing its ``dispatcher`` or ``c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pikku_celery.engine.claims import Claimer
@@ -83,7 +84,8 @@ class _Noting:
 
 class Engine:
     def __init__(self, store: WorkflowStore, leases: LeaseService, registry: Registry,
-                 dispatcher: Dispatcher, settings: Settings, *, worker: str | None = None,
+                 dispatcher: Dispatcher, settings: Settings, *,
+                 worker: str | Callable[[], str] | None = None,
                  clock: Clock | None = None, emit: Emit | None = None) -> None:
         self.leases = leases
         self.registry = registry

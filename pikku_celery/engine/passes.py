@@ -32,6 +32,7 @@ from typing import Any
 from pikku_celery.engine._guard import guarded as _guarded
 from pikku_celery.engine.claims import serialize_error
 from pikku_celery.engine.forks import copy_missing
+from pikku_celery.engine.handover import adopt, note_of, whole_view
 from pikku_celery.engine.in_place import InPlace
 from pikku_celery.engine.pass_events import EventWrites
 from pikku_celery.engine.protocols import (
@@ -134,6 +135,11 @@ class Passes:
             raise LeaseTakenError(key)
         if view is not None and got.token <= view.token:
             view = None  # the token went backwards: Redis lost its counters, trust nothing
+        elif view is not None:
+            view.begin()
+            adopt(view, got.note, got.token)  # the last holder's note, if it fits (handover)
+        elif got.note is not None:
+            view = whole_view(self.store, run_id, got.note, got.token)
         marks = set(got.marks) | {mark}
         in_place = self._in_place(dispatcher, ttl_ms)
         try:
@@ -171,7 +177,7 @@ class Passes:
                     while held.hand_back():
                         pass
                     break
-                taken = held.hand_back()
+                taken = held.hand_back(note_of(view, got.token))
                 if not taken:
                     break
                 marks = set(taken)
@@ -236,9 +242,10 @@ class Passes:
         names = {m for m in marks if m != ALL} - fresh
         if everything:
             names |= view.unsettled
-        read = store.read_run(run_id, run=everything, input=False, step_names=names,
-                              recorded_after=None if current else view.token)
-        if everything:
+        read = store.read_run(run_id, run=everything or view.run_stale, input=False,
+                              step_names=names, recorded_after=None if current else view.token)
+        if everything or view.run_stale:
+            view.run_stale = False
             if read.run is None:
                 raise WorkflowRunNotFoundError(run_id)
             view.run = dataclasses.replace(read.run, input=view.run.input)
@@ -590,11 +597,4 @@ class _PassHost(EventWrites):
         return self._passes.settings.step_defaults
 
     def step_definition(self, step: Any) -> StepDefinition:
-        if isinstance(step, StepDefinition):
-            return step
-        attached = getattr(step, "pikku_step", None)
-        if isinstance(attached, StepDefinition):
-            return attached
-        if isinstance(step, str) and step in self._passes.registry.steps:
-            return self._passes.registry.steps[step]
-        raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")
+        return self._passes.registry.step(step)

@@ -29,7 +29,8 @@ from typing import Protocol, runtime_checkable
 @dataclass(frozen=True)
 class Lease:
     """A granted lease. ``expires_at_ms`` and ``granted_at_ms`` are service-clock epoch ms;
-    ``marks`` are the marks left on the key before this grant (``acquire_or_mark`` only)."""
+    ``marks`` are the marks left on the key before this grant, ``note`` what the holder
+    that last released it left for this grant (``acquire_or_mark`` only)."""
 
     key: str
     holder: str
@@ -37,6 +38,7 @@ class Lease:
     expires_at_ms: int
     granted_at_ms: int
     marks: tuple[str, ...] = ()
+    note: bytes | None = None
 
 
 class PartialRefreshError(Exception):
@@ -104,10 +106,14 @@ class LeaseService(Protocol):
         """Add ``mark`` to the key's marks, held or not."""
         ...
 
-    def release_or_take_marks(self, lease: Lease, ttl_ms: int) -> tuple[str, ...] | None:
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None
+                              ) -> tuple[str, ...] | None:
         """Hand the lease back: if marks were left on the key, take them and keep the lease
-        (renewed for ``ttl_ms``); else release it and return ``()``. ``None`` (nothing
-        done) when the lease is no longer this grant's. One atomic step."""
+        (renewed for ``ttl_ms``); else release it, leaving ``note`` (bytes, or none: an
+        older note is dropped) for the next grant's ``Lease.note``, and return ``()``.
+        ``None`` (nothing done) when the lease is no longer this grant's. One atomic
+        step. A note is a hint a holder passes to the next (``engine.handover``): it may
+        be lost (it lapses after a minute), never wrong for the grant it reaches."""
         ...
 
     def now_ms(self) -> int:

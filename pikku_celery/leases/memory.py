@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pikku_celery.leases.base import Lease, LeaseBusy
+from pikku_celery.model.keys import LEASE_NOTE_TTL_MS
 
 
 def wall_clock_ms() -> int:
@@ -41,6 +42,7 @@ class InMemoryLeaseService:
         self._tokens: dict[str, int] = {}
         self._marks: dict[str, set[str]] = {}
         self._watch: dict[str, int] = {}
+        self._notes: dict[str, tuple[int, bytes]] = {}  # key -> (lapses at ms, note)
 
     def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
         """Grant ``key`` to ``holder`` for ``ttl_ms`` ms; ``None`` if another holder is live.
@@ -116,7 +118,9 @@ class InMemoryLeaseService:
             token = current.token if current is not None else self._next_token(key)
             marks = tuple(sorted(self._marks.pop(key, ())))
             self._watch.pop(key, None)
-            lease = Lease(key, holder, token, now + ttl_ms, now, marks)
+            note = self._notes.pop(key, None)
+            lease = Lease(key, holder, token, now + ttl_ms, now, marks,
+                          note[1] if note is not None and note[0] > now else None)
             self._leases[key] = Lease(key, holder, token, now + ttl_ms, now)
             return lease
 
@@ -127,9 +131,11 @@ class InMemoryLeaseService:
         with self._lock:
             self._marks.setdefault(key, set()).add(mark)
 
-    def release_or_take_marks(self, lease: Lease, ttl_ms: int) -> tuple[str, ...] | None:
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None
+                              ) -> tuple[str, ...] | None:
         """Take the marks left on the key and keep the lease, or release it when there are
-        none; ``None`` when ``lease`` is no longer this grant's."""
+        none (leaving ``note`` for the next grant); ``None`` when ``lease`` is no longer
+        this grant's."""
         check_ttl_ms(ttl_ms)
         with self._lock:
             now = self._clock_ms()
@@ -142,6 +148,10 @@ class InMemoryLeaseService:
                                                 now + ttl_ms, now)
                 return tuple(sorted(marks))
             del self._leases[lease.key]
+            if note:
+                self._notes[lease.key] = (now + LEASE_NOTE_TTL_MS, note)
+            else:
+                self._notes.pop(lease.key, None)
             return ()
 
     def now_ms(self) -> int:

@@ -71,6 +71,8 @@ from pikku_celery.model._urls import redact_url, reserved_in_userinfo
 from pikku_celery.model.keys import (
     LEASE_HASH_FMT,
     LEASE_MARKS_FMT,
+    LEASE_NOTE_FMT,
+    LEASE_NOTE_TTL_MS,
     LEASE_TOKEN_FMT,
     LEASE_WATCH_FMT,
 )
@@ -252,6 +254,10 @@ class RedisLeaseService:
         """The physical Redis key of the marks left on logical ``key``."""
         return LEASE_MARKS_FMT.format(prefix=self._key_prefix, key=key)
 
+    def note_key(self, key: str) -> str:
+        """The physical Redis key of the note the last holder of ``key`` left."""
+        return LEASE_NOTE_FMT.format(prefix=self._key_prefix, key=key)
+
     def watch_key(self, key: str) -> str:
         """The physical Redis key of the watch armed for ``key``'s holder."""
         return LEASE_WATCH_FMT.format(prefix=self._key_prefix, key=key)
@@ -265,14 +271,15 @@ class RedisLeaseService:
         check_ttl_ms(ttl_ms)
         check_mark(mark)
         keys = [self.lease_hash_key(key), self.token_counter_key(key), self.marks_key(key),
-                self.watch_key(key)]
+                self.watch_key(key), self.note_key(key)]
         reply = self._acquire_or_mark(keys=keys, args=[
             holder, ttl_ms, counter_ttl_ms(ttl_ms), mark, MARKS_TTL_MS, WATCH_SLACK_MS])
         if int(reply[0]) == 0:
             return LeaseBusy(int(reply[1]), bool(int(reply[2])))
         token, now_ms = int(reply[1]), int(reply[2])
         marks = tuple(sorted(_text(m) for m in reply[3]))
-        return Lease(key, holder, token, now_ms + ttl_ms, now_ms, marks)
+        note = _bytes(reply[4]) if len(reply) > 4 else None
+        return Lease(key, holder, token, now_ms + ttl_ms, now_ms, marks, note)
 
     def mark(self, key: str, mark: str) -> None:
         """Leave ``mark`` on ``key`` for its holder, or for the next grant."""
@@ -280,14 +287,17 @@ class RedisLeaseService:
         check_mark(mark)
         self._mark(keys=[self.marks_key(key)], args=[mark, MARKS_TTL_MS])
 
-    def release_or_take_marks(self, lease: Lease, ttl_ms: int) -> tuple[str, ...] | None:
-        """Take the key's marks and keep the lease, or release it when there are none;
-        ``None`` when ``lease`` is no longer this grant's. One script call."""
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None
+                              ) -> tuple[str, ...] | None:
+        """Take the key's marks and keep the lease, or release it when there are none
+        (leaving ``note`` for the next grant); ``None`` when ``lease`` is no longer this
+        grant's. One script call."""
         check_ttl_ms(ttl_ms)
         keys = [self.lease_hash_key(lease.key), self.token_counter_key(lease.key),
-                self.marks_key(lease.key)]
+                self.marks_key(lease.key), self.note_key(lease.key)]
         reply = self._release_or_take_marks(keys=keys, args=[
-            lease.holder, str(lease.token), ttl_ms, counter_ttl_ms(ttl_ms)])
+            lease.holder, str(lease.token), ttl_ms, counter_ttl_ms(ttl_ms), note or b"",
+            LEASE_NOTE_TTL_MS])
         flag = int(reply[0])
         if flag < 0:
             return None
@@ -325,6 +335,10 @@ class RedisLeaseService:
 
 def _renewed(lease: Lease, ttl_ms: int, now_ms: int) -> Lease:
     return Lease(lease.key, lease.holder, lease.token, now_ms + ttl_ms, now_ms)
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def _text(value: Any) -> str:

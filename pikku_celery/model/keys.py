@@ -158,6 +158,10 @@ LEASE_HASH_FMT = "{prefix}:lease:{{{key}}}"
 LEASE_TOKEN_FMT = "{prefix}:lease-token:{{{key}}}"
 LEASE_MARKS_FMT = "{prefix}:lease-marks:{{{key}}}"
 LEASE_WATCH_FMT = "{prefix}:lease-watch:{{{key}}}"
+# What a holder that released the key left for the next grant (``release_or_take_marks``'s
+# ``note``): taken by that grant, else gone after ``LEASE_NOTE_TTL_MS``.
+LEASE_NOTE_FMT = "{prefix}:lease-note:{{{key}}}"
+LEASE_NOTE_TTL_MS = 60_000
 
 # --- MongoDB collections ---------------------------------------------------------------
 

@@ -17,7 +17,8 @@ recently (a bounded LRU, ``Views``) and a pass reads only what may have changed 
   T + 1. Otherwise the pass re-reads the run, every step the view holds unsettled, and the
   steps recorded by passes after T (each step records the token of the pass that recorded
   it: ``seq``). A token *below* T means Redis lost its counters: the view is not trusted
-  and the run is read in full.
+  and the run is read in full. Unless the holder of the grant before left a note with the
+  lease that closes the gap (``engine.handover``): then only the run's document is read.
 * A step the view lacks although it exists (recorded late by a pass that had lost its
   lease) is found when this pass records it: the insert finds it and the pass runs again.
 
@@ -70,6 +71,18 @@ class RunView:
     # The steps the last replay paused on at a ``wf.gather`` (empty when it paused on
     # anything else): see ``skips``.
     waiting: set[str] = field(default_factory=set)
+    # What the pass holding the view put in it since it began, from the view it began
+    # with (its token then: ``base``; 0 for a view read in full): the note it leaves the
+    # next holder of the run lease (``engine.handover``).
+    base: int = 0
+    changed: dict[str, StepState] = field(default_factory=dict)
+    # The run's document is older than the steps (a note brought them up): read it.
+    run_stale: bool = False
+
+    def begin(self) -> None:
+        """A pass takes the view: what it puts from now on is its note's."""
+        self.base = self.token
+        self.changed = {}
 
     def skips(self, fresh: set[str]) -> bool:
         """Whether a pass that learned ``fresh`` (read, or settled by its caller) can skip
@@ -89,6 +102,7 @@ class RunView:
 
     def put(self, state: StepState) -> None:
         self.steps[state.step_name] = state
+        self.changed[state.step_name] = state
         if settled_for_good(state):
             self.unsettled.discard(state.step_name)
         else:

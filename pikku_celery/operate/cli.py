@@ -454,17 +454,20 @@ def purge(ctx: click.Context, older_than: str, statuses: tuple[str, ...], dry_ru
 @pikku.command("check")
 @click.option("--create-indexes", is_flag=True,
               help="Create missing MongoDB indexes first (the first start does too).")
+@click.option("--no-workers", "skip_workers", is_flag=True,
+              help="Do not ask the workers (through the broker, 1 s) what they consume.")
 @click.pass_context
-def check(ctx: click.Context, create_indexes: bool) -> None:
-    """Check the configuration, MongoDB, its indexes and Redis; list workflows and steps.
-    Exits 1 with one line per problem."""
+def check(ctx: click.Context, create_indexes: bool, skip_workers: bool) -> None:
+    """Check the configuration, MongoDB, its indexes and Redis; list workflows and steps;
+    warn of a queue pikku's tasks share with other apps. Exits 1 with one line per
+    problem (a warning does not change the exit status)."""
     from pikku_celery.operate import _checks
 
     with one_line_errors():
         app = resolve(ctx)
     web_checks = ctx.meta.get(WEB_CHECKS)
     report = _checks.run_checks(app, create_indexes=create_indexes,
-                                web_checks=web_checks)
+                                web_checks=web_checks, ask_workers=not skip_workers)
     for line in report.lines:
         click.echo(line)
     for problem in report.problems:

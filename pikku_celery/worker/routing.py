@@ -46,6 +46,7 @@ from celery import Celery, signals
 from celery.utils.nodenames import worker_direct
 from click.core import ParameterSource
 
+from pikku_celery.worker.nodes import forget_worker_node, note_worker_node, worker_host
 from pikku_celery.worker.pool_limits import forget_worker_pool, note_worker_pool
 
 log = logging.getLogger("pikku_celery")
@@ -165,6 +166,7 @@ class Routing:
         if not self._ours(sender):
             return
         note_worker_pool(self._app, sender.pool_cls)
+        note_worker_node(self._app, getattr(sender, "hostname", None))
         queue = self.queue()
         if queue is None:
             return
@@ -203,6 +205,13 @@ class Routing:
     def _on_worker_shutdown(self, sender: Any = None, **_: Any) -> None:
         if self._ours(sender):
             forget_worker_pool(self._app)
+            forget_worker_node(self._app)
+
+    def worker_host(self) -> str:
+        """The name of this process in the worker recorded with each attempt, before
+        ``:<pid>``: the Celery node name (``w1@host``) of this app's worker when one started
+        here (``nodes``), else the host name."""
+        return worker_host(self._app)
 
     def _say_why_steps_are_sent(self) -> None:
         pikku = getattr(self._app, "pikku", None)

@@ -1,10 +1,12 @@
-"""Steps and workflows declared without an instance, like Celery's ``shared_task``.
+"""Steps, workflows and schedules declared without an instance, like Celery's
+``shared_task``.
 
-A reusable Django app (or any library) cannot import the project's ``PikkuCelery``: it does
-not know where the project builds it, and importing it would tie the app to one project.
-``shared_step`` and ``shared_workflow`` bind to every ``PikkuCelery`` of the process, those
-created before the declaration and those created after, the way Celery binds a shared task
-to every app.
+A reusable Django app (or any library), or a Flask app whose factory builds the
+``PikkuCelery``, cannot import the project's instance: it does not know where the project
+builds it, and importing it would tie the app to one project. ``shared_step``,
+``shared_workflow`` and ``shared_schedule`` bind to every ``PikkuCelery`` of the process,
+those created before the declaration and those created after, the way Celery binds a shared
+task to every app.
 
 How: every instance registers here when it is built (``bind``), and every declaration is a
 hook run once per instance, now for the existing ones and at creation for later ones. The
@@ -31,6 +33,7 @@ from pikku_celery.workflow.definitions import (
     make_workflow,
 )
 from pikku_celery.workflow.retry import Errors
+from pikku_celery.workflow.schedule_spec import ScheduleDefinition, make_schedule
 from pikku_celery.workflow.typed import P, R, Workflow
 
 if TYPE_CHECKING:
@@ -45,6 +48,10 @@ class Instance(Protocol):
 
     def add_workflow(self, definition: WorkflowDefinition) -> None: ...
 
+    def schedule(self, name: str, workflow: str | Callable[..., Any], *,
+                 cron: str | None = None, every: Duration | None = None, data: Any = None,
+                 tz: str = "UTC", catch_up: str = "latest") -> ScheduleDefinition: ...
+
 
 Hook = Callable[[Any], None]  # given each ``PikkuCelery``
 
@@ -52,6 +59,7 @@ _lock = threading.RLock()
 _instances: weakref.WeakSet[Instance] = weakref.WeakSet()
 _hooks: list[Hook] = []
 _shared_workflows: dict[str, Callable[..., Any]] = {}
+_shared_schedules: dict[str, ScheduleDefinition] = {}
 
 
 def bind(pikku: Instance) -> None:
@@ -163,4 +171,45 @@ def shared_workflow(name: str | None = None
     return decorate
 
 
-__all__ = ["SharedStep", "shared_step", "shared_workflow"]
+def shared_schedule(name: str, workflow: str | Callable[..., Any], *,
+                    cron: str | None = None, every: Duration | None = None, data: Any = None,
+                    tz: str = "UTC", catch_up: str = "latest") -> ScheduleDefinition:
+    """``pikku.schedule`` for code that has no instance (a Flask app whose factory builds
+    the ``PikkuCelery``): the schedule is declared on every ``PikkuCelery`` of the process,
+    created before or after. Same arguments. Its workflow must be a shared one
+    (``shared_workflow``, declared before the schedule), which every instance knows. Checked
+    here: ``InvalidInputError`` for what ``pikku.schedule`` refuses, and for a name another
+    shared schedule declares with another definition."""
+    named = workflow if isinstance(workflow, str) else str(
+        getattr(getattr(workflow, "pikku_workflow", None), "name", None)
+        or getattr(workflow, "__name__", repr(workflow)))
+    definition = make_schedule(name, named, cron=cron, every=every, data=data, tz=tz,
+                               catch_up=catch_up)
+    with _lock:
+        known = named in _shared_workflows
+    if not known:
+        raise InvalidInputError(
+            f"shared schedule {name!r}: no shared workflow named {named!r} is declared "
+            "(declare it with shared_workflow before its schedule; a workflow of one "
+            "PikkuCelery takes pikku.schedule)")
+    with _lock:  # refused here, not in every instance created later
+        taken = _shared_schedules.get(definition.name)
+        if taken is not None and taken != definition:
+            raise InvalidInputError(f"a shared schedule named {definition.name!r} is "
+                                    f"already declared with another definition ({taken})")
+        _shared_schedules[definition.name] = definition
+
+    def declare(pikku: Any) -> None:
+        pikku.schedule(name, named, cron=cron, every=every, data=data, tz=tz,
+                       catch_up=catch_up)
+    try:
+        on_every_instance(declare)
+    except BaseException:
+        with _lock:
+            if taken is None:
+                _shared_schedules.pop(definition.name, None)
+        raise
+    return definition
+
+
+__all__ = ["SharedStep", "shared_schedule", "shared_step", "shared_workflow"]

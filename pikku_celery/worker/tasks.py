@@ -71,6 +71,10 @@ RUN_LEASE_RETRY_S = 1.0
 # an election (pymongo waits 5 s for a server by default), so a routine failover is not a
 # failed sweep; bounded, so a primary that stopped answering cannot hold the reaper.
 SWEEP_DEADLINE_MIN_S = 10.0
+# The deadline of the probe at worker start: a service that does not answer is named a few
+# seconds after "ready", not a whole sweep deadline (30 s by default) later. As long as the
+# store's own server-selection timeout by default, so its error says what was waited.
+START_PROBE_DEADLINE_S = 5.0
 # No ``queue`` here: a task attribute would beat the user's ``task_routes``. pikku's own
 # queue, when configured, is chosen per message (routing.py), after the user's routing.
 STEP_TASK_DEFAULTS: dict[str, Any] = {
@@ -337,9 +341,11 @@ class WorkerReaper:
 
     def _loop(self) -> None:
         # First thing, at worker start: one clear line per service that does not answer,
-        # rather than "ready" and then a traceback every interval.
+        # rather than "ready" and then a traceback every interval; within a few seconds
+        # (a pymongo call under a deadline waits the whole deadline for a server, whatever
+        # its server-selection timeout says).
         outages = OutageLog(self._probe, self.interval_s)
-        outages.at_start()
+        outages.at_start(lambda: self._probe(START_PROBE_DEADLINE_S))
         while not self._stop.wait(self.interval_s):
             try:
                 self.sweep_once()
@@ -348,24 +354,27 @@ class WorkerReaper:
             else:
                 outages.succeeded()
 
-    def _probe(self) -> dict[str, str | None]:
+    def _probe(self, deadline_s: float | None = None) -> dict[str, str | None]:
         """Each service that can tell (``describe``/``ping``): ``None`` when it answers,
-        else why not."""
+        else why not, and which setting names it."""
         engine = self._engine()
         found: dict[str, str | None] = {}
-        for service in (engine.store, engine.leases):
+        for service, setting in zip((engine.store, engine.leases), configured_by(engine),
+                                    strict=True):
             describe, ping = getattr(service, "describe", None), getattr(service, "ping", None)
             if describe is None or ping is None:
                 continue  # in-memory: nothing to reach
             name = describe()
             try:
-                with deadline(self._deadline_s):  # a stalled primary must not hold the loop
+                # A stalled primary must not hold the loop.
+                with deadline(self._deadline_s if deadline_s is None else deadline_s):
                     ping()
                 found[name] = None
             except Exception as exc:
-                why = str(exc)
+                why = str(exc).rstrip(".")
                 # The log line names the service: a driver's timeout does not.
-                found[name] = why if name in why else f"{name} does not answer: {why}"
+                why = why if name in why else f"{name} does not answer: {why}"
+                found[name] = f"{why} (check {setting})"
         return found
 
     def sweep_once(self) -> dict[str, int] | None:
@@ -397,6 +406,29 @@ class WorkerReaper:
         return counts
 
 
+def configured_by(engine: Engine) -> tuple[str, str]:
+    """What configures ``engine``'s store and lease service, for a line saying one does not
+    answer: the setting (``pikku_mongo_url``, ``CELERY_PIKKU_MONGO_URL`` in settings read
+    with a namespace), or the argument given to ``PikkuCelery``."""
+    from pikku_celery.worker import shared
+
+    found = ["the store given to PikkuCelery(store=...)",
+             "the lease service given to PikkuCelery(leases=...)"]
+    pikku: Any = next((p for p in shared.instances()
+                       if getattr(p, "registry", None) is engine.registry), None)
+    config = getattr(pikku, "_config", None)
+    if config is None:
+        return found[0], found[1]
+    namespace = getattr(pikku.app, "namespace", None)
+    for i, (argument, setting) in enumerate((("store", "mongo_url"), ("leases", "redis_url"))):
+        given, _what = config.raw(argument)
+        if given is None:
+            name = f"pikku_{setting}"
+            name = f"{namespace.rstrip('_')}_{name.upper()}" if namespace else name
+            found[i] = f"the {name} setting"
+    return found[0], found[1]
+
+
 class OutageLog:
     """One line when a service stops answering and one when it answers again, instead of a
     traceback every reaper interval for as long as it is down.
@@ -412,8 +444,9 @@ class OutageLog:
         self._down: dict[str, str] = {}  # service -> why it does not answer
         self._last_error: str | None = None
 
-    def at_start(self) -> None:
-        found = self._probe()
+    def at_start(self, probe: Callable[[], dict[str, str | None]] | None = None) -> None:
+        """The first probe, at worker start (``probe``: a quicker one than the sweeps')."""
+        found = (probe or self._probe)()
         self._update(found)
         if found and not self._down:
             log.info("pikku: %s answer%s; the reaper sweeps every %g s",

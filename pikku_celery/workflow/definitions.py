@@ -170,3 +170,15 @@ class Registry:
         if found is None:
             raise WorkflowNotFoundError(name, sorted(self.workflows))
         return found
+
+    def step(self, step: Any) -> StepDefinition:
+        """The definition of ``step``: a definition, a decorated step, or a registered
+        step's name; ``InvalidInputError`` for anything else."""
+        if isinstance(step, StepDefinition):
+            return step
+        attached = getattr(step, "pikku_step", None)
+        if isinstance(attached, StepDefinition):
+            return attached
+        if isinstance(step, str) and step in self.steps:
+            return self.steps[step]
+        raise InvalidInputError(f"{step!r} is not a pikku step: decorate it with @pikku.step")

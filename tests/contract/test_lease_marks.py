@@ -185,3 +185,49 @@ def test_marks_and_watch_share_the_lease_slot_and_expire(
         assert redis_client.pttl(key) > 0  # nothing is kept forever
     assert redis_service.release_or_take_marks(held, LONG_TTL_MS) == ("s",)
     assert redis_client.exists(redis_service.marks_key("run")) == 0
+
+
+# --- notes: what a holder that released the key leaves for the next grant ------------------
+
+
+def test_a_released_holder_leaves_its_note_for_the_next_grant_only(
+        lease_service: LeaseService) -> None:
+    first = granted(lease_service.acquire_or_mark("run", "a", LONG_TTL_MS, "s1"))
+    assert first.note is None
+    assert lease_service.release_or_take_marks(first, LONG_TTL_MS, b"view at 1") == ()
+    second = granted(lease_service.acquire_or_mark("run", "b", LONG_TTL_MS, "s2"))
+    assert second.note == b"view at 1"
+    assert lease_service.release_or_take_marks(second, LONG_TTL_MS) == ()  # no note
+    third = granted(lease_service.acquire_or_mark("run", "c", LONG_TTL_MS, "s3"))
+    assert third.note is None  # taken by the second grant, and none left since
+
+
+def test_a_holder_that_takes_marks_leaves_no_note_yet(lease_service: LeaseService) -> None:
+    held = granted(lease_service.acquire_or_mark("run", "a", LONG_TTL_MS, "x"))
+    busy(lease_service.acquire_or_mark("run", "b", LONG_TTL_MS, "s"))
+    assert lease_service.release_or_take_marks(held, LONG_TTL_MS, b"early") == ("s",)
+    assert lease_service.release_or_take_marks(held, LONG_TTL_MS, b"final") == ()
+    assert granted(lease_service.acquire_or_mark("run", "b", LONG_TTL_MS, "s")).note == (
+        b"final")
+
+
+def test_a_stale_hand_back_leaves_no_note(lease_service: LeaseService,
+                                          let_time_pass: Any) -> None:
+    stale = granted(lease_service.acquire_or_mark("run", "a", 50, "x"))
+    let_time_pass(200)
+    fresh = granted(lease_service.acquire_or_mark("run", "b", LONG_TTL_MS, "y"))
+    assert lease_service.release_or_take_marks(stale, LONG_TTL_MS, b"stale") is None
+    assert lease_service.release_or_take_marks(fresh, LONG_TTL_MS) == ()
+    assert granted(lease_service.acquire_or_mark("run", "c", LONG_TTL_MS, "z")).note is None
+
+
+def test_a_note_shares_the_lease_slot_and_lapses(
+        redis_service: RedisLeaseService, redis_client: redis.Redis) -> None:
+    held = granted(redis_service.acquire_or_mark("run", "a", LONG_TTL_MS, "x"))
+    redis_service.release_or_take_marks(held, LONG_TTL_MS, b"\x00binary\xff")
+    key = redis_service.note_key("run")
+    assert key_slot(key.encode()) == key_slot(redis_service.lease_hash_key("run").encode())
+    assert 0 < redis_client.pttl(key) <= 60_000
+    assert granted(redis_service.acquire_or_mark("run", "b", LONG_TTL_MS, "y")).note == (
+        b"\x00binary\xff")
+    assert redis_client.exists(key) == 0

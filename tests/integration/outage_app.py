@@ -19,6 +19,9 @@ ENV_MONGO = "PIKKU_OUTAGE_MONGO_URL"
 ENV_REDIS = "PIKKU_OUTAGE_REDIS_URL"
 ENV_PREFIX = "PIKKU_OUTAGE_KEY_PREFIX"
 ENV_QUEUE = "PIKKU_OUTAGE_QUEUE"
+# "1": configured as a user does, by settings only, with every default (a reaper interval
+# of 30 s, pikku's server-selection timeout of 5 s)
+ENV_AS_CONFIGURED = "PIKKU_OUTAGE_AS_CONFIGURED"
 REAPER_INTERVAL_S = 0.2
 
 
@@ -33,6 +36,11 @@ def build(env: Any) -> Celery:
         worker_send_task_events=False,
         broker_transport_options={"global_keyprefix": f"{env[ENV_PREFIX]}:kombu:"},
     )
+    if env.get(ENV_AS_CONFIGURED) == "1":
+        app.conf.update(pikku_mongo_url=env[ENV_MONGO], pikku_redis_url=env[ENV_REDIS],
+                        pikku_key_prefix=env[ENV_PREFIX])
+        PikkuCelery(app).workflow("noop")(lambda wf, data: data)
+        return app
     pikku = PikkuCelery(
         app,
         store=MongoWorkflowStore.from_url(env[ENV_MONGO], server_selection_timeout="300ms"),

@@ -309,12 +309,14 @@ def test_workflow_end_to_end(make_cluster: Callable[..., Cluster], broker: str,
     assert flaky[1].result == {"ok_on_attempt": 2}
     state = c.step(run_id, "flaky")
     assert (state.status, state.attempt) == ("succeeded", 2)
-    # Every attempt names the process that ran it: this worker (or one of its pool processes).
+    # Every attempt names the process that ran it: this worker (or one of its pool
+    # processes), by the node name it was started with (-n <name>@%h), and its pid.
     for entry in history:
         if entry.step_name == "nap":
             continue  # a durable sleep runs on no worker
         host, _, pid = (entry.worker or "").rpartition(":")
-        assert host == socket.gethostname() and worker.owns(int(pid)), entry
+        assert host == f"{worker.name}@{socket.gethostname()}", entry
+        assert worker.owns(int(pid)), entry
 
 
 def test_step_tasks_use_the_celery_conventions(make_cluster: Callable[..., Cluster]) -> None:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -197,10 +198,11 @@ class _Forwarder:
 def outage_worker(key_prefix: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
-    def start(mongo_url: str, redis_url: str) -> Worker:
+    def start(mongo_url: str, redis_url: str, *, as_configured: bool = False) -> Worker:
         env = {**os.environ, oa.ENV_BROKER: REDIS_URL, oa.ENV_MONGO: mongo_url,
                oa.ENV_REDIS: redis_url, oa.ENV_PREFIX: key_prefix,
-               oa.ENV_QUEUE: f"pikku-outage-{uuid.uuid4().hex[:10]}", "PYTHONUNBUFFERED": "1"}
+               oa.ENV_QUEUE: f"pikku-outage-{uuid.uuid4().hex[:10]}", "PYTHONUNBUFFERED": "1",
+               oa.ENV_AS_CONFIGURED: "1" if as_configured else "0"}
         log_path = tmp_path / f"worker-{len(started)}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
@@ -252,6 +254,32 @@ def test_a_worker_names_each_unreachable_service_once_not_every_sweep(
     assert "Traceback" not in worker.log()
     assert "s3cret" not in worker.log()
     assert worker.alive()  # it keeps running, retrying quietly
+
+
+def test_a_worker_started_with_mongodb_down_says_so_within_seconds(
+        outage_worker: Callable[..., Worker], redis_client: redis.Redis) -> None:
+    """Configured as the quickstart is (settings only, every default: a 30 s reaper
+    interval), a worker whose MongoDB does not answer names it, and the setting to check, in
+    one ERROR line a few seconds after "ready", not a reaper interval later (issue 36)."""
+    mongo_port = free_port()
+    redis_host = redis_client.connection_pool.connection_kwargs
+    worker = outage_worker(f"mongodb://127.0.0.1:{mongo_port}/shop",
+                           f"redis://{redis_host['host']}:{redis_host['port']}/"
+                           f"{redis_host.get('db', 0)}", as_configured=True)
+    wait_for(lambda: "ready." in worker.log(), OUTAGE_TIMEOUT_S, "the worker to be ready",
+             worker.log)
+    ready = time.monotonic()
+    # The probe at start waits 5 s for a server (pikku's server-selection timeout); the
+    # bound leaves a loaded machine room, well under the 30 s of a sweep's deadline.
+    wait_for(lambda: _lines(worker, "ERROR/"), 15.0, "the outage line", worker.log)
+    took = time.monotonic() - ready
+    errors = _lines(worker, "ERROR/")
+    assert len(errors) == 1 and took < 15.0, (took, worker.log())
+    assert f"pikku: MongoDB at mongodb://127.0.0.1:{mongo_port}/shop is unreachable" \
+        in errors[0], errors
+    assert "(check the pikku_mongo_url setting)" in errors[0], errors
+    assert "retries every 30 s" in errors[0], errors
+    assert worker.alive()
 
 
 def test_a_worker_logs_once_when_redis_answers_again(

@@ -155,7 +155,10 @@ def test_prometheus_scrapes_two_prefork_workers_and_finds_the_store_s_counts(
                  "the runs' ends", c.diagnostics)
         assert _scalar(prom, "sum(pikku_step_attempt_duration_seconds_count)") == sum(
             outcomes.values())
-        assert _scalar(prom, 'sum(pikku_pass_duration_seconds_count{outcome="ended"})') == RUNS
+        # Every run's end was a pass that ended it; a pass that found it ended already (a
+        # late copy of a message, a wake under load) counts as "ended" too.
+        ended = _scalar(prom, 'sum(pikku_pass_duration_seconds_count{outcome="ended"})')
+        assert RUNS <= ended <= RUNS * 1.1, ended
         # Both workers' child processes counted (the main process runs no step).
         per_worker = _query(prom, "sum by (instance) (pikku_step_attempts_total)")
         assert {r["metric"]["instance"] for r in per_worker} == {

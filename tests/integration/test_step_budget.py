@@ -118,6 +118,34 @@ def test_on_two_worker_processes_a_step_run_in_place_costs_1_and_1(
     assert cost["documents"] <= 2, cost  # the run's read, the last settle's reply
 
 
+def test_a_long_run_on_two_processes_reads_about_no_document_per_step(
+        make_cluster: Callable[..., Cluster], redis_client: redis.Redis,
+        key_prefix: str) -> None:
+    """Issue 34 item 6: streaks of 100 steps (the default), each ended by a message that
+    either worker process may take. A process taking a streak after the other left a note
+    with the run lease (``engine.handover``): it reads the run's document, not the ~100
+    steps recorded since its own view. Each handover still costs the sent step's claim, its
+    read of the run and its settle (issue 34 item 1). Without the note: about one document
+    per step."""
+    tally = f"{key_prefix}:tally"
+    c = make_cluster("redis", **{wa.ENV_TALLY: tally})
+    c.wait_ready(c.start("one", "solo"), c.start("two", "solo"))
+    steps = 600
+    run_id = c.pikku.start("chain", {"n": steps})
+    assert c.wait(run_id, 60).output == steps
+
+    orchestrate = internal_task(c.pikku.app, "orchestrate").name
+
+    def counted() -> dict[str, int]:
+        found = {k.decode(): int(v) for k, v in redis_client.hgetall(tally).items()}
+        return found if found.get(f"task:{orchestrate}") else {}
+    cost = wait_for(counted, 10, "the workers' tally", c.diagnostics)
+    workers = {h.worker for h in c.pikku.get_history(run_id)}
+    print(f"two worker processes, {steps} steps in streaks of 100: {cost}; ran in {workers}")
+    assert len(workers) == 2, workers  # both processes took streaks
+    assert cost["documents"] <= 0.1 * steps, cost
+
+
 def test_a_start_is_one_mongodb_write_and_one_message(mongo_server: Any) -> None:
     """Issue 34 item 4: the run's insert and the orchestrator's message, nothing else (the
     definition's source is kept once per process, not inserted again on every start)."""

@@ -381,6 +381,91 @@ def test_check_names_a_url_the_driver_refused_without_its_password(
     assert "Xk9pQ2mZ" not in checked.output and "7vLr" not in checked.output
 
 
+class FakeInspect:
+    """What ``app.control.inspect(timeout=...)`` answers: the workers' queues and tasks."""
+
+    def __init__(self, queues: dict[str, list[str]], tasks: dict[str, list[str]]) -> None:
+        self._queues, self._tasks = queues, tasks
+
+    def active_queues(self) -> dict[str, list[dict[str, Any]]] | None:
+        return {node: [{"name": q} for q in names] for node, names in self._queues.items()
+                } or None
+
+    def registered(self) -> dict[str, list[str]] | None:
+        return self._tasks or None
+
+
+def _checked_with_workers(monkeypatch: pytest.MonkeyPatch, app: Celery,
+                          queues: dict[str, list[str]], tasks: dict[str, list[str]],
+                          *args: str) -> tuple[Result, list[str]]:
+    from tests.conftest import REDIS_URL
+
+    app.conf.broker_url = REDIS_URL  # answers: only the workers' answers are made up
+    monkeypatch.setattr(app.control, "inspect",
+                        lambda timeout: FakeInspect(queues, tasks))
+    checked = run_cli(app, "check", *args)
+    return checked, [line for line in checked.output.splitlines()
+                     if line.startswith("warning  ")]
+
+
+def test_check_warns_of_celerys_default_queue_shared_by_every_app(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: two apps on Celery's default queue lose each other's tasks; the
+    quickstart's own queue is not warned of."""
+    pikku = _pikku_on(InMemoryWorkflowStore(), InMemoryLeaseService())
+    checked, warnings = _checked_with_workers(monkeypatch, pikku.app, {}, {})
+    assert checked.exit_code == 0, checked.output  # a warning, not a problem
+    assert "queue: celery" in checked.output
+    assert len(warnings) == 1, checked.output
+    assert "Celery's default queue 'celery', which every app that names no queue shares" in (
+        warnings[0])
+    assert "app.conf.task_default_queue = 'check'" in warnings[0]
+    assert "workers (0) running this app's workflows from 'celery': - (none answered" in (
+        checked.output)
+
+    pikku.app.conf.task_default_queue = "check"
+    checked, warnings = _checked_with_workers(monkeypatch, pikku.app, {}, {})
+    assert checked.exit_code == 0 and warnings == [], checked.output
+    assert "queue: check" in checked.output
+
+    own = _pikku_on(InMemoryWorkflowStore(), InMemoryLeaseService())
+    own.app.conf.pikku_queue = "check-pikku"  # pikku's own queue: its tasks go there
+    checked, warnings = _checked_with_workers(monkeypatch, own.app, {}, {})
+    assert warnings == [] and "queue: check-pikku" in checked.output, checked.output
+
+
+def test_check_warns_of_a_worker_that_consumes_the_queue_without_this_apps_tasks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pikku_celery import internal_task_names
+
+    pikku = _pikku_on(InMemoryWorkflowStore(), InMemoryLeaseService())
+    pikku.app.conf.task_default_queue = "shop"
+    ours = internal_task_names(pikku.app)["orchestrate"]
+    queues = {"w1@a": ["shop"], "w2@b": ["shop", "other"], "w3@c": ["other"]}
+    tasks = {"w1@a": [ours, "check.add"], "w2@b": ["pikku.billing.orchestrate"],
+             "w3@c": ["pikku.billing.orchestrate"]}
+    checked, warnings = _checked_with_workers(monkeypatch, pikku.app, queues, tasks)
+    assert checked.exit_code == 0, checked.output
+    assert len(warnings) == 1, checked.output
+    assert warnings[0].startswith(f"warning  worker w2@b consumes queue 'shop' but has not "
+                                  f"registered this app's {ours}: it discards this app's "
+                                  "tasks it takes as unregistered")
+    assert "workers (1) running this app's workflows from 'shop': w1@a" in checked.output
+
+    checked, warnings = _checked_with_workers(monkeypatch, pikku.app, queues, tasks,
+                                              "--no-workers")
+    assert warnings == [] and "workers (" not in checked.output, checked.output
+
+
+def test_check_says_when_the_broker_cannot_be_asked() -> None:
+    pikku = _pikku_on(InMemoryWorkflowStore(), InMemoryLeaseService())
+    pikku.app.conf.update(broker_url=f"redis://127.0.0.1:{free_port()}/0",
+                          task_default_queue="shop")
+    checked = run_cli(pikku, "check")
+    assert checked.exit_code == 0, checked.output
+    assert "workers: not asked, the broker did not answer (" in checked.output
+
+
 def test_a_read_with_mongodb_unreachable_is_one_line() -> None:
     mongo = MongoWorkflowStore.from_url(f"mongodb://127.0.0.1:{free_port()}/shop",
                                         server_selection_timeout="200ms")

@@ -1,6 +1,6 @@
-"""The docs pages' examples of issue 26, run as written by the test kit (as a user's pytest
-run would: each example module beside its test module): events, concurrency limits,
-schedules."""
+"""The docs pages' examples, run as written by the test kit (as a user's pytest run would:
+each example module beside its test module): events, concurrency limits, schedules (issue
+26), and a Flask app factory tested with Flask's test client (issue 36)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ pytest_plugins = ["pytester"]
 
 @pytest.mark.parametrize(("module", "test"), [
     ("checkout", "test_checkout"), ("payouts", "test_payouts"), ("reports", "test_reports"),
+    ("flaskshop", "test_flaskshop"),
 ])
 def test_a_docs_example_passes_as_written(pytester: pytest.Pytester, module: str,
                                           test: str) -> None:

@@ -26,6 +26,7 @@ EXTRAS = {"InvalidInputError", "Lease", "LeaseService", "StepContext", "Workflow
           "internal_task_names",  # issue 25: pikku's own task names, per app
           "Step", "Workflow",  # issue 36: what the decorators return, typed
           "QueuedReason",  # issue 36: why a queued run waits (pikku.why_queued)
+          "shared_schedule",  # issue 36: a schedule declared without an instance (Flask)
           *OUTAGES}
 
 

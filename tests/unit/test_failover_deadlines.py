@@ -131,4 +131,18 @@ def test_a_probe_that_timed_out_names_the_service(pikku: PikkuCelery,
     found = WorkerReaper(lambda: pikku.engine, 2.0)._probe()
     assert found == {"the recording store": "the recording store does not answer: Timed out "
                                             "while checking out a connection from connection "
-                                            "pool"}
+                                            "pool (check the store given to "
+                                            "PikkuCelery(store=...))"}
+
+
+def test_the_probe_at_worker_start_has_a_short_deadline(pikku: PikkuCelery) -> None:
+    """A worker whose MongoDB does not answer says so a few seconds after it is ready: the
+    first probe's deadline is the start one, not a sweep's (at least 10 s, 30 s by
+    default), which a pymongo call under a deadline waits whole for a server."""
+    from pikku_celery.worker.tasks import START_PROBE_DEADLINE_S
+
+    reaper = WorkerReaper(lambda: pikku.engine, 30.0)
+    reaper.stop()  # the loop probes at start, then ends at its first wait
+    reaper._loop()
+    pings = store_of(pikku).deadlines("ping")
+    assert pings == [START_PROBE_DEADLINE_S] and START_PROBE_DEADLINE_S <= 5.0, pings

@@ -540,3 +540,38 @@ def test_an_outage_is_one_line_when_it_starts_and_one_when_it_ends(
     ]
     quiet = [r for r in caplog.records if r.levelno == logging.DEBUG]
     assert len(quiet) == 5 + 2  # every failed sweep still leaves a DEBUG line
+
+
+def test_an_outage_line_names_the_setting_that_points_there() -> None:
+    """Issue 36: the line says what to check: the setting, as the user spells it (Django's
+    namespace too), or the argument given to ``PikkuCelery``."""
+    from pikku_celery.worker.tasks import WorkerReaper
+
+    port = free_port()
+
+    class Settings:
+        CELERY_PIKKU_MONGO_URL = f"mongodb://127.0.0.1:{port}/shop"
+        CELERY_PIKKU_SERVER_SELECTION_TIMEOUT = "200ms"
+
+    app = Celery("named-setting", broker="memory://", set_as_current=False)
+    app.config_from_object(Settings, namespace="CELERY")
+    pikku = PikkuCelery(app, leases=InMemoryLeaseService(), worker_reaper=False)
+    found = WorkerReaper(lambda: pikku.engine, 30.0)._probe(1.0)
+    why = found[f"MongoDB at mongodb://127.0.0.1:{port}/shop"]
+    assert why is not None and why.endswith("(check the CELERY_PIKKU_MONGO_URL setting)"), why
+
+    plain = Celery("named-setting-plain", broker="memory://", set_as_current=False)
+    plain.conf.pikku_mongo_url = f"mongodb://127.0.0.1:{port}/shop"
+    plain.conf.pikku_server_selection_timeout = "200ms"
+    pikku = PikkuCelery(plain, leases=InMemoryLeaseService(), worker_reaper=False)
+    found = WorkerReaper(lambda: pikku.engine, 30.0)._probe(1.0)
+    assert str(found[f"MongoDB at mongodb://127.0.0.1:{port}/shop"]).endswith(
+        "(check the pikku_mongo_url setting)"), found
+
+    given = PikkuCelery(Celery("named-argument", broker="memory://", set_as_current=False),
+                        store=MongoWorkflowStore.from_url(f"mongodb://127.0.0.1:{port}/shop",
+                                                          server_selection_timeout="200ms"),
+                        leases=InMemoryLeaseService(), worker_reaper=False)
+    found = WorkerReaper(lambda: given.engine, 30.0)._probe(1.0)
+    assert str(found[f"MongoDB at mongodb://127.0.0.1:{port}/shop"]).endswith(
+        "(check the store given to PikkuCelery(store=...))"), found

@@ -4,13 +4,15 @@
 -- KEYS[2]  token counter
 -- KEYS[3]  marks set
 -- KEYS[4]  watch flag
+-- KEYS[5]  note left by the last holder that released the key
 -- ARGV[1]  holder
 -- ARGV[2]  ttl_ms
 -- ARGV[3]  counter_ttl_ms
 -- ARGV[4]  mark
 -- ARGV[5]  marks_ttl_ms
 -- ARGV[6]  watch_slack_ms: the watch outlives the live lease by this much
--- returns  {1, token, server_now_ms, {marks...}} when granted,
+-- returns  {1, token, server_now_ms, {marks...}, note} when granted (note taken: absent
+--          when there was none),
 --          {0, remaining_ms, watch (1 when this call armed it)} when busy
 --#include now_ms
 local current = redis.call('HGET', KEYS[1], 'holder')
@@ -26,4 +28,9 @@ end
 redis.call('DEL', KEYS[4])
 local marks = redis.call('SMEMBERS', KEYS[3])
 redis.call('DEL', KEYS[3])
+local note = redis.call('GET', KEYS[5])
+if note then
+  redis.call('DEL', KEYS[5])
+  return {1, token, now_ms, marks, note}
+end
 return {1, token, now_ms, marks}
