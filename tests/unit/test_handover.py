@@ -5,7 +5,7 @@ bytes that are not a note), and is not left when too large."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -16,7 +16,7 @@ from pikku_celery.model.views import RunView
 from pikku_celery.store.base import NewRun
 from pikku_celery.store.memory import InMemoryWorkflowStore
 
-T = datetime(2026, 12, 6, 9, 0, 0, 123000, tzinfo=UTC)
+T = datetime(2026, 12, 6, 9, 0, 0, 123000, tzinfo=timezone.utc)
 
 
 def run(run_id: str = "r1") -> WorkflowRun:
