@@ -60,6 +60,7 @@ from pikku_celery.store._docs import written_entries
 from pikku_celery.store._slots import holder_run
 from tests.chaos.composed import Operations, check_operations, revived
 from tests.chaos.faults import FaultEvent
+from tests.chaos.netfaults import NET_FAULTS
 
 WORKER_FUNCTIONS = ("chaos.work", "chaos.compensate", "chaos.big")
 LEASE_EXPIRED = "WorkflowStepLeaseExpiredError"
@@ -166,6 +167,9 @@ class Report:
             *(f"after {kind}: writable primary {self.recovery_summary(self.primary_s[kind])}; "
               f"next step settled {self.recovery_summary(self.settle_s[kind])}"
               for kind in MONGO_FAULTS if self.faults[kind]),
+            *(f"after the heal of {kind}: next step settled "
+              f"{self.recovery_summary(self.settle_s[kind])}"
+              for kind in NET_FAULTS if self.faults[kind]),
             f"outcomes recorded after their run ended {len(self.settled_after_end_ms)} "
             f"of {self.ended_runs_checked} ended runs (each a body claimed before the end, "
             f"settled within the documented window"
@@ -224,10 +228,13 @@ class Evidence:
         self.skew_ms = {pid: int(statistics.median(v) * 1000) for pid, v in skews.items()}
 
     def shared_ms(self, at_ms: int | None, worker: str | None) -> int | None:
-        """``at_ms`` written on ``worker``'s clock, on the driver's."""
-        if at_ms is None:
-            return None
-        return at_ms - self.skew_ms.get(_pid(worker) or -1, 0)
+        """``at_ms``, a stamp ``worker`` wrote in the store, on the driver's clock: as it
+        is. A worker stamps with pikku's ``ServerClock`` (the lease server's time, read
+        through its monotonic clock), never with its own wall clock, so a worker's wall
+        clock skew (``skew_ms``) does not move its stamps. (Putting them back by that skew
+        hid a claim after the end on a fast clock and invented one on a slow clock: the
+        -30 s libfaketime worker of ``run.py --netns``, issue 37.)"""
+        return at_ms
 
 
 def load_raw(db: Any, run_ids: Iterable[str]) -> tuple[dict[str, list[Doc]],
@@ -288,6 +295,7 @@ def check(pikku: Any, specs: dict[str, dict[str, Any]], cancelled: set[str],
     _recovery(ledger, faults, recovery_bound_s, report)
     _pass_recovery(ledger, faults, pass_bound_s, report)
     _mongo_recovery(ledger, faults, report)
+    _heal_recovery(ledger, faults, report)
     if require_fence:
         _exercised(report)
     return report
@@ -511,6 +519,11 @@ def _fault_reason(pid: int | None, from_ms: int | None, to_ms: int | None,
         # A shared service's fault lasts from its start to ``end_t``: overlapping windows.
         until = int(((fault.end_t or fault.t) + ev.wall_offset_s) * 1000)
         if fault.kind in RESTART_FAULTS and lo <= until and at <= hi:
+            return fault.kind
+        # A partition (issue 37) lasts until its heal, ``end_t``; it names the workers it
+        # cut off (``pids``), or none when it cut every worker off from something.
+        if (fault.kind in NET_FAULTS and lo <= until and at <= hi
+                and (not fault.pids or pid in fault.pids)):
             return fault.kind
     if pid is not None and pid not in ev.alive_pids:
         return "process died"  # a kill or crash the fault list names by worker, not pid
@@ -809,7 +822,8 @@ def _mongo_outage_s(faults: list[FaultEvent], start: float, end: float) -> float
     lasts from its start until a primary took writes again, ``end_t``), or None when none
     did."""
     overlaps = [min(end, f.end_t or f.t) - max(start, f.t) for f in faults
-                if f.kind in MONGO_FAULTS and f.t <= end and (f.end_t or f.t) >= start]
+                if f.kind in (*MONGO_FAULTS, "partition_primary") and f.t <= end
+                and (f.end_t or f.t) >= start]
     return sum(max(0.0, o) for o in overlaps) if overlaps else None
 
 
@@ -826,6 +840,19 @@ def _mongo_recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent],
         later = next((t for t in settled if t > fault.t), None)
         if later is not None:
             report.settle_s[fault.kind].append(later - fault.t)
+
+
+def _heal_recovery(ledger: list[dict[str, Any]], faults: list[FaultEvent],
+                   report: Report) -> None:
+    """How long after each partition's heal (``end_t``) the next step outcome was recorded
+    (issue 37). A ``partition_primary`` is measured from its heal too, not from the cut."""
+    settled = sorted(e["t"] for e in ledger if e["event"] == "settled")
+    for fault in faults:
+        if fault.kind not in NET_FAULTS or fault.end_t is None:
+            continue
+        later = next((t for t in settled if t > fault.end_t), None)
+        if later is not None:
+            report.settle_s[fault.kind].append(later - fault.end_t)
 
 
 # --- issue 26: events, schedules, concurrency limits, transactional steps --------------------

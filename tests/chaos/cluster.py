@@ -1,7 +1,13 @@
 """Real processes for a chaos run: a private Redis (so it can be restarted), a real 3-node
 ``mongod`` replica set (MongoDB 6.0.5 from tests/support/mongod.py, election timeout 2 s, so
 its primary can be killed, stepped down or stalled), a broker, and
-``celery -A tests.chaos.chaosapp`` workers, each in its own process group."""
+``celery -A tests.chaos.chaosapp`` workers, each in its own process group.
+
+With ``netns=True`` (``run.py --netns``, issue 37) every one of them runs in a network
+namespace of its own on one bridge (tests/support/netrig.py): each ``mongod`` (``m0``..
+``m2``), Redis (``redis``, leases and broker), each worker (``w1``, ``w2``, ...), so the
+partition faults can cut links between them. The Redis broker only: RabbitMQ listens on
+the root namespace's loopback, out of the namespaces' reach."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import pymongo.errors
 import redis
 from kombu.connection import Connection
 
+from tests.support import netrig
 from tests.support.mongod import MongodNode, MongodReplicaSet, free_port
 
 MONGO_MEMBERS = 3
@@ -50,6 +57,8 @@ class Worker:
     skew_s: float = 0.0
     pids: set[int] = field(default_factory=set)
     replaced: bool = False
+    role: str = ""  # its namespace's node in the rig (``netns`` runs)
+    faketime: str = ""  # libfaketime's FAKETIME for the whole process ("+30s"), if any
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -65,11 +74,20 @@ class Worker:
 
 
 class Cluster:
-    def __init__(self, workdir: Path, broker: str) -> None:
+    def __init__(self, workdir: Path, broker: str, netns: bool = False) -> None:
         self.workdir = workdir
         self.broker_kind = broker
         self.redis_port = free_port()
-        self.replset = MongodReplicaSet(MONGO_MEMBERS)
+        self.rig: netrig.NetRig | None = None
+        if netns:
+            if broker == "amqp":
+                raise RuntimeError("chaos --netns runs on the Redis broker only: RabbitMQ "
+                                   "listens on loopback, out of the namespaces' reach")
+            self.rig = netrig.NetRig(workdir / "rig")
+            self.rig.add_node("redis")
+            self.replset = netrig.netns_replset(self.rig, MONGO_MEMBERS)
+        else:
+            self.replset = MongodReplicaSet(MONGO_MEMBERS)
         self.tag = uuid.uuid4().hex[:8]
         (workdir / "ledger").mkdir(parents=True, exist_ok=True)
         self.redis_proc: subprocess.Popen[bytes] | None = None
@@ -79,8 +97,12 @@ class Cluster:
     # --- services -----------------------------------------------------------------------
 
     @property
+    def redis_host(self) -> str:
+        return self.rig.node("redis").ip if self.rig is not None else "127.0.0.1"
+
+    @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        return f"redis://{self.redis_host}:{self.redis_port}/0"
 
     @property
     def mongo_url(self) -> str:
@@ -88,7 +110,8 @@ class Cluster:
 
     @property
     def broker_url(self) -> str:
-        return RABBIT_URL if self.broker_kind == "amqp" else f"redis://127.0.0.1:{self.redis_port}/1"
+        return (RABBIT_URL if self.broker_kind == "amqp"
+                else f"redis://{self.redis_host}:{self.redis_port}/1")
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "CHAOS_BROKER": self.broker_url, "CHAOS_REDIS": self.redis_url,
@@ -98,11 +121,14 @@ class Cluster:
                 "CHAOS_VISIBILITY_S": "5"}
 
     def start_redis(self) -> None:
-        self.redis_proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.redis_port, socket_timeout=1)
+        argv = ["redis-server", "--port", str(self.redis_port), "--bind", self.redis_host,
+                "--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
+        if self.rig is not None:
+            argv = ["ip", "netns", "exec", self.rig.node("redis").ns, *argv,
+                    "--protected-mode", "no"]
+        self.redis_proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL)
+        client = redis.Redis(host=self.redis_host, port=self.redis_port, socket_timeout=1)
         _wait(client.ping, "redis")
 
     def start_mongo(self) -> None:
@@ -175,20 +201,37 @@ class Cluster:
 
     # --- workers ------------------------------------------------------------------------
 
-    def start_worker(self, pool: str, skew_s: float = 0.0) -> Worker:
+    def start_worker(self, pool: str, skew_s: float = 0.0, faketime: str = "") -> Worker:
+        """``skew_s``: pikku's clock reads moved (time-machine, in the app); ``faketime``
+        (``netns`` runs): the whole process's wall clock, under libfaketime."""
         self._count += 1
-        name = f"w{self._count}-{pool}" + (f"-skew{int(skew_s)}" if skew_s else "")
+        name = (f"w{self._count}-{pool}" + (f"-skew{int(skew_s)}" if skew_s else "")
+                + (f"-faketime{faketime}" if faketime else ""))
         log = self.workdir / f"{name}.log"
         env = self.env()
         if skew_s:
             env["CHAOS_SKEW_S"] = str(skew_s)
+        run = ["-m"]
+        if faketime:
+            lib = netrig.libfaketime()
+            if lib is None:
+                raise RuntimeError("no libfaketime: apt-get install -y faketime libfaketime")
+            env.update({"LD_PRELOAD": lib, "FAKETIME": faketime,
+                        "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+            run = ["-m", "tests.support.faketime_shim"]  # a time.sleep that works there
+        argv = [sys.executable, *run, "celery", "-A", "tests.chaos.chaosapp", "worker", "-P",
+                pool, "-c", "3", "-n", f"{name}-{self.tag}@%h", "--without-gossip",
+                "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"]
+        role = ""
+        if self.rig is not None:
+            role = f"w{self._count}"
+            self.rig.add_node(role)
+            env["PIKKU_NETRIG"] = self.rig.tag
+            argv = ["ip", "netns", "exec", self.rig.node(role).ns, *argv]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.chaos.chaosapp", "worker", "-P", pool,
-             "-c", "3", "-n", f"{name}-{self.tag}@%h", "--without-gossip", "--without-mingle",
-             "--without-heartbeat", "--loglevel", "INFO"],
-            stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
+            argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
             start_new_session=True)
-        worker = Worker(name, proc, log, pool, skew_s)
+        worker = Worker(name, proc, log, pool, skew_s, role=role, faketime=faketime)
         self.workers.append(worker)
         return worker
 
@@ -206,7 +249,7 @@ class Cluster:
         crashed = [w for w in self.workers if not w.alive() and not w.replaced]
         for worker in crashed:
             worker.replaced = True
-            self.start_worker(worker.pool, worker.skew_s)
+            self.start_worker(worker.pool, worker.skew_s, worker.faketime)
         return crashed
 
     def live_workers(self) -> list[Worker]:
@@ -225,6 +268,8 @@ class Cluster:
             self.redis_proc.kill()
             self.redis_proc.wait()
         self.replset.stop()
+        if self.rig is not None:
+            self.rig.close()  # every namespace (and whatever still runs in it), the bridge
         if self.broker_kind == "amqp":  # the RabbitMQ server is shared: leave no queue behind
             with contextlib.suppress(Exception), Connection(RABBIT_URL) as conn:  # type: ignore[no-untyped-call]
                 channel = conn.channel()

@@ -20,6 +20,7 @@ from pikku_celery.model import keys
 from pikku_celery.worker.tasks import internal_task
 from tests.chaos.cluster import Cluster, Worker
 from tests.chaos.ledger import read_ledger
+from tests.chaos.netfaults import NET_FAULTS, NET_KINDS, PRIMARY_NET_FAULTS, NetFaults
 
 KINDS = {  # kind -> weight
     "kill_worker": 3,
@@ -74,10 +75,13 @@ class FaultEvent:
     new_primary_s: float | None = None  # a MongoDB fault: until a primary was writable
 
 
-class FaultInjector:
+class FaultInjector(NetFaults):
     def __init__(self, cluster: Cluster, pikku: Any, app: Any, seed: int, pools: list[str],
                  lease_s: float) -> None:
         self.cluster = cluster
+        # The partition kinds of issue 37 join in when every process has a namespace.
+        self.kinds = {**KINDS, **(NET_KINDS if cluster.rig is not None else {})}
+        self._net_busy = threading.Event()  # a partition fault is still held
         self.pikku = pikku
         self.app = app
         self.rng = random.Random(seed)
@@ -92,7 +96,8 @@ class FaultInjector:
         # Runs the faults cancelled, with the driver's wall clock (epoch ms) just before
         # and just after ``cancel`` (the run's end and its steps' fence land in between).
         self.cancelled: dict[str, tuple[int, int]] = {}
-        self._required = list(REQUIRED)
+        self._required = list(REQUIRED) + (list(NET_FAULTS) if cluster.rig is not None
+                                           else [])
         self._why = ""
         self._mongo_busy = threading.Event()  # a MongoDB fault is still healing
         # A node is restarted from this one thread, alive for the whole run: a node gets
@@ -105,7 +110,10 @@ class FaultInjector:
         """Apply one fault; one that cannot be applied is recorded in ``not_applied`` (and
         a required one is tried again next time), never silently dropped."""
         healing = self._mongo_busy.is_set()  # no MongoDB fault is a candidate meanwhile
-        ready = [k for k in self._required if not (healing and k in MONGO_FAULTS)]
+        held = self._net_busy.is_set()  # nor a partition while one is held
+        waiting = ((MONGO_FAULTS + PRIMARY_NET_FAULTS) if healing else ()) + (
+            NET_FAULTS if held else ())
+        ready = [k for k in self._required if k not in waiting]
         if ready:  # a required kind that does not apply goes to the back
             kind = ready[0]
             self._required.remove(kind)
@@ -113,8 +121,8 @@ class FaultInjector:
             if event is not None:
                 return event
             self._required.append(kind)
-        allowed = {kind: weight for kind, weight in KINDS.items()
-                   if not (healing and kind in MONGO_FAULTS)}
+        allowed = {kind: weight for kind, weight in self.kinds.items()
+                   if kind not in waiting}
         kinds, weights = zip(*allowed.items(), strict=True)
         return self._apply(self.rng.choices(kinds, weights)[0], run_ids)
 
@@ -139,7 +147,7 @@ class FaultInjector:
     @property
     def paused(self) -> bool:
         """Is any worker still stopped by a pause fault (or a MongoDB node healing)?"""
-        return bool(self._paused) or self._mongo_busy.is_set()
+        return bool(self._paused) or self._mongo_busy.is_set() or self._net_busy.is_set()
 
     # --- faults ---------------------------------------------------------------------------
 
@@ -192,7 +200,7 @@ class FaultInjector:
 
     def _replace(self, worker: Worker) -> None:
         worker.replaced = True
-        new = self.cluster.start_worker(worker.pool, worker.skew_s)
+        new = self.cluster.start_worker(worker.pool, worker.skew_s, worker.faketime)
         threading.Thread(target=self.cluster.wait_ready, args=(new,), daemon=True).start()
 
     def _kill_worker(self, run_ids: list[str]) -> FaultEvent | None:

@@ -366,18 +366,25 @@ def test_a_claim_after_the_run_ended_that_ran_its_body_is_flagged() -> None:
     assert flagged(report, "recorded succeeded 8500 ms after the end")
 
 
-def test_a_settle_on_a_worker_with_a_fast_clock_is_put_back_on_the_shared_clock() -> None:
-    scene = EndedScene()
-    skew = 120_000
-    scene.step("reserve", claim_ms=T0 + 100 + skew, pid=STALE)
-    scene.cancel(T0 + 1_000)
-    scene.settle("reserve", T0 + 800 + skew, pid=STALE)  # on its clock: before the end
-    for line in scene.ledger:
-        line["wall"] = line["t"] + OFFSET_S + skew / 1000
-    assert scene.check().violations == []
-    for line in scene.ledger:
-        line["wall"] = line["t"] + OFFSET_S  # no skew known: the claim looks 120 s late
-    assert flagged(scene.check(), "ms after the run ended and ran its body")
+def test_a_worker_with_a_skewed_wall_clock_stamps_on_the_shared_clock() -> None:
+    """pikku stamps with its ServerClock (the lease server's time), so a worker's skewed
+    wall clock (its ledger's ``wall``) does not move its stamps: a claim before the end
+    stays before it on a slow clock, and a claim after the end is caught on a fast one."""
+    for skew in (120_000, -30_000):
+        scene = EndedScene()
+        scene.step("reserve", claim_ms=T0 + 100, pid=STALE)
+        scene.cancel(T0 + 1_000)
+        scene.settle("reserve", T0 + 800, pid=STALE)  # before the end
+        for line in scene.ledger:
+            line["wall"] = line["t"] + OFFSET_S + skew / 1000
+        assert scene.check().violations == [], skew
+        late = EndedScene()
+        late.step("reserve", claim_ms=T0 + 9_000, pid=STALE)  # after the end
+        late.cancel(T0 + 1_000)
+        late.settle("reserve", T0 + 9_500, pid=STALE)
+        for line in late.ledger:
+            line["wall"] = line["t"] + OFFSET_S + skew / 1000
+        assert flagged(late.check(), "ms after the run ended and ran its body"), skew
 
 
 def _parent_scene(child_status: str, child_settle_ms: int | None) -> EndedScene:
