@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
@@ -70,7 +71,9 @@ def as_user(browser: webdriver.Chrome, base_url: str) -> Iterator[Any]:
 
 
 def wait(browser: WebDriver) -> WebDriverWait[WebDriver]:
-    return WebDriverWait(browser, WAIT_S)
+    """Wait for a condition; an element the page's refresh swapped between finding it and
+    reading it (stale) is looked for again, not a failure."""
+    return WebDriverWait(browser, WAIT_S, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def screenshot(browser: webdriver.Chrome, name: str, tmp_path: Path) -> Path:
