@@ -57,6 +57,9 @@ _XDIST_GROUPS = {
 }
 
 
+_LONGEST_FIRST = frozenset({"tests/integration/test_partitions.py"})
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``dev_chaos`` run under ``./dev chaos`` (``--dev-chaos``) and only there:
@@ -74,6 +77,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(_XDIST_GROUPS.get(module, module)))
+    # The longest module (its own namespaces, replica set and workers, one fault after the
+    # other) first: handed out last, in collection order, it ran alone at the end.
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] not in _LONGEST_FIRST)
 
 
 _MONGO_TESTED: list[str] = []
