@@ -215,16 +215,17 @@ def readable_queued(pikku: PikkuCelery, caller: Caller, run: WorkflowRun,
     why = pikku.why_queued(run.run_id) if run.status == "queued" else None
     if why is None:
         return None
-    mine = [h for h in why.holders if not hidden_run(pikku, caller, h)
-            and _exists(pikku, h)]
+    mine = [h for h in why.holders if _readable_holder(pikku, caller, h)]
     return {"key": redact_value(why.key, "concurrency_key", redact), "limit": why.limit,
             "ahead": why.ahead, "holders": mine,
             "other_holders": len(why.holders) - len(mine)}
 
 
-def _exists(pikku: PikkuCelery, run_id: str) -> bool:
+def _readable_holder(pikku: PikkuCelery, caller: Caller, run_id: str) -> bool:
+    """Whether a slot holder may be named to the caller: it exists and their ``read`` and
+    run filter keep it (one read of the run)."""
     try:
-        pikku.get_run(run_id)
+        readable_run(pikku, caller, run_id)
     except WorkflowRunNotFoundError:
         return False
-    return True
+    return caller.can(READ, run_id)
