@@ -46,6 +46,7 @@ from celery import Celery, signals
 from celery.utils.nodenames import worker_direct
 from click.core import ParameterSource
 
+from pikku_celery.worker import ack_wakeup
 from pikku_celery.worker.nodes import forget_worker_node, note_worker_node, worker_host
 from pikku_celery.worker.pool_limits import forget_worker_pool, note_worker_pool
 
@@ -194,6 +195,8 @@ class Routing:
     def _on_worker_ready(self, sender: Any = None, **_: Any) -> None:
         # Logged here, not at worker_init: the worker's logging is set up in between.
         if self._ours(sender):
+            # Sent from the event loop's own thread: where the loop's wake-up is installed.
+            ack_wakeup.install(getattr(sender, "hub", None))
             for note in self._notes:
                 log.info(note)
             self._notes.clear()

@@ -534,6 +534,7 @@ def test_broker_redelivery_does_not_rob_a_live_worker(
     wait_for(lambda: c.starts(), 20, "the slow step to start", c.diagnostics)
 
     def redelivered() -> bool:
+        _restore_sweep_before_kombu_57(c)
         logs = w1.log() + w2.log()
         task_ids = [ln.split(f"{wa.SLOW}[", 1)[1].split("]", 1)[0]
                     for ln in logs.splitlines() if f"Task {wa.SLOW}[" in ln and "received" in ln]
@@ -549,6 +550,19 @@ def test_broker_redelivery_does_not_rob_a_live_worker(
     assert [(e["attempt"], e["event"]) for e in c.ledger()] == [(1, "start"), (1, "end")]
     assert attempts(c.history(run_id, "slow")) == [(1, "succeeded")]
     assert run.output["slow"]["attempt"] == 1
+
+
+def _restore_sweep_before_kombu_57(c: Cluster) -> None:
+    """kombu 5.7 lets the workers sweep unacked messages every second (``workerapp``'s
+    ``unacked_restore_interval``/``_throttle``); before it, a worker scans every tenth call
+    of a ten-second timer, about 100 s, with no option to change that. Run kombu's own sweep
+    (the one a restarting worker runs) from here instead: the redelivery is still kombu's."""
+    from kombu.transport import redis as kombu_redis
+
+    if hasattr(kombu_redis.Channel, "unacked_restore_interval"):
+        return
+    with c.app.connection_for_write() as conn:
+        conn.default_channel.qos.restore_visible(num=100, interval=1)
 
 
 # --- 5. every attempt killed: the lease expiry uses up the attempts ----------------------

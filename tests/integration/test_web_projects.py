@@ -183,12 +183,16 @@ def _django_in_this_process(services: dict[str, str]) -> PikkuCelery:
     from djproj.celery import app, pikku
 
     assert pikku._engine is None, "djproj's PikkuCelery was used before this test set it up"
-    app.conf.update(
-        broker_url=services["redis"],
-        broker_transport_options={"global_keyprefix": f"{services['prefix']}:kombu:"},
-        task_default_queue=services["queue"], pikku_queue=services["queue"],
-        pikku_mongo_url=services["mongo"], pikku_redis_url=services["redis"],
-        pikku_key_prefix=services["prefix"])
+    values = {
+        "broker_url": services["redis"],
+        "broker_transport_options": {"global_keyprefix": f"{services['prefix']}:kombu:"},
+        "task_default_queue": services["queue"], "pikku_queue": services["queue"],
+        "pikku_mongo_url": services["mongo"], "pikku_redis_url": services["redis"],
+        "pikku_key_prefix": services["prefix"]}
+    app.conf.update(values)
+    # Celery before 5.7 reads a namespaced app's setting by its namespaced name first
+    # (CELERY_PIKKU_MONGO_URL, from Django's settings), whatever conf.update set.
+    app.conf.update({f"CELERY_{name.upper()}": value for name, value in values.items()})
     return pikku
 
 
