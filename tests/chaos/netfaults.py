@@ -15,7 +15,9 @@ until the set is whole again after its heal.
 * ``isolate_worker_mongo``: a worker cut off from every ``mongod``;
 * ``drop_replies``: the primary's packets to a worker dropped, its requests delivered;
 * ``isolate_redis``: Redis cut off from every worker for longer than the step lease;
-* ``netem``: 5 % random loss on every link (no delay: the kernels here have no ``netem``);
+* ``netem``: 200 ms delay (one way) and 5 % random loss on every link when the rig runs on
+  the userspace delay switch (``PIKKU_NETRIG_LINKS=switch``: the kernels here have no
+  ``netem``), else 5 % loss only (``iptables``, the bridge cannot delay);
 * ``skew_clock``: ``isolate_worker_redis`` on a worker whose whole process runs 30 s ahead
   or behind under libfaketime.
 """
@@ -50,6 +52,7 @@ PARTITION_S = (6.0, 9.0)  # past the 2 s election timeout and the election
 DROP_REPLIES_S = (1.0, 4.0)
 NETEM_S = (4.0, 8.0)
 LOSS = 0.05
+NETEM_DELAY_MS = 200.0
 FAKETIMES = ("+30s", "-30s")
 
 
@@ -183,10 +186,17 @@ class NetFaults:
         if not self._net_ready():
             return None
         seconds = self.rng.uniform(*NETEM_S)
-        for role in list(self._rig.nodes):
-            self._rig.loss(role, LOSS)
-        event = self._net_event("netem", f"{LOSS:.0%} loss on every link for {seconds:.1f}s "
-                                "(no delay: no netem in this kernel)")
+        rig = self._rig
+        if rig.can_delay:  # the switch delays and drops; ``heal_all`` undoes it
+            rig.impair(delay_ms=NETEM_DELAY_MS, loss=LOSS)
+            detail = (f"{NETEM_DELAY_MS:.0f} ms delay and {LOSS:.0%} loss on every link "
+                      f"for {seconds:.1f}s (the delay switch)")
+        else:
+            for role in list(rig.nodes):
+                rig.loss(role, LOSS)
+            detail = (f"{LOSS:.0%} loss on every link for {seconds:.1f}s (no delay: no "
+                      "netem in this kernel, the rig on the bridge)")
+        event = self._net_event("netem", detail)
         self._hold(event, seconds)
         return event
 

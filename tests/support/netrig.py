@@ -29,6 +29,18 @@ Faults are ``iptables`` rules *inside a namespace* (so they vanish with it):
 "Specified qdisc kind is unknown") cannot delay that way, so ``netem_available()`` says
 whether it can be used and ``loss`` uses ``iptables -m statistic`` either way.
 
+Delay without netem: ``NetRig(links="switch")`` (or ``PIKKU_NETRIG_LINKS=switch`` in the
+environment) builds the same rig, same names and addresses, on a userspace switch instead
+of the bridge (tests/support/delay_switch.py, a process of the rig's own): every node's
+``eth0`` and the root namespace's ``pkn<tag>br`` (address ``.1``) are TAP devices of that
+process, which forwards frames between them (learning MACs, flooding the rest), holding
+each one ``delay_ms`` and dropping a fraction ``loss`` on each link it crosses (the root
+namespace's link excepted, like ``loss``). ``rig.impair(delay_ms=200, loss=0.05)`` sets
+both at run time, ``heal_all`` puts back the rig's own (``NetRig(..., delay_ms=,
+loss=)``, none by default); ``iptables`` faults work inside the namespaces exactly as on
+the bridge. ``delay_available()`` says how a delay can be had here (``"netem"``,
+``"switch"`` or ``None``); ``rig.can_delay`` whether this rig can.
+
 Clock skew: ``spawn(..., skew="+30s")`` starts the process under ``libfaketime``
 (``LD_PRELOAD`` + ``FAKETIME``) with its monotonic clock left alone
 (``FAKETIME_DONT_FAKE_MONOTONIC=1``): wall-clock reads of the whole process (Celery's ETAs
@@ -39,7 +51,9 @@ Tear-down is guaranteed three ways: the context manager's ``__exit__``, an ``ate
 hook, and at the start of every rig a sweep of what dead rigs left (a state file per rig in
 ``STATE_DIR`` names its owner PID; a rig whose owner is gone has every process in its
 namespaces killed by PID, its namespaces and bridge deleted, its subnet freed). Names are
-``pkn`` + a random tag, so two rigs (pytest-xdist) never collide.
+``pkn`` + a random tag, so two rigs (pytest-xdist) never collide. A switch rig's switch
+is one of the processes killed by PID (it is also asked to die with the test process); its
+TAPs go with it and with the namespaces, its control socket is ``STATE_DIR/<tag>.sock``.
 
 Needs root, ``ip`` (iproute2) and ``iptables``; ``libfaketime`` for skew. ``RigError``
 says what is missing: tests must fail on it, never skip.
@@ -75,6 +89,8 @@ PREFIX = "pkn"
 STATE_DIR = Path(os.environ.get("PIKKU_NETRIG_STATE", "/run/pikku-netrig"))
 SUBNET_BASE = "10.213"  # 10.213.N.0/24; N in SUBNET_RANGE
 SUBNET_RANGE = range(16, 240)
+LINKS = ("bridge", "switch")  # NetRig(links=...): a bridge of veths, or the delay switch
+SWITCH = Path(__file__).with_name("delay_switch.py")
 MONGO_PORT = 27017
 REDIS_PORT = 6379  # leases (and the ledger-free app's run/step leases)
 BROKER_PORT = 6380  # a second redis-server on the Redis node: the Celery broker
@@ -138,6 +154,30 @@ def netem_available() -> bool:
         _run("ip", "netns", "del", ns, check=False)
 
 
+def tap_available() -> bool:
+    """Whether TAP devices can be made here (``/dev/net/tun``; checked in a scratch
+    namespace): the delay switch's links."""
+    if not os.path.exists("/dev/net/tun"):
+        return False
+    ns = f"{PREFIX}-probe-{uuid.uuid4().hex[:6]}"
+    try:
+        _run("ip", "netns", "add", ns)
+        return _ns(ns, "ip", "tuntap", "add", "dev", "probe0", "mode", "tap",
+                   check=False).returncode == 0
+    except (RigError, OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        _run("ip", "netns", "del", ns, check=False)
+
+
+def delay_available() -> str | None:
+    """How links can be delayed here: ``"netem"`` (``tc``), ``"switch"`` (a rig built with
+    ``links="switch"``: the userspace delay switch on TAP devices) or ``None``."""
+    if netem_available():
+        return "netem"
+    return "switch" if tap_available() else None
+
+
 def check_prerequisites(skew: bool = False) -> None:
     """``RigError`` naming what is missing (the test fails with it, never skips)."""
     if os.geteuid() != 0:
@@ -174,7 +214,7 @@ def _remove_rig(tag: str, state: Mapping[str, Any] | None) -> None:
     for ns in _namespaces():
         if ns.startswith(f"{PREFIX}-{tag}-"):
             _kill_namespace(ns)
-    for pid in (state or {}).get("pids", []):
+    for pid in (state or {}).get("pids", []):  # the switch's too: its TAPs go with it
         with contextlib.suppress(ProcessLookupError):
             if _owned(pid, tag):
                 os.kill(pid, signal.SIGKILL)
@@ -186,6 +226,8 @@ def _remove_rig(tag: str, state: Mapping[str, Any] | None) -> None:
         shutil.rmtree(state["workdir"], ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
         (STATE_DIR / f"subnet-{(state or {}).get('subnet', 'none')}").unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (STATE_DIR / f"{tag}.sock").unlink()
     with contextlib.suppress(FileNotFoundError):
         (STATE_DIR / f"{tag}.json").unlink()
 
@@ -309,11 +351,29 @@ class Rule:
 
 
 class NetRig:
-    """Namespaces, a bridge, processes and fault rules, all removed by ``close``."""
+    """Namespaces, a bridge (or the delay switch), processes and fault rules, all removed
+    by ``close``.
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    ``links``: ``"bridge"`` (veths on a Linux bridge; the default, or
+    ``PIKKU_NETRIG_LINKS``) or ``"switch"`` (TAPs of tests/support/delay_switch.py, which
+    can delay); ``delay_ms`` and ``loss``: the switch's own, kept until ``impair`` and put
+    back by ``heal_all``."""
+
+    def __init__(self, workdir: Path | None = None, *, links: str | None = None,
+                 delay_ms: float = 0.0, loss: float = 0.0) -> None:
+        links = links or os.environ.get("PIKKU_NETRIG_LINKS") or "bridge"
+        if links not in LINKS:
+            raise ValueError(f"links={links!r}: one of {LINKS}")
+        if links == "bridge" and (delay_ms or loss):
+            raise ValueError("delay_ms and loss need links='switch'")
         check_prerequisites()
+        if links == "switch" and not tap_available():
+            raise RigError("links='switch' needs TAP devices (/dev/net/tun, CONFIG_TUN)")
         sweep()
+        self.links = links
+        self.base_impairment = {"delay_ms": float(delay_ms), "loss": float(loss)}
+        self.impairment = dict(self.base_impairment)
+        self.switch: subprocess.Popen[bytes] | None = None
         self.tag = uuid.uuid4().hex[:5]
         self.owner = os.getpid()
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{PREFIX}-{self.tag}-"))
@@ -326,10 +386,17 @@ class NetRig:
         self._closed = False
         self._lock = threading.Lock()
         self.subnet = self._take_subnet()
+        self.control = STATE_DIR / f"{self.tag}.sock"
         self._save_state()
         atexit.register(self.close)
         try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            if links == "switch":
+                # The root namespace's address on a TAP of the switch's, named as the bridge.
+                self._start_switch()
+                self._switch("add", port="root", ifname=self.bridge, netns=None,
+                             lossless=True)
+            else:
+                _run("ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
         except BaseException:
@@ -361,33 +428,89 @@ class NetRig:
         raise RigError(f"no free subnet {SUBNET_BASE}.N.0/24 (N in {SUBNET_RANGE})")
 
     def _save_state(self) -> None:
+        pids = [p.pid for p in self.procs] + ([self.switch.pid] if self.switch else [])
         state = {"owner": self.owner, "subnet": self.subnet, "workdir": str(self.workdir),
-                 "pids": [p.pid for p in self.procs]}
+                 "links": self.links, "pids": pids}
         tmp = STATE_DIR / f".{self.tag}.tmp"
         tmp.write_text(json.dumps(state))
         tmp.replace(STATE_DIR / f"{self.tag}.json")
 
+    # -- the delay switch (links="switch") --
+
+    def _start_switch(self) -> None:
+        log = self.workdir / "delay-switch.log"
+        env = {**os.environ, "PIKKU_NETRIG": self.tag}
+        with open(log, "ab") as out:
+            self.switch = subprocess.Popen(
+                [sys.executable, str(SWITCH), "--control", str(self.control),
+                 "--delay-ms", str(self.base_impairment["delay_ms"]),
+                 "--loss", str(self.base_impairment["loss"])],
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_die_with_parent)
+        with self._lock:
+            self._save_state()
+        switch = self.switch
+        _wait(lambda: self._switch("stats", timeout=1.0), "the delay switch", 15,
+              lambda: switch.poll() is None,
+              lambda: log.read_text(errors="replace")[-2000:])
+
+    def _switch(self, op: str, timeout: float = 10.0, **payload: Any) -> dict[str, Any]:
+        from tests.support import delay_switch
+        if self.switch is None or self.switch.poll() is not None:
+            raise RigError(f"the delay switch is not running (links={self.links!r})")
+        try:
+            return delay_switch.request(str(self.control), {"op": op, **payload}, timeout)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise RigError(f"delay switch {op}: {exc}") from exc
+
+    @property
+    def can_delay(self) -> bool:
+        """Whether ``impair`` can delay this rig's links (it runs on the delay switch)."""
+        return self.links == "switch"
+
+    def impair(self, delay_ms: float | None = None, loss: float | None = None) -> None:
+        """Every link delayed ``delay_ms`` (one way, every frame) and/or lossy (``loss`` of
+        the frames dropped on each link a frame crosses, the root namespace's excepted),
+        at once, until ``heal_all`` (or another ``impair``). Needs ``links="switch"``."""
+        if not self.can_delay:
+            raise RigError("impair needs NetRig(links='switch'): a bridge cannot delay here")
+        change = {k: float(v) for k, v in (("delay_ms", delay_ms), ("loss", loss))
+                  if v is not None}
+        reply = self._switch("set", **change)
+        self.impairment = {"delay_ms": reply["delay_ms"], "loss": reply["loss"]}
+
+    def link_stats(self) -> dict[str, Any]:
+        """The switch's counters: per port frames in, out, lost, overflowed, queued."""
+        return self._switch("stats")
+
     # -- nodes --
 
     def add_node(self, role: str) -> Node:
-        """A namespace ``pkn-<tag>-<role>`` with one veth on the bridge and ``lo`` up."""
+        """A namespace ``pkn-<tag>-<role>`` with one veth on the bridge (a TAP of the delay
+        switch: ``links="switch"``) as ``eth0``, and ``lo`` up."""
         assert role not in self.nodes, role
         ip = f"{SUBNET_BASE}.{self.subnet}.{self._next_host}"
         self._next_host += 1
         ns = f"{PREFIX}-{self.tag}-{role}"
-        host_if = f"{PREFIX}{self.tag}{len(self.nodes):02d}"
+        switched = self.links == "switch"
+        host_if = "" if switched else f"{PREFIX}{self.tag}{len(self.nodes):02d}"
         peer = f"{host_if}p"
         node = Node(role, ns, ip, host_if)
         self.nodes[role] = node
         _run("ip", "netns", "add", ns)
-        _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer)
-        _run("ip", "link", "set", peer, "netns", ns)
-        _ns(ns, "ip", "link", "set", peer, "name", "eth0")
+        if switched:  # the switch makes the TAP inside the namespace (setns + TUNSETIFF)
+            self._switch("add", port=role, ifname="eth0", netns=f"/var/run/netns/{ns}",
+                         lossless=False)
+        else:
+            _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", peer)
+            _run("ip", "link", "set", peer, "netns", ns)
+            _ns(ns, "ip", "link", "set", peer, "name", "eth0")
         _ns(ns, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
         _ns(ns, "ip", "link", "set", "eth0", "up")
         _ns(ns, "ip", "link", "set", "lo", "up")
-        _run("ip", "link", "set", host_if, "master", self.bridge)
-        _run("ip", "link", "set", host_if, "up")
+        if not switched:
+            _run("ip", "link", "set", host_if, "master", self.bridge)
+            _run("ip", "link", "set", host_if, "up")
         return node
 
     def node(self, role: str) -> Node:
@@ -477,8 +600,12 @@ class NetRig:
             self.rules.remove(rule)
 
     def heal_all(self) -> None:
+        """Every rule removed and, on the switch, its delay and loss put back to the rig's
+        own (``impair`` undone)."""
         for role in list(self.nodes):
             self.heal(role)
+        if self.can_delay and self.impairment != self.base_impairment:
+            self.impair(**self.base_impairment)
 
     def rules_in(self, a: str) -> str:
         return _ns(self.nodes[a].ns, "iptables", "-S", check=False).stdout
@@ -486,8 +613,9 @@ class NetRig:
     # -- tear-down --
 
     def close(self) -> None:
-        """Stop every process by PID, delete every namespace (with its veth and rules),
-        the bridge, the subnet lock and the state file. Idempotent; never raises."""
+        """Stop every process by PID, delete every namespace (with its veth or TAP and its
+        rules), the bridge or the switch, the subnet lock and the state file. Idempotent;
+        never raises."""
         with self._lock:
             if self._closed or os.getpid() != self.owner:
                 return
@@ -506,6 +634,14 @@ class NetRig:
         for node in self.nodes.values():
             with contextlib.suppress(Exception):
                 _kill_namespace(node.ns)  # anything a process forked, by PID
+        if self.switch is not None:  # its TAPs (the root namespace's too) go with it
+            with contextlib.suppress(Exception):
+                self.switch.terminate()
+                try:
+                    self.switch.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.switch.kill()
+                    self.switch.wait(5)
         with contextlib.suppress(Exception):
             _remove_rig(self.tag, {"subnet": self.subnet})
         with contextlib.suppress(Exception):
@@ -725,20 +861,45 @@ def netns_replset(rig: NetRig, members: int = 3, prefix: str = "m",
 
 
 @contextlib.contextmanager
-def stack(workdir: Path | None = None) -> Iterator[Stack]:
-    """A rig with its replica set and Redis started; everything removed on exit."""
-    with NetRig(workdir) as rig:
+def stack(workdir: Path | None = None, **rig_options: Any) -> Iterator[Stack]:
+    """A rig (``NetRig(workdir, **rig_options)``) with its replica set and Redis started;
+    everything removed on exit."""
+    with NetRig(workdir, **rig_options) as rig:
         s = Stack(rig)
         s.start()
         yield s
 
 
-if __name__ == "__main__":  # python -m tests.support.netrig [sweep|smoke]
+def redis_rtt(host: str, port: int = REDIS_PORT, pings: int = 5) -> list[float]:
+    """Round trips (s) of ``PING`` on one established connection to ``host:port``."""
+    client = redis.Redis(host=host, port=port, socket_timeout=10, socket_connect_timeout=10)
+    try:
+        client.ping()  # the connection made first: only the round trips are timed
+        out = []
+        for _ in range(pings):
+            t0 = time.monotonic()
+            client.ping()
+            out.append(time.monotonic() - t0)
+        return out
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":  # python -m tests.support.netrig [sweep|smoke|switch]
     if sys.argv[1:] == ["sweep"]:
         print("removed:", sweep())
     else:
         t0 = time.monotonic()
-        with stack() as s:
-            print(f"up in {time.monotonic() - t0:.1f} s: {s.mongo_url} {s.redis_url} "
-                  f"{s.broker_url} states={s.states()}")
+        switch = sys.argv[1:] == ["switch"]
+        with stack(links="switch" if switch else None) as s:
+            print(f"up in {time.monotonic() - t0:.1f} s ({s.rig.links}): {s.mongo_url} "
+                  f"{s.redis_url} {s.broker_url} states={s.states()}")
+            ip = s.rig.node("redis").ip
+            print("redis PING RTT (ms):", [round(x * 1000, 1) for x in redis_rtt(ip)])
+            if switch:
+                s.rig.impair(delay_ms=200, loss=0.05)
+                print("with 200 ms delay:", [round(x * 1000, 1) for x in redis_rtt(ip)])
+                s.rig.heal_all()
+                print("healed:", [round(x * 1000, 1) for x in redis_rtt(ip)],
+                      s.rig.link_stats())
         print("namespaces left:", [n for n in _namespaces() if n.startswith(PREFIX)])
