@@ -8,12 +8,13 @@ from typing import Any
 
 def as_a_client(call: Any, patience_s: float = 60.0) -> Any:
     """The harness's own reads and starts, as an application would make them: a MongoDB
-    restart (one of the faults) makes a call fail for a few seconds; retry it. Starts are
+    restart (one of the faults) makes a call fail for a few seconds, an election can
+    interrupt a write pymongo then labels retryable; retry it. Starts are
     given their run id, so a retried start is idempotent. A run the harness started may also
     read as missing for a moment just after an election (seen once, seed 20261203, right
     after a step-down: the new primary's majority snapshot can trail the old primary's
     acknowledged writes until it learns the commit point); that is retried and printed."""
-    from pymongo.errors import ConnectionFailure
+    from pymongo.errors import ConnectionFailure, PyMongoError
 
     from pikku_celery.model.errors import WorkflowRunNotFoundError
 
@@ -24,6 +25,14 @@ def as_a_client(call: Any, patience_s: float = 60.0) -> Any:
         except ConnectionFailure:
             if time.monotonic() > deadline:
                 raise
+            time.sleep(0.5)
+        except PyMongoError as exc:
+            # A write an election interrupted after pymongo's own retry failed too (seen
+            # with --netns, seed 20261206: a start during partition_primary ended with
+            # InterruptedDueToReplStateChange): the server labels it retryable.
+            if not exc.has_error_label("RetryableWriteError") or time.monotonic() > deadline:
+                raise
+            print(f"chaos: {type(exc).__name__} ({exc}), retryable: again", flush=True)
             time.sleep(0.5)
         except WorkflowRunNotFoundError as exc:
             if time.monotonic() > deadline:

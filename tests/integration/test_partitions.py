@@ -5,7 +5,9 @@ Real parts, each in a network namespace of its own on one bridge
 ``redis-server`` for leases and another for the Celery broker (node ``redis``, ports 6379
 and 6380), and two ``celery -A tests.integration.partitionapp`` workers (``w0``, ``w1``).
 The test process talks to them through the bridge. Links are cut with ``iptables`` rules
-inside the namespaces and healed by removing them.
+inside the namespaces and healed by removing them. Fault 6 (``test_netem``) builds the same
+rig again on the userspace delay switch (``links="switch"``: TAP devices instead of the
+bridge), which holds every frame 200 ms and drops 5 % on each link.
 
 Each test starts a few ``chain`` runs (``first`` -> ``left`` || ``right`` -> ``last``; the
 bodies of one run in two, or of every run for the cuts of one worker, are *stubborn*: they
