@@ -189,8 +189,11 @@ def test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run(
     span_dir = tmp_path / "spans"
     span_dir.mkdir()
     # The reaper kept out of the way: a message it sends from a process that never saw the
-    # run carries no context (documented), and at 0.3 s it races the retry's own timer.
-    c = make_cluster("rabbitmq", **{ENV_SPANS: str(span_dir), wa.ENV_REAPER: "60",
+    # run carries no context (documented), and at 0.3 s it races the retry's own timer. Its
+    # first sweep comes one interval after the worker's start, and at 60 s a loaded machine
+    # (load 9 to 24) can still have a retry due: the two failures seen, a worker reading one
+    # run for its context, fit that (not proven).
+    c = make_cluster("rabbitmq", **{ENV_SPANS: str(span_dir), wa.ENV_REAPER: "3600",
                                     wa.ENV_UNDISPATCHED: "120", wa.ENV_STALLED: "120"})
     workers = [_start(c, "r1", "prefork"), _start(c, "r2")]
     c.wait_ready(*workers)

@@ -243,12 +243,7 @@ class Switch:
         with conn:
             conn.settimeout(2.0)
             try:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
+                data = _read_line(conn)
                 try:
                     reply = self.handle(json.loads(data))
                 except Exception as exc:  # the error goes back to the caller
@@ -284,18 +279,24 @@ class Switch:
             nxt = self.release(time.monotonic())
 
 
+def _read_line(conn: socket.socket) -> bytes:
+    """One control message: JSON ending with a newline (or what came before EOF)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def request(control: str, payload: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
     """One control request to the switch listening on ``control``; its reply."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(control)
         s.sendall(json.dumps(payload).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = _read_line(s)
     reply: dict[str, Any] = json.loads(data)
     if not reply.get("ok"):
         raise RuntimeError(f"delay switch: {payload.get('op')}: {reply.get('error')}")
