@@ -31,7 +31,7 @@ from typing import Any
 
 from pikku_celery.engine._guard import guarded as _guarded
 from pikku_celery.engine.claims import serialize_error
-from pikku_celery.engine.forks import copy_missing
+from pikku_celery.engine.first_pass import finish_creation
 from pikku_celery.engine.handover import adopt, note_of, whole_view
 from pikku_celery.engine.in_place import InPlace
 from pikku_celery.engine.pass_events import EventWrites
@@ -224,13 +224,11 @@ class Passes:
             read = store.read_run(run_id, all_steps=True)
             if read.run is None:
                 raise WorkflowRunNotFoundError(run_id)
-            steps = read.steps
-            if (read.run.forked_from is not None and not steps
-                    and copy_missing(store, read.run, self.clock.now_ms())):
-                # A fork that stopped before its copy: the steps it replays, read back.
-                steps = store.read_run(run_id, run=False, all_steps=True).steps
+            # What its creator may have left half-done (a fork's copy, a child's check).
+            read = finish_creation(store, self.runs, read, self.clock.now_ms())
+            assert read.run is not None
             view = RunView(read.run, {}, token, epoch_ms(read.run.updated_at))
-            for state in steps:
+            for state in read.steps:
                 view.put(state)
             return view, set(view.steps)
         fresh: set[str] = set()

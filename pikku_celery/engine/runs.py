@@ -302,20 +302,22 @@ class Runs:
                 f"of step {step_name!r} of run {parent_run_id}", dispatcher)
             return
         if created:
-            if self._parent_cancelled(parent_run_id, child.run_id):
+            if self.cancel_if_parent_cancelled(child.run_id, parent_run_id):
                 return
             dispatcher.wake_run(child.run_id)
         elif child.is_terminal:  # the parent missed the news (a crash in between)
             self.notify_parent(child.run_id, dispatcher)
 
-    def _parent_cancelled(self, parent_run_id: str, child_run_id: str) -> bool:
+    def cancel_if_parent_cancelled(self, child_run_id: str, parent_run_id: str) -> bool:
         """Read the parent *after* creating its child, and cancel the child when the parent
         was cancelled: the other half of a Dekker pair with ``cancel``, which writes the
         parent's status before it reads the parent's steps and their children. A cancel
         landing while a pass sat between recording the child's step and creating the child
         run found no child to cancel (it did not exist yet); this read sees that cancel,
         or else the cancel's own read of the child sees the child. Either way the child is
-        cancelled and never runs a step. One read per child run created."""
+        cancelled and never runs a step. Read by the creating pass, and again by the
+        child's first pass (``first_pass``): the creator may stop between its insert and
+        this read."""
         parent = self.store.get_run(parent_run_id)
         if parent is None or parent.status != RUN_CANCELLED:
             return False

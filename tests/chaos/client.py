@@ -22,23 +22,30 @@ def as_a_client(call: Any, patience_s: float = 60.0) -> Any:
     while True:
         try:
             return call()
-        except ConnectionFailure:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
         except PyMongoError as exc:
-            # A write an election interrupted after pymongo's own retry failed too (seen
-            # with --netns, seed 20261206: a start during partition_primary ended with
-            # InterruptedDueToReplStateChange): the server labels it retryable.
-            if not exc.has_error_label("RetryableWriteError") or time.monotonic() > deadline:
+            # No primary yet, or a write an election interrupted after pymongo's own retry
+            # failed too (seen with --netns, seed 20261206: a start during
+            # partition_primary ended with InterruptedDueToReplStateChange).
+            if not call_again(exc) or time.monotonic() > deadline:
                 raise
-            print(f"chaos: {type(exc).__name__} ({exc}), retryable: again", flush=True)
+            if not isinstance(exc, ConnectionFailure):
+                print(f"chaos: {type(exc).__name__} ({exc}), retryable: again", flush=True)
             time.sleep(0.5)
         except WorkflowRunNotFoundError as exc:
             if time.monotonic() > deadline:
                 raise
             print(f"chaos: {exc} (a run the harness started): read again", flush=True)
             time.sleep(0.5)
+
+
+def call_again(exc: BaseException) -> bool:
+    """An error an application calls again after (docs/guide/replica-sets.md): no primary
+    reachable yet, or a write an election interrupted, which the server labels
+    retryable."""
+    from pymongo.errors import ConnectionFailure, PyMongoError
+
+    return isinstance(exc, ConnectionFailure) or (
+        isinstance(exc, PyMongoError) and exc.has_error_label("RetryableWriteError"))
 
 
 def now_ms() -> int:

@@ -493,7 +493,7 @@ class FaultInjector(NetFaults):
     def _cancel(self, run_id: str, reason: str) -> None:
         """Cancel as an application would: retried while MongoDB has no primary (a cancel
         cut short has ended the run but maybe not fenced its steps; it is idempotent)."""
-        from pymongo.errors import ConnectionFailure
+        from tests.chaos.client import call_again
 
         before = int(time.time() * 1000)
         self.cancelled[run_id] = (before, 2**62)  # until it returns
@@ -502,8 +502,8 @@ class FaultInjector(NetFaults):
             try:
                 self.pikku.cancel(run_id, reason)
                 break
-            except ConnectionFailure:
-                if time.monotonic() > give_up:
+            except Exception as exc:
+                if not call_again(exc) or time.monotonic() > give_up:
                     raise
                 time.sleep(0.5)
         self.cancelled[run_id] = (before, int(time.time() * 1000))

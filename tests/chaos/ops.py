@@ -29,7 +29,7 @@ import uuid
 from typing import Any
 
 from pikku_celery.model import keys
-from tests.chaos.client import as_a_client, now_ms
+from tests.chaos.client import as_a_client, call_again, now_ms
 from tests.chaos.composed import (
     APPROVAL_GATE,
     LIVE,
@@ -87,8 +87,6 @@ class Operator:
     def retry(self, run_id: str) -> bool:
         """One ``pikku.retry``; True when the run runs again. A call a fault interrupted is
         made again; a run found live after that counts as retried by it."""
-        from pymongo.errors import ConnectionFailure
-
         doc = as_a_client(lambda: self.db[keys.RUNS].find_one(
             {"_id": run_id}, {"status": 1, "updated_ms": 1})) or {}
         before = now_ms()
@@ -98,12 +96,11 @@ class Operator:
             try:
                 done = bool(self.chaos.pikku.retry(run_id))
                 break
-            except ConnectionFailure:
-                faulted = True
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-            except Exception as exc:  # reported, never swallowed
+            except Exception as exc:  # a fault's: again; anything else reported
+                if call_again(exc) and time.monotonic() <= deadline:
+                    faulted = True
+                    time.sleep(0.5)
+                    continue
                 self.record.errors.append(f"retry of run {run_id} raised {exc!r}")
                 done = False
                 break

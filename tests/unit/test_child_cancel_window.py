@@ -112,3 +112,55 @@ def test_a_child_of_a_live_parent_is_created_and_woken(pikku: PikkuCelery) -> No
     recorder = pikku.engine.dispatcher
     assert isinstance(recorder, Recorder)
     assert child.run_id in [rid for rid, _ in recorder.wakes]
+
+
+def test_a_child_whose_creator_stopped_before_reading_its_parent_checks_on_its_first_pass(
+        pikku: PikkuCelery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The creating pass inserted the child, then stopped before its read of the parent (a
+    deadline on a slow network, a worker killed: seen in the chaos harness's full profile
+    with partitions), and the parent's cancel had looked for the child before it existed.
+    Nothing woke the child but the stalled-run sweep; its first pass ran a step. The
+    child's first pass now reads the parent itself."""
+    ran: list[Any] = []
+    work = pikku.step(name="child.work3")(lambda data: ran.append(data) or "side effect")
+
+    @pikku.workflow("child.inner3")
+    def inner(wf: Any, data: Any) -> Any:
+        return wf.do("work", work, data)
+
+    @pikku.workflow("child.outer3")
+    def outer(wf: Any, data: Any) -> Any:
+        return wf.child("sub", "child.inner3", data)
+
+    engine = pikku.engine
+    runs = engine.runs
+    create_run = runs.create_run
+    check = runs.cancel_if_parent_cancelled
+
+    def cancelled_then_stopped(workflow: Any, data: Any, **kwargs: Any) -> Any:
+        parent = kwargs.get("parent")
+        if parent is not None:  # the cancel's read of the child finds none yet
+            assert pikku.cancel(parent[0], "cancelled while its child was being created")
+        return create_run(workflow, data, **kwargs)
+
+    def creator_stops(child_run_id: str, parent_run_id: str) -> bool:
+        raise TimeoutError("the creating pass's deadline, between the insert and the read")
+
+    monkeypatch.setattr(runs, "create_run", cancelled_then_stopped)
+    monkeypatch.setattr(runs, "cancel_if_parent_cancelled", creator_stops)
+    run_id = pikku.start("child.outer3", {"n": 3})
+    with pytest.raises(TimeoutError):
+        engine.advance(run_id)
+    (child,) = pikku.list_runs(workflow="child.inner3")
+    assert child.status == "running", "the creator was meant to stop before its check"
+    monkeypatch.setattr(runs, "cancel_if_parent_cancelled", check)
+
+    # The stalled-run sweep's wake: the child's first pass.
+    assert engine.advance(child.run_id) == "cancelled"
+    assert pikku.get_run(child.run_id).status == "cancelled"
+    recorder = engine.dispatcher
+    assert isinstance(recorder, Recorder)
+    for function, rid, step_name in list(recorder.steps):
+        if rid == child.run_id:
+            engine.execute_step(pikku.registry.steps[function], rid, step_name)
+    assert ran == [], "a step of the cancelled parent's child ran"
