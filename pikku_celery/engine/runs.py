@@ -34,6 +34,7 @@ from pikku_celery.model.records import (
     RUN_SUSPENDED,
     STEP_FAILED,
     STEP_RUNNING,
+    StepState,
     WorkflowRun,
 )
 from pikku_celery.model.redaction import redact_error
@@ -239,6 +240,11 @@ class Runs:
         an ended run, and the run would then run holding none beside another (issue 31,
         defect 3). Its admission reopens its steps (``store.admit_run``)."""
         run = get_run(self.store, run_id)
+        if run.status == RUN_RUNNING:  # a retry cut short after its first write: finish it
+            owed = self.store.resume_retry(run_id, self.now_ms())
+            if owed is None:
+                return False
+            return self._reopened(run, owed)
         if run.status not in (RUN_FAILED, RUN_CANCELLED):
             return False
         for state in self.store.list_steps(run_id):
@@ -255,9 +261,12 @@ class Runs:
         reopened = self.store.retry_run(run_id, self.now_ms(), by=by)
         if reopened is None:
             return False  # it changed meanwhile (retried, or resumed, by someone else)
-        send_reopened(self.leases, self.dispatcher, run_id, reopened)
-        self.dispatcher.wake_run(run_id)
-        log.info("pikku: run %s of %s retried: %d step(s) reopened", run_id, run.workflow,
+        return self._reopened(run, reopened)
+
+    def _reopened(self, run: WorkflowRun, reopened: list[StepState]) -> bool:
+        send_reopened(self.leases, self.dispatcher, run.run_id, reopened)
+        self.dispatcher.wake_run(run.run_id)
+        log.info("pikku: run %s of %s retried: %d step(s) reopened", run.run_id, run.workflow,
                  len(reopened))
         return True
 

@@ -204,7 +204,7 @@ class RunField:
     SLOT = "slot"  # its concurrency slot group (absent for a workflow without a limit)
     FORKED_FROM = "forked_from"  # the run a fork copied it from (absent otherwise)
     LINEAGE = "lineage"  # its forks and retries: [{op, at, by, from_step, run_id}, ...]
-    REOPEN = "reopen_on_admit"  # a run a retry queued for a slot: its admission reopens it
+    REOPEN = "reopen_on_admit"  # a retry owes a reopen: its admission (queued), or itself
 
 
 class StepField:

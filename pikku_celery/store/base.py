@@ -208,6 +208,15 @@ class EndStore(Protocol):
         see it held by an ended run and give it back (issue 31, defect 3)."""
         ...
 
+    def resume_retry(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        """Finish a ``retry_run`` cut short after its first write (the run ``running``
+        again, its steps not all reopened: an election interrupted the call): remove the
+        end mark and reopen what is still failed for good, as ``retry_run`` does, then
+        forget that a reopen was owed. Returns the steps reopened now; ``None`` (nothing
+        written) when no retry of this run was left half-done. A store whose
+        ``retry_run`` is one atomic step never leaves one."""
+        ...
+
     def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
         """Move a ``queued`` run to ``running`` (its admission, once a slot is held for it)
         and, for a run a retry queued, reopen its steps as ``retry_run`` does. Returns the

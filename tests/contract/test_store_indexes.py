@@ -171,6 +171,7 @@ def _exercise(store: MongoWorkflowStore) -> None:
                          LEASE, seq=99, worker="w")
     # A retry of a failed run (run-0002 failed; see _populate): its failed steps reopened.
     store.retry_run("run-0002", late)
+    store.resume_retry("run-0002", late)  # a retry cut short: finished by calling again
     # A retry of a limited run: queued first, then admitted (its steps reopened then).
     store.transition_run("run-0002", ["running"], "failed", late)
     store.retry_run("run-0002", late, queued=True)

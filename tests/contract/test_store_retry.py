@@ -188,3 +188,42 @@ def test_replayed_steps_are_copied_as_succeeded_once(store: WorkflowStore) -> No
     assert [(h.attempt, h.status) for h in store.get_history(fork)] == [(1, "succeeded")]
     assert store.insert_replayed_steps(fork, [done], T0 + 6, source_run_id=source) == 0
     assert store.get_step(source, "a") == done  # the source is untouched
+
+
+def test_a_retry_cut_short_after_its_first_write_is_finished_by_resume_retry(
+        store: WorkflowStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MongoDB's ``retry_run`` is several writes: the run goes live first. An election
+    interrupting the call after that write left the run live with its steps still failed,
+    and a second ``retry`` was refused (not failed any more): the run failed again with
+    the stored error. The first write now says a reopen is owed; ``resume_retry`` does it.
+    A store whose retry is one atomic step has nothing to resume."""
+    run_id = new_run(store)
+    add_step(store, run_id, "boom", retries=0)
+    assert store.claim_step(run_id, "boom", FN, T0, LEASE).state is not None
+    store.set_error(run_id, "boom", 1, {"type": "E", "message": "#1"}, T0 + 1, final=True)
+    assert store.transition_run(run_id, [RUN_RUNNING], RUN_FAILED, T0 + 2)
+    assert store.resume_retry(run_id, T0 + 3) is None  # nothing owed: the run is failed
+
+    if isinstance(store, MongoWorkflowStore):
+        def cut_short(run_id: str, now_ms: int) -> list[object]:
+            raise TimeoutError("an election interrupted the call after its first write")
+        monkeypatch.setattr(store, "_reopen_steps", cut_short)
+        with pytest.raises(TimeoutError):
+            store.retry_run(run_id, T0 + 10)
+        monkeypatch.undo()
+        run = store.get_run(run_id)
+        assert run is not None and run.status == RUN_RUNNING
+        assert store.get_step(run_id, "boom").status == "failed"  # type: ignore[union-attr]
+        assert store.retry_run(run_id, T0 + 11) is None  # live: a plain retry is refused
+
+        reopened = store.resume_retry(run_id, T0 + 12)
+
+        assert reopened is not None and [s.step_name for s in reopened] == ["boom"]
+        boom = store.get_step(run_id, "boom")
+        assert boom is not None and boom.due_at is not None  # reopened: due again
+        assert store.resume_retry(run_id, T0 + 13) is None  # done: nothing owed any more
+    else:
+        assert store.retry_run(run_id, T0 + 10) is not None
+        assert store.resume_retry(run_id, T0 + 11) is None
+    again = store.claim_step(run_id, "boom", FN, T0 + 20, LEASE).state
+    assert again is not None and again.attempt == 2

@@ -134,3 +134,69 @@ def test_a_fork_replays_the_steps_before_its_step_and_runs_the_rest() -> None:
     assert ran == ["a", "b", "c", "b", "c"]
     with pytest.raises(Exception, match="recorded no step 'z' to fork from; its steps: 'a'"):
         pikku.fork(source, from_step="z")
+
+
+def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
+        mongo_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On MongoDB a retry is several writes, the run made live first. An election that
+    interrupted the call after that write (the chaos harness's full profile with
+    partitions) left the run live with its failed step not reopened: calling again, as an
+    application should after pymongo's error, returned False, and the run failed again with
+    the stored error. Calling again now finishes the retry."""
+    import uuid
+
+    from celery import Celery
+
+    from pikku_celery import InMemoryLeaseService, MongoWorkflowStore, PikkuCelery
+    from tests.conftest import mongo_database
+    from tests.unit.test_engine import Recorder
+
+    db, client = mongo_database("mongod", mongo_server)
+    store = MongoWorkflowStore(db)
+    pikku = PikkuCelery(Celery(f"rt-{uuid.uuid4().hex[:6]}", broker="memory://"),
+                        store=store, leases=InMemoryLeaseService(), worker_reaper=False)
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    fixed = {"yet": False}
+
+    @pikku.step(name="rt.cut", retries=0)
+    def cut(data: Any) -> str:
+        if not fixed["yet"]:
+            raise RuntimeError("the bug")
+        return "done"
+
+    @pikku.workflow("rt.cutflow")
+    def cutflow(wf: Any, data: Any) -> str:
+        return str(wf.do("only", cut, data))
+
+    def deliver() -> None:
+        sent = 0
+        while sent < len(recorder.steps):
+            function, rid, step_name = recorder.steps[sent]
+            sent += 1
+            pikku.engine.execute_step(pikku.registry.steps[function], rid, step_name)
+
+    try:
+        run_id = pikku.start("rt.cutflow", None)
+        pikku.engine.advance(run_id)
+        deliver()
+        assert pikku.get_run(run_id).status == "failed"
+        fixed["yet"] = True
+        reopen = store._reopen_steps
+
+        def election(run_id: str, now_ms: int) -> Any:
+            raise TimeoutError("an election interrupted the call after its first write")
+        monkeypatch.setattr(store, "_reopen_steps", election)
+        with pytest.raises(TimeoutError):
+            pikku.retry(run_id)
+        monkeypatch.setattr(store, "_reopen_steps", reopen)
+        assert pikku.get_run(run_id).status == "running"  # live, its step still failed
+
+        assert pikku.retry(run_id)  # called again: the retry is finished
+        pikku.engine.advance(run_id)
+        deliver()
+        run = pikku.get_run(run_id)
+        assert (run.status, run.output) == ("completed", "done")
+        assert not pikku.retry(run_id)
+    finally:
+        client.drop_database(db.name)

@@ -94,6 +94,10 @@ class MemoryRuns(MemoryStoreBase):
             doc[R.LINEAGE] = [*(doc.get(R.LINEAGE) or ()), entry]
             return [] if queued else self._reopen_steps(run_id, now_ms)
 
+    def resume_retry(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        check_name("run id", run_id)
+        return None  # ``retry_run`` is one step under the lock here: never left half-done
+
     def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
         check_name("run id", run_id)
         with self._lock:

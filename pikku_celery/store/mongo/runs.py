@@ -99,13 +99,28 @@ class MongoRuns(MongoStoreBase):
     def retry_run(self, run_id: str, now_ms: int, *, queued: bool = False,
                   by: str | None = None) -> list[StepState] | None:
         check_name("run id", run_id)
+        # The reopen is owed from this write on (``R.REOPEN``), and forgotten only once it
+        # is done: a call cut short after it (an election) is finished by ``resume_retry``.
         found = self._runs.update_one(
             {R.ID: run_id, R.STATUS: {"$in": [RUN_FAILED, RUN_CANCELLED]}},
-            {"$set": _retry.revived_fields(now_ms, queued=queued),
+            {"$set": {**_retry.revived_fields(now_ms, queued=queued), R.REOPEN: True},
              "$push": {R.LINEAGE: _retry.retry_entry(now_ms, by)}}, session=self._session)
         if found.matched_count == 0:
             return None
-        return [] if queued else self._reopen_steps(run_id, now_ms)
+        return [] if queued else self._reopen_owed(run_id, now_ms)
+
+    def resume_retry(self, run_id: str, now_ms: int) -> list[StepState] | None:
+        check_name("run id", run_id)
+        if self._runs.find_one({R.ID: run_id, R.STATUS: RUN_RUNNING, R.REOPEN: True},
+                               {R.ID: 1}, session=self._session) is None:
+            return None
+        return self._reopen_owed(run_id, now_ms)
+
+    def _reopen_owed(self, run_id: str, now_ms: int) -> list[StepState]:
+        reopened = self._reopen_steps(run_id, now_ms)
+        self._runs.update_one({R.ID: run_id, R.STATUS: RUN_RUNNING, R.REOPEN: True},
+                              {"$unset": {R.REOPEN: ""}}, session=self._session)
+        return reopened
 
     def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
         check_name("run id", run_id)
