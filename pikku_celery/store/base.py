@@ -463,6 +463,11 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, P
 
     # --- sweeps (each bounded by ``limit``) -------------------------------------------
 
+    # The sweeps below (``find_lapsed_steps``, ``find_due_steps``, ``find_unsettled_steps``)
+    # may leave out each step's ``data``, ``progress`` and attempts' history:
+    # the reaper reads none of them, and sweeps from every worker every interval must not
+    # carry a large step's body around (``MongoWorkflowStore`` leaves them out).
+
     def find_lapsed_steps(self, now_ms: int, limit: int,
                           after: tuple[int, str] | None = None) -> list[StepState]:
         """``running`` steps whose lease deadline has passed (parked steps have none), in

@@ -808,3 +808,22 @@ def test_9_a_step_without_its_history_entries_is_never_misreported(
     drop_entries(store, run_id, "charge")
     history = store.get_history(run_id)
     assert [(h.attempt, h.status, h.result) for h in history] == [(1, "succeeded", "done")]
+
+
+def test_the_reapers_sweeps_leave_a_steps_body_data_behind(store: WorkflowStore) -> None:
+    """Every live worker's reaper sweeps every interval: a lapsed step of 8 MiB was read whole
+    by each until it was claimed again (the chaos harness's full profile with partitions,
+    where those reads filled the network). The sweeps may leave ``data``, ``progress`` and
+    the attempts' history out (the reaper reads none of them); MongoDB's do."""
+    run_id = new_run(store)
+    add_step(store, run_id, "big", data={"blob": "x" * 100_000})
+    assert store.claim_step(run_id, "big", FN, T0, LEASE).state is not None
+    (lapsed,) = store.find_lapsed_steps(T0 + LEASE + 1, 10)
+    (unsettled,) = store.find_unsettled_steps([run_id])
+    for swept in (lapsed, unsettled):
+        assert (swept.step_name, swept.status, swept.attempt, swept.function) == (
+            "big", "running", 1, FN)
+        if isinstance(store, MongoWorkflowStore):
+            assert swept.data is None, "a sweep carried the step's body data"
+    full = store.get_step(run_id, "big")
+    assert full is not None and full.data == {"blob": "x" * 100_000}
