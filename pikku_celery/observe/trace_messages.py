@@ -50,8 +50,9 @@ def know(run_id: str, carrier: Mapping[str, str] | None, workflow: str | None) -
 
 def stamp(sender: Any = None, body: Any = None, headers: dict[str, Any] | None = None,
           **_: Any) -> None:
-    """``before_task_publish``: a message whose first argument is a run this process knows
-    carries its context."""
+    """``before_task_publish``: a message whose first argument is a run this process knows,
+    or the run of the task running now (its message carried the context), carries its
+    context."""
     if headers is None:
         return
     args = body[0] if isinstance(body, tuple | list) and body else (
@@ -59,6 +60,13 @@ def stamp(sender: Any = None, body: Any = None, headers: dict[str, Any] | None =
     if not args or not isinstance(args[0], str):
         return
     carrier = _known.get(args[0])
+    if carrier is None:
+        # A task of that run sends it without having started a span of its own (a step
+        # message delivered before its retry was due re-arms the timer and runs nothing):
+        # its own message's context goes on, or the receiver reads the run for it.
+        found = carried(args[0])
+        if found is not None:
+            carrier = {"w3c": found[0], "workflow": found[1]}
     if carrier is not None:
         headers[HEADER] = carrier
 

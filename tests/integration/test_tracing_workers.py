@@ -189,10 +189,8 @@ def test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run(
     span_dir = tmp_path / "spans"
     span_dir.mkdir()
     # The reaper kept out of the way: a message it sends from a process that never saw the
-    # run carries no context (documented), and at 0.3 s it races the retry's own timer. Its
-    # first sweep comes one interval after the worker's start, and at 60 s a loaded machine
-    # (load 9 to 24) can still have a retry due: the two failures seen, a worker reading one
-    # run for its context, fit that (not proven).
+    # run carries no context (documented), and at 0.3 s it races the retry's own timer (its
+    # first sweep comes one interval after the worker's start).
     c = make_cluster("rabbitmq", **{ENV_SPANS: str(span_dir), wa.ENV_REAPER: "3600",
                                     wa.ENV_UNDISPATCHED: "120", wa.ENV_STALLED: "120"})
     workers = [_start(c, "r1", "prefork"), _start(c, "r2")]
@@ -229,5 +227,6 @@ def test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run(
                 assert parent["name"] == "pikku.pass pipeline" and parent["pid"] == span["pid"]
     assert in_place >= len(run_ids), "steps ran in place, inside their passes' spans"
     # pikku's messages carried each run's context: no worker read a run to find it.
-    reads = [line for path in span_dir.glob("*.reads") for line in path.read_text().split()]
-    assert not set(reads) & set(run_ids), reads
+    by_pid = {path.stem: path.read_text().split() for path in span_dir.glob("*.reads")}
+    reads = [line for lines in by_pid.values() for line in lines]
+    assert not set(reads) & set(run_ids), (by_pid, c.diagnostics())

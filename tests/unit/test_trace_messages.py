@@ -83,3 +83,28 @@ def test_a_worker_takes_the_context_from_the_message_not_from_the_store(
     assert (f"{info.context.trace_id:032x}", info.workflow) == ("a" * 32, "order")
     assert contexts.get(mine) is info  # kept: the next pass here asks nobody
     assert tm._known[mine] == {"w3c": PARENT, "workflow": "order"}  # and passed on
+
+
+def test_a_task_passes_its_own_messages_context_on_to_the_messages_it_sends() -> None:
+    """A task of a run that sends a message of that run without having learnt the run (no
+    span of its own: a step delivered before its retry was due re-arms the timer and runs
+    nothing) stamps it with the context its own message carried: the receiver of the timer
+    would otherwise read the run from the store for it (seen under load in
+    ``test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run``)."""
+    app = Celery(f"tm-{uuid.uuid4().hex[:6]}", broker="memory://")
+    sent: list[dict[str, Any]] = []
+
+    @app.task(name="tm.rearm")
+    def rearm(run: str, step_name: str) -> None:
+        headers: dict[str, Any] = {}
+        tm.stamp(body=((run, step_name), {}, {}), headers=headers)
+        sent.append(headers)
+        other: dict[str, Any] = {}
+        tm.stamp(body=((run_id(), step_name), {}, {}), headers=other)  # another run: none
+        sent.append(other)
+
+    mine = run_id()
+    rearm.apply(args=(mine, "flaky"), headers={tm.HEADER: {"w3c": PARENT, "workflow": "p"}})
+    rearm.apply(args=(run_id(), "flaky"))  # a message without a context passes none on
+    assert sent == [{tm.HEADER: {"w3c": PARENT, "workflow": "p"}}, {}, {}, {}]
+    assert mine not in tm._known  # nothing learnt: only passed on
