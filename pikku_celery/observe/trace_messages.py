@@ -9,7 +9,9 @@ headers, and the receiving task reads it there. A message without it (the reaper
 process that never saw the run) falls back to the read.
 
 Every message published in the process passes ``stamp`` (Celery's ``before_task_publish``):
-a dict lookup by the first argument, for pikku's messages and everyone else's alike.
+a dict lookup by the first argument, for pikku's messages and everyone else's alike, and,
+for a first argument not found there, a look at the running task's own first argument (a
+task of that run passes its message's context on).
 """
 
 from __future__ import annotations

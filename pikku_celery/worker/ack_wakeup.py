@@ -19,12 +19,9 @@ reset on reconnection). Installed once per hub, in the loop's own thread (Celery
 from __future__ import annotations
 
 import contextlib
-import logging
 import socket
 import threading
 from typing import Any
-
-log = logging.getLogger("pikku_celery")
 
 #: The attribute that marks a hub given a wake-up (one per hub, however many apps).
 _INSTALLED = "_pikku_ack_wakeup"
