@@ -47,6 +47,8 @@ from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 if TYPE_CHECKING:
     from pymongo.client_session import ClientSession
 
+    from pikku_celery.workflow.definitions import StepDefinition
+
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; the package supports 3.10
 
 
@@ -178,6 +180,20 @@ def serialize_error(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": message, "traceback": tb[-4000:]}
 
 
+def call_body(claimer: Claimer, definition: StepDefinition, claim: Claimed) -> Any:
+    """Run the claimed attempt's body (with its ``StepContext`` when bound)."""
+    try:
+        if definition.bind:
+            return definition.fn(StepContext(claim.state, claim.held,
+                                              report=claimer.progress_of(claim.state)),
+                                 claim.state.data)
+        return definition.fn(claim.state.data)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # SystemExit & co: let the lease lapse
+            claimer.heartbeat.remove(claim.held)
+        raise
+
+
 class Claimer:
     """Claims, holds and settles step attempts for one process."""
 
@@ -206,8 +222,10 @@ class Claimer:
 
     def claim(self, run_id: str, step_name: str, function: str | None,
               lease_ms: int, *, task_id: str | None = None,
-              holding: list[HeldStep] | None = None) -> Claimed | NotClaimed:
-        """Claim the step (see the module docstring). ``holding``: the caller's list, given
+              holding: list[HeldStep] | None = None,
+              expected: object = None) -> Claimed | NotClaimed:
+        """Claim the step (see the module docstring); ``expected``: the step as its message
+        says it was recorded (``store.claim_step``). ``holding``: the caller's list, given
         the held attempt *before* the heartbeat renews it, so a caller whose ``finally``
         removes what it holds covers an exception landing anywhere after ``heartbeat.add``
         (an asynchronous one included), not only once this call has returned."""
@@ -229,7 +247,8 @@ class Claimer:
             with deadline(lease_ms / 1000):
                 outcome = self.store.claim_step(run_id, step_name, function,
                                                 lease.granted_at_ms, lease_ms,
-                                                worker=self.worker, task_id=task_id)
+                                                worker=self.worker, task_id=task_id,
+                                                expected=expected)
         except BaseException:
             self.leases.release(lease)
             raise
@@ -356,6 +375,33 @@ class Claimer:
             self._release_quietly(lease)
             return outcome
         return self._hold(outcome.state, lease_ms, lease, sent, holding)
+
+    def settle_then_insert(self, succeeded: Succeeded, steps: list[NewStep], now_ms: int, *,
+                           seq: int) -> list[tuple[StepState, bool]] | None:
+        """Write ``succeeded``'s result and insert ``steps`` (what the workflow reached with
+        it) in one round trip (``store.settle_and_insert_steps``); returns what
+        ``store.insert_steps`` would. ``WorkflowStepSupersededError`` when the attempt lost
+        its step (nothing written). Should the write fail otherwise, the settle is made
+        alone, as ``succeed`` makes it, and ``None`` says the steps are still to insert."""
+        claimed = succeeded.claimed
+        held = claimed.held
+        held.settling = True  # a beat racing the write must not call the refusal a loss
+        try:
+            with deadline(held.held_until - time.monotonic()):
+                recorded = self.store.settle_and_insert_steps(
+                    claimed.state.run_id, claimed.state.step_name, claimed.state.attempt,
+                    succeeded.result, now_ms, steps, seq=seq)
+        except WorkflowStepSupersededError:
+            held.mark_lost("superseded at settle")
+            self._let_go(held)
+            raise
+        except Exception:
+            # An outage, or a document refused (this result or a step's data: the settle
+            # alone tells which, and the steps' insert fails on its own).
+            self.succeed(claimed, succeeded.result, maybe_landed=True)
+            return None
+        self._let_go(held, release=False)  # settled for good: its Redis lease lapses
+        return recorded
 
     def _release_quietly(self, lease: Lease) -> None:
         with contextlib.suppress(Exception):  # unreleased, it lapses

@@ -14,6 +14,7 @@ continuation, since the pass itself goes on from the settled step."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
@@ -24,11 +25,12 @@ from pikku_celery.engine.claims import (
     Claimed,
     Claimer,
     NotClaimed,
-    StepContext,
     Succeeded,
+    call_body,
     serialize_error,
 )
 from pikku_celery.engine.heartbeat import HeldStep
+from pikku_celery.engine.outcomes import StepOutcome, settled_outcome
 from pikku_celery.engine.protocols import (
     Advancer,
     ContinuationRefused,
@@ -45,33 +47,12 @@ from pikku_celery.model.errors import (
     LeaseTakenError,
     WorkflowStepSupersededError,
 )
-from pikku_celery.model.records import STEP_FAILED, STEP_SUCCEEDED, StepState
+from pikku_celery.model.records import StepState
 from pikku_celery.model.redaction import redact_error
 from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 from pikku_celery.workflow.definitions import StepDefinition
 
 log = logging.getLogger("pikku_celery")
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one delivery of a step message did."""
-
-    kind: str  # "succeeded" | "failed" | "not_claimed" | "settled"
-    result: Any = None
-    error: BaseException | None = None
-    attempt: int = 0  # the attempt that ran (0 when not claimed)
-    max_attempts: int = 0
-    retry_at: datetime | None = None  # failed with attempts left: when the next may start
-
-
-class RecordedStepError(Exception):
-    """A step's failure as its store recorded it (``error``: type, message, traceback),
-    for a delivery that reports an outcome it did not produce (see ``_settled_outcome``)."""
-
-    def __init__(self, error: dict[str, Any]) -> None:
-        self.error = error
-        super().__init__(error)
 
 
 class StepExecution:
@@ -99,11 +80,12 @@ class StepExecution:
     # --- steps ----------------------------------------------------------------------------
 
     def execute_step(self, definition: StepDefinition, run_id: str, step_name: str,
-                     dispatcher: Dispatcher | None = None, *, task_id: str | None = None
-                     ) -> StepOutcome:
+                     dispatcher: Dispatcher | None = None, *, task_id: str | None = None,
+                     expected: object = None) -> StepOutcome:
         """Claim, run and settle one attempt. Raises ``WorkflowStepSupersededError`` when
         the attempt lost the step before it could record its outcome. ``task_id`` (the
-        Celery task id of this delivery) is recorded with the attempt."""
+        Celery task id of this delivery) is recorded with the attempt; ``expected`` is what
+        the message says the step was when recorded (``store.claim_step``)."""
         dispatcher = dispatcher or self.dispatcher
         lease_ms = definition.lease_ms or self.settings.step_lease_ms
         # The claim hands its attempt to ``holding`` before the heartbeat starts renewing
@@ -113,26 +95,72 @@ class StepExecution:
         holding: list[HeldStep] = []
         try:
             claim = self.claimer.claim(run_id, step_name, definition.name, lease_ms,
-                                       task_id=task_id, holding=holding)
+                                       task_id=task_id, holding=holding, expected=expected)
             if isinstance(claim, NotClaimed):
                 if claim.wake_run:  # it failed the step for good: its lease had lapsed
                     dispatcher.wake_run(run_id, step_name=step_name)
-                return self._settled_outcome(run_id, step_name, task_id, dispatcher)
-            return self._run_claimed(definition, claim, task_id, dispatcher)
+                return settled_outcome(self.store, self.passes, self.settings, run_id,
+                                       step_name, task_id, dispatcher)
+            return self._run_claimed(definition, claim, task_id, dispatcher, holding)
         finally:
-            # Whatever escaped (a settle that raised, an error whose message cannot be
-            # read, a time limit while the result was checked), the heartbeat must not keep
-            # renewing an attempt nothing runs: its lease lapses and the reaper takes the
-            # step back. After a settle this changes nothing (the settle let go already).
+            # Whatever escaped (a settle that raised, an unreadable error, a time limit),
+            # no attempt nothing runs stays renewed: its lease lapses for the reaper.
             for held in holding:
                 self.claimer.heartbeat.remove(held)
 
     def _run_claimed(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
-                     dispatcher: Dispatcher) -> StepOutcome:
-        outcome, settled = self._attempt(definition, claim, task_id, dispatcher)
+                     dispatcher: Dispatcher, holding: list[HeldStep]) -> StepOutcome:
+        """The body of a claimed attempt and its settle (a retry to come gets its timer),
+        then the run goes on. With ``continue_in_place`` a success is not settled here but
+        handed to the pass after it, whose first write carries it (the next steps' insert,
+        or the next step's claim in place), as a step run in place hands its settle on: a
+        command per step saved. Failures and transactional steps settle here."""
+        report = _AttemptReport(self, definition.name, claim, task_id)
+        if definition.transactional and TransactionalAttempt.possible(self.store):
+            outcome, settled = self._transactional(definition, claim, dispatcher, report)
+        else:
+            try:
+                result = call_body(self.claimer, definition, claim)
+                succeeded = self.claimer.checked(claim, result)
+            except InvalidInputError as exc:  # unstorable: every attempt's would be too
+                outcome, settled = self._record_failure(definition, claim, exc, dispatcher,
+                                                        report, final=True)
+            except Exception as exc:
+                outcome, settled = self._record_failure(definition, claim, exc, dispatcher,
+                                                        report)
+            else:
+                pending = InPlaceSettle(definition, succeeded, report, holding,
+                                        in_place=False)
+                if self.settings.continue_in_place:
+                    self._continue(succeeded.settled(self.now_ms()), dispatcher,
+                                   pending=pending)
+                else:
+                    with contextlib.suppress(ContinuationRefused):
+                        settled = self.finish_settle(pending)
+                        self._continue(settled, dispatcher)
+                return self._handed_on(pending, dispatcher)
         if settled.due_at is None:  # settled for good: the run goes on
             self._continue(settled, dispatcher)
         return outcome
+
+    def _handed_on(self, pending: InPlaceSettle, dispatcher: Dispatcher) -> StepOutcome:
+        """The outcome of a delivered step whose success was handed on (``_run_claimed``):
+        its settle was written, or refused. Should the pass have ended without either (an
+        outage past its deadlines), it is written here, or the error propagates and the
+        step's lease lapses for the reaper."""
+        if not pending.written and pending.refused is None:
+            with contextlib.suppress(ContinuationRefused):
+                self.finish_settle(pending)
+        claim = pending.succeeded.claimed
+        refused = pending.refused
+        if isinstance(refused, WorkflowStepSupersededError):
+            raise refused
+        if refused is not None:  # the result refused after all: the step failed for good
+            dispatcher.wake_run(claim.state.run_id, step_name=claim.state.step_name)
+            return StepOutcome("failed", error=refused, attempt=claim.state.attempt,
+                               max_attempts=claim.state.max_attempts)
+        return StepOutcome("succeeded", result=pending.succeeded.result,
+                           attempt=claim.state.attempt, max_attempts=claim.state.max_attempts)
 
     def run_new_step(self, definition: StepDefinition, step: NewStep, seq: int,
                      dispatcher: Dispatcher, *, after: PendingSettle | None = None,
@@ -165,7 +193,7 @@ class StepExecution:
             report = _AttemptReport(self, definition.name, claim, task_id, in_place=True,
                                     workflow=workflow)
             try:
-                result = self._call_body(definition, claim)
+                result = call_body(self.claimer, definition, claim)
                 succeeded = self.claimer.checked(claim, result)
             except InvalidInputError as exc:  # a result that can never be stored
                 return self._record_failure(definition, claim, exc, dispatcher, report,
@@ -191,8 +219,29 @@ class StepExecution:
         except BaseException as exc:
             self._refused(after, exc)
             raise
+        after.written = True
         after.report.finished("succeeded", result=after.succeeded.result)
         return claim
+
+    def settle_with_inserts(self, pending: PendingSettle, steps: list[NewStep], now_ms: int,
+                            seq: int) -> list[tuple[StepState, bool]] | None:
+        """Write the settle of a step whose pass went on from its result together with the
+        insert of the steps that pass recorded (``Claimer.settle_then_insert``): what
+        ``insert_steps`` returns, or ``None`` when the settle was written alone (the steps
+        are still to insert). ``ContinuationRefused`` when it could not record the result
+        the workflow went on with."""
+        after = _pending(pending)
+        try:
+            recorded = self.claimer.settle_then_insert(after.succeeded, steps, now_ms, seq=seq)
+        except BaseException as exc:
+            self._refused(after, exc)
+            raise
+        finally:
+            for held in after.holding:
+                self.claimer.heartbeat.remove(held)
+        after.written = True
+        after.report.finished("succeeded", result=after.succeeded.result)
+        return recorded
 
     def finish_settle(self, pending: PendingSettle) -> StepState:
         """Write the settle of a step run in place alone (the pass is about to make another
@@ -207,6 +256,7 @@ class StepExecution:
         finally:
             for held in after.holding:
                 self.claimer.heartbeat.remove(held)
+        after.written = True
         after.report.finished("succeeded", result=after.succeeded.result)
         return settled
 
@@ -216,44 +266,22 @@ class StepExecution:
         as a delivery records it). Raises ``ContinuationRefused``; anything else is left
         to propagate (the step's lease lapses for the reaper)."""
         claim = after.succeeded.claimed
+        if isinstance(exc, WorkflowStepSupersededError | InvalidInputError):
+            after.refused = exc
         if isinstance(exc, WorkflowStepSupersededError):
             after.report.superseded(exc)
-            _log_superseded(exc)
+            if after.in_place:  # a delivery's task logs it as it raises it (``tasks``)
+                _log_superseded(exc)
             raise ContinuationRefused(str(exc)) from exc
         if isinstance(exc, InvalidInputError):
             self._record_failure(after.definition, claim, exc, self.dispatcher, after.report,
                                  final=True)
             raise ContinuationRefused(str(exc)) from exc
 
-    def _attempt(self, definition: StepDefinition, claim: Claimed, task_id: str | None,
-                 dispatcher: Dispatcher) -> tuple[StepOutcome, StepState]:
-        """The body of a claimed attempt and its settle; a retry to come gets its timer."""
-        attempt = _AttemptReport(self, definition.name, claim, task_id)
-        if definition.transactional and TransactionalAttempt.possible(self.store):
-            return self._transactional(definition, claim, dispatcher, attempt)
-        try:
-            result = self._call_body(definition, claim)
-        except Exception as exc:
-            return self._record_failure(definition, claim, exc, dispatcher, attempt)
-        try:
-            settled = self.claimer.succeed(claim, result)
-        except InvalidInputError as exc:
-            # The body returned something that can never be stored (a datetime, a result
-            # too large beside the step's data): another attempt would return the same, so
-            # the step fails at once, whatever attempts are left.
-            return self._record_failure(definition, claim, exc, dispatcher, attempt,
-                                        final=True)
-        except WorkflowStepSupersededError as exc:
-            attempt.superseded(exc)
-            raise
-        attempt.finished("succeeded", result=result)
-        return StepOutcome("succeeded", result=result, attempt=claim.state.attempt,
-                           max_attempts=claim.state.max_attempts), settled
-
     def _transactional(self, definition: StepDefinition, claim: Claimed,
                        dispatcher: Dispatcher, attempt: _AttemptReport
                        ) -> tuple[StepOutcome, StepState]:
-        """``_attempt`` for a transactional step (``pikku_celery.engine.transactional``)."""
+        """The attempt of a transactional step (``pikku_celery.engine.transactional``)."""
         lease_ms = definition.lease_ms or self.settings.step_lease_ms
         try:
             done = TransactionalAttempt(self.store, self.claimer, lease_ms,
@@ -268,80 +296,35 @@ class StepExecution:
         return StepOutcome("succeeded", result=done.result, attempt=claim.state.attempt,
                            max_attempts=claim.state.max_attempts), done.settled
 
-    def _recheck(self, run_id: str, step_name: str, dispatcher: Dispatcher) -> None:
-        """The redelivery of the delivery that settled a step may follow a worker that
-        died in the pass after the step (in place, that pass runs inside the step's task,
-        before its message is acknowledged): make sure the run heard of the step, with a
-        pass here or a mark for the pass holding the run. Without it, such a run would wait
-        for the stalled-run sweep. Other deliveries that claim nothing stay cheap (a storm
-        of redeliveries must not become a storm of passes)."""
-        try:
-            self.passes.advance(run_id, dispatcher, mark=step_name)
-        except (LeaseTakenError, LeaseLostError):
-            pass  # marked, or another pass has the run: it will see the step
-        except Exception:
-            log.exception("pikku: the pass after a duplicate of step %r of run %s failed",
-                          step_name, run_id)
-
-    def _settled_outcome(self, run_id: str, step_name: str, task_id: str | None,
-                         dispatcher: Dispatcher) -> StepOutcome:
-        """A delivery that claimed nothing. When the step has settled for good and this
-        delivery is not the one whose attempt settled it (a re-dispatch by replay or the
-        reaper carries a new task id), its task reports the recorded outcome (``settled``:
-        ``result`` or the stored ``error`` dict, and the attempt that recorded it), so
-        ``AsyncResult`` of every task id of the step sees how it ended. Anything else (a
-        live worker holds the step, it waits for a retry, or this is the settling
-        delivery itself, whose task already reported) is ``not_claimed``: nothing runs and
-        nothing is reported. One read, on this rare path only."""
-        state = self.store.get_step(run_id, step_name)
-        if state is not None and state.status == STEP_FAILED and state.due_at is not None:
-            # A retry not due yet on the lease service's clock, which the claim reads
-            # exactly: its timer fired on this process's estimate of that clock, which a
-            # stalled round trip can put ahead. Arm it again, or only a reaper sweep would
-            # send the retry (an inline run has none: it waited forever).
-            dispatcher.arm_timer(run_id, step_name, round(state.due_at.timestamp() * 1000))
-            return StepOutcome("not_claimed")
-        settled = state is not None and (state.status == STEP_SUCCEEDED or (
-            state.status == STEP_FAILED and state.due_at is None))
-        if (settled and state is not None and task_id is not None
-                and state.task_id == task_id and self.settings.continue_in_place):
-            self._recheck(run_id, step_name, dispatcher)  # the settling delivery, again
-        if state is None or task_id is None or state.task_id == task_id or not settled:
-            return StepOutcome("not_claimed")
-        return StepOutcome("settled", result=state.result, attempt=state.attempt,
-                           max_attempts=state.max_attempts,
-                           error=None if state.status == STEP_SUCCEEDED
-                           else RecordedStepError(state.error or {}))
-
-    def _continue(self, settled: StepState, dispatcher: Dispatcher) -> None:
+    def _continue(self, settled: StepState, dispatcher: Dispatcher, *,
+                  pending: InPlaceSettle | None = None) -> None:
         """Tell the run a step settled: in place (replay here, under the run lease) when
         configured, else with a message to the orchestrator. In place, a run being advanced
         elsewhere gets a mark instead (the holder passes again before it lets go): no
-        message either way."""
+        message either way. ``pending``: the step's settle, still to write, which the pass
+        writes with its first write (``settled`` is the step as it will write it)."""
         run_id, step_name = settled.run_id, settled.step_name
         if self.settings.continue_in_place:
             try:
-                self.passes.advance(run_id, dispatcher, mark=step_name, settled=settled)
+                self.passes.advance(run_id, dispatcher, mark=step_name, settled=settled,
+                                    pending=pending)
                 return
             except LeaseTakenError:
                 return  # marked: the pass holding the run sees this step before it lets go
+            except ContinuationRefused:
+                return  # the settle was refused (``pending.refused``): nothing to tell
             except LeaseLostError:
                 pass  # our pass lost the run: whoever has it now may not know, so wake
             except Exception:
                 log.exception("pikku: in-place continuation of run %s failed", run_id)
+        if pending is not None and not pending.written:
+            if pending.refused is not None:
+                return
+            try:  # the pass ended before its first write: the settle goes alone, first
+                self.finish_settle(pending)
+            except ContinuationRefused:
+                return
         dispatcher.wake_run(run_id, step_name=step_name)
-
-    def _call_body(self, definition: StepDefinition, claim: Claimed) -> Any:
-        try:
-            if definition.bind:
-                return definition.fn(StepContext(claim.state, claim.held,
-                                                 report=self.claimer.progress_of(claim.state)),
-                                     claim.state.data)
-            return definition.fn(claim.state.data)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):  # SystemExit & co: let the lease lapse
-                self.claimer.heartbeat.remove(claim.held)
-            raise
 
     def _record_failure(self, definition: StepDefinition, claim: Claimed, exc: Exception,
                         dispatcher: Dispatcher, attempt: _AttemptReport, *,
@@ -382,6 +365,11 @@ class InPlaceSettle:
     succeeded: Succeeded
     report: _AttemptReport
     holding: list[HeldStep]
+    # What became of the settle: written, or refused with this error (superseded, or a
+    # result MongoDB refused after all: then the step failed for good).
+    written: bool = False
+    refused: BaseException | None = None
+    in_place: bool = True  # else a delivered step's, handed to the pass after it
 
     @property
     def running(self) -> StepState:

@@ -23,11 +23,12 @@ from typing import Any
 
 from pikku_celery.engine.claims import Claimer
 from pikku_celery.engine.concurrency import queued_reason
-from pikku_celery.engine.execution import RecordedStepError, StepExecution, StepOutcome
+from pikku_celery.engine.execution import StepExecution
 from pikku_celery.engine.forks import Forks
 from pikku_celery.engine.gates import Gates
 from pikku_celery.engine.heartbeat import Heartbeat
 from pikku_celery.engine.observed import ObservedPasses
+from pikku_celery.engine.outcomes import RecordedStepError, StepOutcome
 from pikku_celery.engine.passes import Passes
 from pikku_celery.engine.protocols import Dispatcher, Emit, Settings, no_emit
 from pikku_celery.engine.reads import Reads
@@ -58,8 +59,13 @@ class _Noting:
         self._dispatcher = dispatcher
         self.dispatched = False
 
-    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
-        self._dispatcher.dispatch_step(function, run_id, step_name)
+    def dispatch_step(self, function: str, run_id: str, step_name: str, *,
+                      expected: object = None) -> None:
+        if expected is None:
+            self._dispatcher.dispatch_step(function, run_id, step_name)
+        else:  # only asked of a dispatcher that ``carries_claims``
+            self._dispatcher.dispatch_step(  # type: ignore[call-arg]
+                function, run_id, step_name, expected=expected)
         self.dispatched = True
 
     def wake_run(self, run_id: str, countdown_s: float = 0.0,
@@ -219,13 +225,14 @@ class Engine:
     # --- steps (execution.py) -------------------------------------------------------------
 
     def execute_step(self, definition: StepDefinition, run_id: str, step_name: str,
-                     dispatcher: Dispatcher | None = None, *, task_id: str | None = None
-                     ) -> StepOutcome:
+                     dispatcher: Dispatcher | None = None, *, task_id: str | None = None,
+                     expected: object = None) -> StepOutcome:
         """Claim, run and settle one attempt. Raises ``WorkflowStepSupersededError`` when
         the attempt lost the step before it could record its outcome. ``task_id`` (the
-        Celery task id of this delivery) is recorded with the attempt."""
+        Celery task id of this delivery) is recorded with the attempt; ``expected``: what
+        the message says the step was when recorded (``store.claim_step``)."""
         return self.execution.execute_step(definition, run_id, step_name, dispatcher,
-                                           task_id=task_id)
+                                           task_id=task_id, expected=expected)
 
     # --- gates (gates.py) -----------------------------------------------------------------
 

@@ -73,20 +73,35 @@ class InPlace:
         if pending is not None:
             self._runner.finish_settle(pending)
 
-    def close(self) -> None:
-        """The call ends with a settle still pending (its pass was interrupted): the body
-        succeeded, so its result is written if it can be; if not, the step's lease lapses
-        and the reaper runs it again. A refused settle (``ContinuationRefused``: the attempt
-        was superseded, the usual end of a streak that lost its run lease while stalled;
-        or its result was refused and the step failed for good) is no error here: it was
-        logged or recorded where it was refused."""
+    def settle_with(self, steps: list[NewStep], now_ms: int, seq: int
+                    ) -> list[tuple[StepState, bool]] | None:
+        """Write the pending settle and insert ``steps`` in one command: what
+        ``insert_steps`` returns, or ``None`` when nothing was pending or the settle had to
+        be written alone (the steps are still to insert). ``ContinuationRefused`` if the
+        settle was refused."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        return self._runner.settle_with_inserts(pending, steps, now_ms, seq)
+
+    def close(self) -> bool:
+        """The call ends with a settle still pending (its pass was interrupted, or wrote
+        nothing): the body succeeded, so its result is written if it can be; if not, the
+        step's lease lapses and the reaper runs it again. A refused settle
+        (``ContinuationRefused``: the attempt was superseded, the usual end of a streak
+        that lost its run lease while stalled; or its result was refused and the step
+        failed for good) is no error here: it was logged or recorded where it was refused.
+        Whether every settle was written (``False``: the view went on from a result the
+        store does not hold)."""
         try:
             self.settle()
         except ContinuationRefused:
-            pass
+            return False
         except Exception:
             log.warning("pikku: the settle of a step run in place could not be written; "
                         "the step runs again once its lease lapses", exc_info=True)
+            return False
+        return True
 
     def runnable(self, recorded: list[NewStep], step_name: str, registry: Registry,
                  dispatcher: Dispatcher) -> tuple[NewStep, StepDefinition] | None:

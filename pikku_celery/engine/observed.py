@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from pikku_celery.engine.passes import Passes
-from pikku_celery.engine.protocols import Dispatcher, Emit, no_emit
+from pikku_celery.engine.protocols import Dispatcher, Emit, PendingSettle, no_emit
 from pikku_celery.model.errors import LeaseLostError, LeaseTakenError
 from pikku_celery.model.records import RUN_TERMINAL, StepState
 from pikku_celery.model.views import ALL
@@ -28,10 +28,12 @@ class ObservedPasses:
         self.emit = emit
 
     def advance(self, run_id: str, dispatcher: Dispatcher, *, mark: str = ALL,
-                settled: StepState | None = None) -> str:
+                settled: StepState | None = None,
+                pending: PendingSettle | None = None) -> str:
         emit = self.emit
         if emit is no_emit:  # nothing listens: not even a clock read
-            return self.passes.advance(run_id, dispatcher, mark=mark, settled=settled)
+            return self.passes.advance(run_id, dispatcher, mark=mark, settled=settled,
+                                       pending=pending)
         started = time.monotonic()
         views = self.passes.views  # the run's workflow, when a pass here has seen the run
         emit("pass_started", "pass", run_id=run_id, mark=mark,
@@ -39,7 +41,8 @@ class ObservedPasses:
         outcome = ERROR
         failure: Exception | None = None
         try:
-            status = self.passes.advance(run_id, dispatcher, mark=mark, settled=settled)
+            status = self.passes.advance(run_id, dispatcher, mark=mark, settled=settled,
+                                         pending=pending)
             outcome = ENDED if status in RUN_TERMINAL else WAITING
             return status
         except LeaseTakenError:

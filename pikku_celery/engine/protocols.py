@@ -69,6 +69,9 @@ class Dispatcher(Protocol):
     # Optional (``runs_here``): whether this process, now, may run a step of ``function``
     # in place rather than send it (``passes``). A dispatcher without it never runs steps
     # in place.
+    # Optional (``carries_claims``, true): its ``dispatch_step`` takes ``expected=``, the
+    # step as recorded, and delivers it with the message to ``execute_step`` (a first claim
+    # without a read: ``store._claim_hint``).
 
 
 #: Every run's limits on the events sent to it (``pikku_max_events_per_run``,
@@ -153,9 +156,13 @@ class StepRunner(Protocol):
 
     def finish_settle(self, pending: PendingSettle) -> StepState: ...
 
+    def settle_with_inserts(self, pending: PendingSettle, steps: list[NewStep], now_ms: int,
+                            seq: int) -> list[tuple[StepState, bool]] | None: ...
+
 
 class Advancer(Protocol):
     """What step execution asks of the orchestration passes (``passes.Passes``)."""
 
     def advance(self, run_id: str, dispatcher: Dispatcher, *, mark: str = ...,
-                settled: StepState | None = None) -> str: ...
+                settled: StepState | None = None,
+                pending: PendingSettle | None = None) -> str: ...

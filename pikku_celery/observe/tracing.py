@@ -154,6 +154,10 @@ class _Thread(threading.local):
         #: its end may be reported in the pass's): undone when that Context is current
         #: here again, or dropped with the pass they ran in.
         self.stale: list[_Frame] = []
+        #: The attempt of a step sent as its own task whose settle went with the pass after
+        #: it: detached when that pass began (the pass is not its child, as before), ended
+        #: when its settle lands inside the pass.
+        self.handed: dict[tuple[Any, ...], _Frame] = {}
         #: The ``pikku.start`` span of the run being created and the context saved with
         #: the run, until ``run_started``.
         self.starting: tuple[str, Any, dict[str, str]] | None = None
@@ -316,8 +320,9 @@ class Tracing:
 
     def _pass_started(self, tracer: Any, sender: str, fields: dict[str, Any]) -> None:
         state = _local
-        _abandon_sent_attempts(state)
         run_id = fields["run_id"]
+        _hand_on(state, run_id, fields.get("mark"))
+        _abandon_sent_attempts(state)
         info = self._runs.get(run_id)
         workflow = fields.get("workflow") or info.workflow or ""
         attributes = {RUN_ID: run_id, MARK: str(fields.get("mark"))}
@@ -470,7 +475,7 @@ def _close(state: _Thread, key: tuple[Any, ...]) -> _Frame | None:
         if stack[index].key == key:
             break
     else:
-        return None
+        return state.handed.pop(key, None)  # detached already
     while len(stack) > index + 1:
         _end_abandoned(state, stack.pop())
     frame = stack.pop()
@@ -520,9 +525,29 @@ def _abandon_attempts(state: _Thread) -> None:
         _end_abandoned(state, stack.pop())
 
 
+def _hand_on(state: _Thread, run_id: str, mark: object) -> None:
+    """A pass of ``run_id`` begins for step ``mark`` while that step's attempt (sent as its
+    own task) is open on this thread: the attempt handed its settle to this pass. Detach it
+    and keep it aside (``_Thread.handed``) until its settle lands; any attempt kept aside
+    before never heard of its settle, and is ended as abandoned."""
+    for frame in state.handed.values():
+        frame.span.set_attributes({OUTCOME: ABANDONED})
+        frame.span.end()
+    state.handed.clear()
+    stack = state.stack
+    if not stack:
+        return
+    top = stack[-1]
+    if top.key[0] == "step" and not top.in_place and top.key[1:3] == (run_id, mark):
+        stack.pop()
+        _detach(state, top)
+        state.handed[top.key] = top
+
+
 def _abandon_sent_attempts(state: _Thread) -> None:
     """A pass never begins inside the attempt of a step sent as its own task (the pass that
-    continues after it begins once it is settled): such an attempt still open never ended."""
+    continues after it takes its settle: ``_hand_on``): such an attempt still open never
+    ended."""
     stack = state.stack
     while stack and stack[-1].key[0] == "step" and not stack[-1].in_place:
         _end_abandoned(state, stack.pop())

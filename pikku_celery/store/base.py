@@ -27,11 +27,11 @@ from pikku_celery.model.records import (
     STEP_PENDING,
     StepAttempt,
     StepState,
-    WorkflowEvent,
     WorkflowRun,
 )
 from pikku_celery.model.trace_context import check_trace
 from pikku_celery.model.validate import check_name
+from pikku_celery.store._event_store import EventStore
 from pikku_celery.store._schedules import ScheduleStore
 from pikku_celery.store._slots import SlotStore
 
@@ -118,48 +118,6 @@ class RunRead:
 
 
 @runtime_checkable
-class EventStore(Protocol):
-    """The events part of the store contract (``store._events``)."""
-
-    def send_event(self, run_id: str, name: str, payload: Any, now_ms: int, *,
-                   key: str | None = None, wake_check_ms: int | None = None,
-                   send_id: str | None = None, max_events: int | None = None,
-                   max_bytes: int | None = None) -> tuple[WorkflowEvent, bool]:
-        """Keep an event for the live run ``run_id``, next in its order; returns it and
-        whether this send wrote it (``False``: ``key``'s earlier send did). Unknown run:
-        ``WorkflowRunNotFoundError``, ended: ``WorkflowEventError``, nothing kept.
-        ``wake_check_ms``: when the reaper wakes the run (``find_event_wakes``) unless the
-        sender does (``clear_event_wake``). ``send_id`` names the one send (a call repeated
-        with it keeps one event; ``store._events``). ``max_bytes``: a payload larger as
-        JSON is refused; ``max_events``: a run that has kept that many events refuses
-        another, in the write that would keep it (concurrent sends never pass it); both
-        ``WorkflowEventLimitError``, nothing kept (``None`` or 0: no limit)."""
-        ...
-
-    def next_event(self, run_id: str, name: str, taken: Collection[int] = ()
-                   ) -> WorkflowEvent | None:
-        """The first event named ``name`` sent to the run whose ``seq`` is not in
-        ``taken`` (the events the run's earlier waits took)."""
-        ...
-
-    def list_events(self, run_id: str, limit: int = 1000, *, after: int = 0,
-                    payloads: bool = True) -> list[WorkflowEvent]:
-        """The run's events whose ``seq`` is over ``after``, in the order they were sent,
-        at most ``limit`` (1 or more); without ``payloads``, each event's ``payload`` is
-        not read (``None``; its ``size`` says how large it is)."""
-        ...
-
-    def find_event_wakes(self, now_ms: int, limit: int) -> list[WorkflowEvent]:
-        """Events whose wake check is due: their sender may have stopped before it woke
-        the run."""
-        ...
-
-    def clear_event_wake(self, event_id: str) -> bool:
-        """End an event's wake check; ``False`` when it had none."""
-        ...
-
-
-@runtime_checkable
 class ForkStore(Protocol):
     """The runs a fork made (``pikku_celery.engine.forks``): listed from the run they name."""
 
@@ -225,8 +183,48 @@ class EndStore(Protocol):
         ...
 
 
+class HandOffStore(Protocol):
+    """What a pass writes for a step whose settle it carries (``engine.passes``): the
+    settle goes with the pass's first write, in one round trip."""
+
+    def claim_new_step(self, step: NewStep, now_ms: int, lease_ms: int, *, seq: int = 0,
+                       worker: str | None = None, task_id: str | None = None) -> NewClaim:
+        """Insert a ``pending`` step already claimed by its first attempt: the document a
+        first claim of the pending step would leave (running, attempt 1, the lease and the
+        attempt's history entry), in one insert. For a pass that runs the step it records
+        at once (``passes``), so the step costs no message and no separate claim. Like a
+        claim that won, it checks the run *after* its write and fences the attempt when the
+        run has ended (the Dekker pair with ``cancel_steps``; MongoDB checks for the mark a
+        run's end leaves first, in the insert's own command: ``store._ended``). A step that
+        exists already is
+        returned as it is, unchanged (``created`` false). The caller holds the run."""
+        ...
+
+    def settle_and_claim_new(self, run_id: str, step_name: str, attempt: int, result: Any,
+                             now_ms: int, step: NewStep, lease_ms: int, *, seq: int = 0,
+                             worker: str | None = None, task_id: str | None = None
+                             ) -> NewClaim:
+        """``set_result`` of ``step_name``'s attempt ``attempt`` and ``claim_new_step`` of
+        ``step`` (the step the workflow reached with that result), in one round trip, the
+        insert only once the result is recorded. ``WorkflowStepSupersededError`` when the
+        attempt no longer owns its step: then nothing is written. For a pass running steps
+        in place: a step's settle and the next step's claim, one command. ``worker`` and
+        ``task_id`` are recorded with the new step's attempt, as ``claim_new_step``'s."""
+        ...
+
+    def settle_and_insert_steps(self, run_id: str, step_name: str, attempt: int, result: Any,
+                                now_ms: int, steps: Sequence[NewStep], *, seq: int = 0
+                                ) -> list[tuple[StepState, bool]]:
+        """``set_result`` then ``insert_steps`` of what the workflow reached with that result,
+        in one round trip: what ``insert_steps`` returns. ``WorkflowStepSupersededError``
+        (nothing written) when the attempt no longer owns its step. The caller holds the
+        run."""
+        ...
+
+
 @runtime_checkable
-class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, Protocol):
+class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, HandOffStore,
+                    Protocol):
     # --- runs -------------------------------------------------------------------------
 
     def create_run(self, run: NewRun, now_ms: int) -> tuple[WorkflowRun, bool]:
@@ -297,31 +295,6 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, P
         caller holds the run, so the run is not looked up."""
         ...
 
-    def claim_new_step(self, step: NewStep, now_ms: int, lease_ms: int, *, seq: int = 0,
-                       worker: str | None = None, task_id: str | None = None) -> NewClaim:
-        """Insert a ``pending`` step already claimed by its first attempt: the document a
-        first claim of the pending step would leave (running, attempt 1, the lease and the
-        attempt's history entry), in one insert. For a pass that runs the step it records
-        at once (``passes``), so the step costs no message and no separate claim. Like a
-        claim that won, it checks the run *after* its write and fences the attempt when the
-        run has ended (the Dekker pair with ``cancel_steps``; MongoDB checks for the mark a
-        run's end leaves first, in the insert's own command: ``store._ended``). A step that
-        exists already is
-        returned as it is, unchanged (``created`` false). The caller holds the run."""
-        ...
-
-    def settle_and_claim_new(self, run_id: str, step_name: str, attempt: int, result: Any,
-                             now_ms: int, step: NewStep, lease_ms: int, *, seq: int = 0,
-                             worker: str | None = None, task_id: str | None = None
-                             ) -> NewClaim:
-        """``set_result`` of ``step_name``'s attempt ``attempt`` and ``claim_new_step`` of
-        ``step`` (the step the workflow reached with that result), in one round trip, the
-        insert only once the result is recorded. ``WorkflowStepSupersededError`` when the
-        attempt no longer owns its step: then nothing is written. For a pass running steps
-        in place: a step's settle and the next step's claim, one command. ``worker`` and
-        ``task_id`` are recorded with the new step's attempt, as ``claim_new_step``'s."""
-        ...
-
     def insert_replayed_steps(self, run_id: str, steps: Sequence[StepState], now_ms: int,
                               *, source_run_id: str) -> int:
         """Record ``steps``, succeeded steps of run ``source_run_id``, as succeeded steps of
@@ -346,7 +319,7 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, P
 
     def claim_step(
         self, run_id: str, step_name: str, function: str | None, now_ms: int, lease_ms: int,
-        worker: str | None = None, task_id: str | None = None,
+        worker: str | None = None, task_id: str | None = None, *, expected: object = None,
     ) -> ClaimResult:
         """Claim the step for execution: one guarded write (contract invariants 2, 3, 6, 8).
         ``worker`` and ``task_id`` (the Celery task id of the delivery) are recorded with
@@ -368,7 +341,9 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, P
         returns ``state=None``: no body runs for an ended run. With ``cancel_steps``, which
         runs after the run's end was written, this is a Dekker pair: a claim landing
         between the fence's read of the steps and its write is seen by one side or the
-        other, never by neither (see ``pikku_celery.store._ended``)."""
+        other, never by neither (see ``pikku_celery.store._ended``). ``expected``: the step
+        as its message says it was recorded (``store._claim_hint``, untrusted), which may
+        spare a store the read; the outcome is the same."""
         ...
 
     def set_result(

@@ -19,6 +19,20 @@ if TYPE_CHECKING:
 
 Route = Callable[[str, tuple[Any, ...], Any], dict[str, Any]]
 
+#: The message header that carries a step as recorded (``store._claim_hint``): a worker that
+#: does not know it ignores it, and claims as before.
+CLAIM_HEADER = "pikku_claim"
+
+
+def carried_claim(request: Any) -> object:
+    """The step as the delivery's message says it was recorded, if it says (untrusted: the
+    store checks it against the step). Celery gives a custom header as an attribute of the
+    request, or in its ``headers`` (by version and protocol)."""
+    found = getattr(request, CLAIM_HEADER, None)
+    if found is None:
+        found = (getattr(request, "headers", None) or {}).get(CLAIM_HEADER)
+    return found
+
 
 class CeleryDispatcher:
     """Sends engine work as Celery messages; long waits are chained, never one long ETA."""
@@ -46,12 +60,19 @@ class CeleryDispatcher:
             finally:
                 self._local.producer = None
 
-    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+    #: Its messages carry the step as recorded (``dispatch_step``'s ``expected``).
+    carries_claims = True
+
+    def dispatch_step(self, function: str, run_id: str, step_name: str, *,
+                      expected: object = None) -> None:
         task = self._app.tasks.get(function)
         route = self._route(function, (run_id, step_name), task)
         producer = getattr(self._local, "producer", None)
         if producer is not None:
             route = {**route, "producer": producer}
+        if expected is not None:
+            route = {**route, "headers": {**(route.get("headers") or {}),
+                                          CLAIM_HEADER: expected}}
         if task is not None:
             task.apply_async((run_id, step_name), **self._limits(task), **route)
         else:

@@ -39,7 +39,7 @@ from pikku_celery.model.validate import check_name
 from pikku_celery.observe import celery_events, logs  # noqa: F401
 from pikku_celery.store._concerns import deadline
 from pikku_celery.worker.backend import record_attempt
-from pikku_celery.worker.dispatcher import CeleryDispatcher, Route
+from pikku_celery.worker.dispatcher import CeleryDispatcher, Route, carried_claim
 from pikku_celery.worker.task_names import (
     INTERNAL_KINDS,
     NAMES_ATTR,
@@ -55,8 +55,8 @@ from pikku_celery.worker.task_names import (
 from pikku_celery.worker.time_budget import task_started
 
 if TYPE_CHECKING:
-    from pikku_celery.engine.execution import StepOutcome
     from pikku_celery.engine.facade import Engine
+    from pikku_celery.engine.outcomes import StepOutcome
 
 # Re-exported: the dispatcher and the task names were this module's before they had their own.
 __all__ = ["INTERNAL_KINDS", "ORCHESTRATE", "ORCHESTRATE_KIND", "REAP", "REAP_KIND", "TIMER",
@@ -151,7 +151,8 @@ def make_step_task(app: Celery, engine_ref: Callable[[], Engine], name: str,
         definition = engine.registry.steps[name]
         try:
             outcome = engine.execute_step(definition, run_id, step_name,
-                                          task_id=recordable_task_id(task.request.id))
+                                          task_id=recordable_task_id(task.request.id),
+                                          expected=carried_claim(task.request))
         except WorkflowStepSupersededError as exc:
             # The result backend fences on this: a superseded attempt cannot replace the
             # outcome a later attempt stored under the same task id.

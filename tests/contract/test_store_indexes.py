@@ -31,6 +31,8 @@ from pikku_celery import (
     WorkflowStepSupersededError,
 )
 from pikku_celery.operate._checks import run_checks
+from pikku_celery.store._claim_hint import hint_of
+from pikku_celery.store._docs import new_step_doc
 from pikku_celery.store._schedules import NewSchedule
 from pikku_celery.store.base import NewRun, NewStep, due_sweep_key
 from pikku_celery.store.mongo import INDEXES
@@ -180,6 +182,16 @@ def _exercise(store: MongoWorkflowStore) -> None:
     store.settle_and_claim_new("run-0001", "c", 1, {"ok": 1}, late + 1,
                                NewStep(run_id="run-0001", step_name="d", function="f"), LEASE,
                                seq=99, worker="w")
+    # A delivered step's settle with the next steps' insert (one existing: then read), and
+    # the next step's claim from its message.
+    inserted = store.settle_and_insert_steps(
+        "run-0001", "d", 1, {"ok": 2}, late + 2,
+        [NewStep(run_id="run-0001", step_name="c", function="f"),
+         NewStep(run_id="run-0001", step_name="e", function="f")], seq=100)
+    assert [created for _, created in inserted] == [False, True]
+    hint = hint_of(new_step_doc(NewStep(run_id="run-0001", step_name="e", function="f"),
+                                late + 2, 100))
+    assert store.claim_step("run-0001", "e", "f", late + 3, LEASE, expected=hint).state
     store.claim_step(one, "a", "f", late, LEASE)  # a lapsed lease: reclaim
     store.record_progress(one, "a", 2, {"done": 1}, late)  # the reclaimed attempt's note
     with pytest.raises(WorkflowStepSupersededError):  # attempt 1's: refused, then read

@@ -158,3 +158,35 @@ def test_a_start_is_one_mongodb_write_and_one_message(mongo_server: Any) -> None
         starter.close()
     assert counts == {"mongo": 1.0, "mongo writes": 1.0, "redis": 0.0, "messages": 1.0}, counts
     assert kept is not None and "wf.do" in kept["source"]
+
+
+def test_on_two_worker_processes_a_sent_step_costs_at_most_3_and_2(
+        make_cluster: Callable[..., Cluster], redis_client: redis.Redis,
+        key_prefix: str) -> None:
+    """Issue 34 item 1: every step sent as a task of its own (``in_place_steps=0``), the
+    steps alternating between two processes. Before: 5.15 MongoDB commands and 4.05
+    documents per step (the claim's ``findAndModify`` and its read of the run, the settle's
+    ``findAndModify``, the next step's insert, the pass's read of the run)."""
+    tally = f"{key_prefix}:tally"
+    c = make_cluster("redis", **{wa.ENV_TALLY: tally, wa.ENV_IN_PLACE: "0"})
+    c.wait_ready(c.start("one", "solo"), c.start("two", "solo"))
+    steps = 20
+    run_id = c.pikku.start("chain", {"n": steps})
+    assert c.wait(run_id, 30).output == steps
+
+    orchestrate = internal_task(c.pikku.app, "orchestrate").name
+
+    def counted() -> dict[str, int]:
+        found = {k.decode(): int(v) for k, v in redis_client.hgetall(tally).items()}
+        return found if found.get(f"task:{orchestrate}") else {}
+    cost = wait_for(counted, 10, "the workers' tally", c.diagnostics)
+    workers = {h.worker for h in c.pikku.get_history(run_id)}
+    mongo = cost["mongo"] - cost.get("mongo:createIndexes", 0)
+    print(f"two worker processes, {steps} steps sent: {cost}; ran in {workers}")
+    assert len(workers) == 2, workers
+    # Per step: the claim from the message (no read), the settle with the next step's
+    # insert, the run's document for the pass (its steps come with the run lease's note).
+    # Per run: the first pass's read, the last settle, the end's mark and its end.
+    assert mongo <= 3 * steps + 4, cost
+    assert cost.get("mongo:find", 0) == 0, cost  # no claim read its step or its run
+    assert cost["documents"] <= steps + 2, cost

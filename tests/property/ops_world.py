@@ -62,6 +62,7 @@ class Message:
     step_name: str = ""
     function: str = ""
     due_ms: int = 0
+    expected: object = None  # the step as recorded, carried as a Celery message carries it
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.run_id}:{self.step_name}"
@@ -72,9 +73,11 @@ class Pool:
     """The engine's dispatcher: every message waits here until a rule delivers it."""
 
     messages: list[Message] = field(default_factory=list)
+    carries_claims = True  # as Celery's: a first claim from the message, no read
 
-    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
-        self.messages.append(Message("step", run_id, step_name, function))
+    def dispatch_step(self, function: str, run_id: str, step_name: str, *,
+                      expected: object = None) -> None:
+        self.messages.append(Message("step", run_id, step_name, function, expected=expected))
 
     def wake_run(self, run_id: str, countdown_s: float = 0.0,
                  step_name: str | None = None) -> None:
@@ -260,7 +263,7 @@ class World(Checks):
             definition = self.engine.registry.steps[message.function]
             try:
                 self.engine.execute_step(definition, message.run_id, message.step_name,
-                                         self.pool)
+                                         self.pool, expected=message.expected)
             except WorkerDied:
                 pass
             except WorkflowStepSupersededError:

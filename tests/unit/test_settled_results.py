@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pikku_celery import PikkuCelery
-from pikku_celery.engine.execution import RecordedStepError
+from pikku_celery.engine.outcomes import RecordedStepError
 from pikku_celery.worker.inline import InlineDispatcher
 from pikku_celery.worker.tasks import recorded_failure
 from tests.unit.test_engine import pikku  # noqa: F401 (a fixture)

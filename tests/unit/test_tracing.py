@@ -486,3 +486,36 @@ def test_an_attempt_ended_outside_the_context_it_ran_in_is_undone_there_later(
     assert trace.get_current_span() is trace.INVALID_SPAN
     left = tracing._local.stack + tracing._local.stale
     assert [f.key for f in left if f.key[1] == run["run_id"]] == []  # nothing kept
+
+
+def test_a_sent_step_whose_settle_goes_with_the_next_pass_ends_when_it_lands(
+        spans: InMemorySpanExporter) -> None:
+    """Issue 34 item 1: a step sent as its own task hands its settle to the pass after it.
+    Its span still ends with its outcome (not abandoned when that pass begins), and the pass
+    is not its child: the trace is shaped as when the settle came first."""
+    pikku, worker = _pikku()
+    pikku.engine.settings = type(pikku.engine.settings)(
+        **{**vars(pikku.engine.settings), "in_place_steps": 0})
+    tag = uuid.uuid4().hex[:6]
+
+    @pikku.step(name=f"trh{tag}.inc")
+    def inc(n: int) -> int:
+        return n + 1
+
+    @pikku.workflow(f"trh-{tag}")
+    def flow(wf: Any, n: int) -> int:
+        return int(wf.do("b", inc, wf.do("a", inc, n)))
+
+    run_id = pikku.start(flow, 0)
+    worker.drain()
+    assert pikku.get_run(run_id).output == 2
+    finished = spans.get_finished_spans()
+    attempts = _by_name(finished, "pikku.step")
+    assert [(a.attributes[tracing.STEP], a.attributes[tracing.OUTCOME], a.attributes[
+        tracing.IN_PLACE]) for a in attempts] == [("a", "succeeded", False),
+                                                  ("b", "succeeded", False)]
+    attempt_ids = {a.context.span_id for a in attempts}
+    passes = _by_name(finished, "pikku.pass")
+    assert len(passes) == 3  # the start's, then one after each step
+    assert not {_parent(p) for p in passes} & attempt_ids
+    assert all(p.attributes[tracing.OUTCOME] != tracing.ABANDONED for p in passes)

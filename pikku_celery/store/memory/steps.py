@@ -75,6 +75,16 @@ class MemorySteps(MemoryStoreBase):
             _docs.apply_set(settled, succeeded_fields(attempt, as_stored(result), now_ms))
             return self._claim_new(step, now_ms, lease_ms, seq, worker, task_id)
 
+    def settle_and_insert_steps(self, run_id: str, step_name: str, attempt: int, result: Any,
+                                now_ms: int, steps: Sequence[NewStep], *, seq: int = 0
+                                ) -> list[tuple[StepState, bool]]:
+        check_value(f"result of step {step_name!r}", result)
+        check_new_steps(steps)
+        with self._lock:  # one atomic step, as MongoDB's one command
+            settled = self._fenced(run_id, step_name, attempt)
+            _docs.apply_set(settled, succeeded_fields(attempt, as_stored(result), now_ms))
+            return [self._insert(_docs.new_step_doc(step, now_ms, seq)) for step in steps]
+
     def insert_replayed_steps(self, run_id: str, steps: Sequence[StepState], now_ms: int,
                               *, source_run_id: str) -> int:
         check_name("run id", run_id)
@@ -102,7 +112,9 @@ class MemorySteps(MemoryStoreBase):
 
     def claim_step(self, run_id: str, step_name: str, function: str | None, now_ms: int,
                    lease_ms: int, worker: str | None = None,
-                   task_id: str | None = None) -> ClaimResult:
+                   task_id: str | None = None, *, expected: object = None) -> ClaimResult:
+        # ``expected`` (the step as its message says it was recorded) only saves MongoDB a
+        # read; here the step is at hand, and the claim decides from it.
         with self._lock:
             doc = self._steps.get(keys.invocation_id(run_id, step_name))
             if doc is None:

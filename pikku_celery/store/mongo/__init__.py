@@ -92,7 +92,8 @@ have no ``run_id`` copy: they sort last among runs of the same millisecond.
 Modules (one concern each, every one a class on ``base.MongoStoreBase``, combined below):
 ``base`` the collections, the causal session of each call (``_causally``) and the indexes;
 ``runs`` create, read, transition, run state, the end's fence (``cancel_steps``), versions;
-``steps`` insert, claim, settle, leases, history; ``gates`` waiting steps and wake checks;
+``steps`` insert, settle, leases, history; ``claims`` claims, and the settles that travel
+with a pass's next write; ``gates`` waiting steps and wake checks;
 ``events`` events sent to runs; ``transactions`` a transactional step's transaction;
 ``retention`` counts and purges; ``listing`` ``list_runs``
 and the reaper's sweeps;
@@ -116,6 +117,7 @@ from pikku_celery.model.durations import Duration, to_seconds
 from pikku_celery.store import _concerns
 from pikku_celery.store._concerns import ReadConcernLike, WriteConcernLike
 from pikku_celery.store.mongo.base import INDEXES, Doc
+from pikku_celery.store.mongo.claims import MongoClaims
 from pikku_celery.store.mongo.errors import (
     DUPLICATE_KEY,
     PERMANENT_WRITE_CODES,
@@ -140,8 +142,9 @@ __all__ = ["DEFAULT_SERVER_SELECTION_TIMEOUT_S", "DUPLICATE_KEY", "INDEXES",
 DEFAULT_SERVER_SELECTION_TIMEOUT_S = 5.0
 
 
-class MongoWorkflowStore(MongoRuns, MongoSteps, MongoGates, MongoEvents, MongoSchedules,
-                         MongoSlots, MongoRetention, MongoListing, MongoTransactions):
+class MongoWorkflowStore(MongoRuns, MongoSteps, MongoClaims, MongoGates, MongoEvents,
+                         MongoSchedules, MongoSlots, MongoRetention, MongoListing,
+                         MongoTransactions):
     """A ``WorkflowStore`` on a pymongo ``Database``; safe from any number of processes."""
 
     @classmethod

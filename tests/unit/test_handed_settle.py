@@ -1,0 +1,220 @@
+"""A delivered step hands its settle to the pass after it (issue 34 item 1): the pass's first
+write carries it (the next steps' insert: ``settle_and_insert_steps``, one command), and
+what must hold wherever that goes wrong. In one process on the in-memory store and leases,
+every step sent as a message (``in_place_steps=0``), delivered in order by ``Worker``.
+
+- the settle and the next step's insert are one store call; the step's own ``set_result``
+  is never called when the pass has something to insert;
+- the settle refused (the attempt was superseded while its body ran): the next step, reached
+  with the unrecorded result, is never inserted, the delivery raises
+  ``WorkflowStepSupersededError``, and the run goes on from the attempt that won;
+- another pass holds the run: the settle is written before the mark is left again, so the
+  holder cannot read the step unsettled and miss it;
+- the combined write fails (MongoDB out): the settle is written alone and the next step
+  inserted as usual;
+- a pass with nothing to write (the run waits on another branch): the settle is written
+  alone when the pass ends;
+- a settle that could not be written when the pass ended: the process's view of the run is
+  dropped, so no later pass goes on from the result the store does not hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pikku_celery import WorkflowStepSupersededError
+from pikku_celery.model import keys
+from pikku_celery.store.memory import InMemoryWorkflowStore
+from tests.unit.test_in_place import FAR, _app
+
+
+def _sending(pikku: Any) -> None:
+    pikku.engine.settings = type(pikku.engine.settings)(
+        **{**vars(pikku.engine.settings), "in_place_steps": 0})
+
+
+class _Calls(InMemoryWorkflowStore):
+    """The in-memory store, noting the step writes the engine makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.fail_combined = False
+
+    def set_result(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("set_result")
+        return super().set_result(*args, **kwargs)
+
+    def insert_steps(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("insert_steps")
+        return super().insert_steps(*args, **kwargs)
+
+    def settle_and_insert_steps(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("settle_and_insert_steps")
+        if self.fail_combined:
+            raise ConnectionError("MongoDB out")
+        return super().settle_and_insert_steps(*args, **kwargs)
+
+
+def _chain(pikku: Any, steps: int = 3) -> None:
+    @pikku.step(name="hs.inc")
+    def inc(n: int) -> int:
+        return n + 1
+
+    @pikku.workflow("hs.count")
+    def count(wf: Any, n: int) -> int:
+        for i in range(steps):
+            n = wf.do(f"s{i}", inc, n)
+        return n
+
+
+def test_a_delivered_step_settles_with_the_next_steps_insert() -> None:
+    store = _Calls()
+    pikku, _, worker = _app(store)
+    _sending(pikku)
+    _chain(pikku)
+    run_id = pikku.start("hs.count", 0)
+    worker.drain()
+    assert pikku.get_run(run_id).output == 3
+    assert worker.sent == ["s0", "s1", "s2"]
+    # s0's insert by the first pass; s0 and s1 settle with the next insert; s2, the last,
+    # settles alone before the run's end.
+    assert store.calls == ["insert_steps", "settle_and_insert_steps",
+                           "settle_and_insert_steps", "set_result"], store.calls
+    history = [(h.step_name, h.attempt, h.status, h.result)
+               for h in pikku.get_history(run_id)]
+    assert history == [(f"s{i}", 1, "succeeded", i + 1) for i in range(3)]
+
+
+def test_a_refused_handed_settle_inserts_nothing_reached_with_its_result() -> None:
+    pikku, store, worker = _app()
+    _sending(pikku)
+
+    @pikku.step(name="hs.first", retries=1)
+    def first(tag: str) -> str:
+        if tag == "stall":  # another worker takes the step meanwhile (the reaper's reclaim)
+            again = store.claim_step(run_id, "a", "hs.first", FAR, 60_000)
+            assert again.state is not None and again.state.attempt == 2
+        return "attempt-1"
+
+    @pikku.step(name="hs.second")
+    def second(value: str) -> str:
+        return f"after {value}"
+
+    @pikku.workflow("hs.pair")
+    def pair(wf: Any, tag: str) -> str:
+        return str(wf.do("b", second, wf.do("a", first, tag)))
+
+    run_id = pikku.start("hs.pair", "stall")
+    with pytest.raises(WorkflowStepSupersededError):
+        worker.drain()
+    steps = {s.step_name: s for s in pikku.get_steps(run_id)}
+    assert set(steps) == {"a"}, steps  # nothing reached with attempt 1's result
+    assert (steps["a"].status, steps["a"].attempt) == ("running", 2)
+    store.set_result(run_id, "a", 2, "attempt-2", FAR + 1)
+    worker.queue.append(("run", run_id, "a"))
+    worker.drain()
+    run = pikku.get_run(run_id)
+    assert (run.status, run.output) == ("completed", "after attempt-2")
+
+
+def test_with_the_run_held_elsewhere_the_settle_lands_before_the_mark() -> None:
+    """The holder must not find the mark while the step is still running in the store: it
+    would read it unsettled, pause, and hand the lease back with nobody left to pass."""
+    pikku, store, worker = _app()
+    _sending(pikku)
+    _chain(pikku, steps=2)
+    leases = pikku.engine.leases
+    key = keys.run_lease_key("hs-held")
+    seen: list[str] = []
+    marking = leases.acquire_or_mark
+
+    def acquire_or_mark(k: str, holder: str, ttl_ms: int, mark: str) -> Any:
+        if k == key and mark == "s0":
+            step = store.get_step("hs-held", "s0")
+            assert step is not None
+            seen.append(step.status)
+            if len(seen) == 1:  # the first try finds the run held by another pass
+                held = leases.acquire(k, "another-pass", 60_000)
+                assert held is not None
+                got = marking(k, holder, ttl_ms, mark)
+                leases.release(held)
+                return got
+        return marking(k, holder, ttl_ms, mark)
+
+    leases.acquire_or_mark = acquire_or_mark  # type: ignore[method-assign]
+    run_id = pikku.start("hs.count", 0, run_id="hs-held")
+    worker.drain()
+    assert seen == ["running", "succeeded"], seen  # the second mark after the settle
+    worker.queue.append(("run", run_id, None))  # what the holder's hand-back would wake
+    worker.drain()
+    assert pikku.get_run(run_id).output == 2
+
+
+def test_a_failed_combined_write_settles_alone_and_inserts_as_usual() -> None:
+    store = _Calls()
+    store.fail_combined = True
+    pikku, _, worker = _app(store)
+    _sending(pikku)
+    _chain(pikku, steps=2)
+    run_id = pikku.start("hs.count", 0)
+    worker.drain()
+    assert pikku.get_run(run_id).output == 2
+    assert store.calls == ["insert_steps", "settle_and_insert_steps", "set_result",
+                           "insert_steps", "set_result"], store.calls
+
+
+def test_a_pass_with_nothing_to_write_settles_the_step_alone() -> None:
+    store = _Calls()
+    pikku, _, worker = _app(store)
+    _sending(pikku)
+
+    @pikku.step(name="hs.echo")
+    def echo(n: int) -> int:
+        return n
+
+    @pikku.workflow("hs.both")
+    def both(wf: Any, data: Any) -> int:
+        return sum(wf.gather(*[wf.call(f"b{i}", echo, i) for i in range(3)]))
+
+    run_id = pikku.start("hs.both", None)
+    worker.drain()
+    assert pikku.get_run(run_id).output == 3
+    assert store.calls.count("set_result") == 3, store.calls  # the branches: one each
+    assert "settle_and_insert_steps" not in store.calls
+
+
+def test_a_settle_unwritten_at_the_end_of_its_pass_drops_the_view() -> None:
+    """The settle refused when the pass that carried it ends (the step was taken by another
+    attempt): the view went on from attempt 1's result, and is not kept for the next
+    pass, which reads the run and goes on from attempt 2's."""
+    pikku, store, worker = _app()
+    _sending(pikku)
+
+    @pikku.step(name="hs.left", retries=1)
+    def left(tag: str) -> str:
+        if tag == "stall":
+            assert store.claim_step(run_id, "l", "hs.left", FAR, 60_000).state is not None
+        return f"{tag}-1"
+
+    @pikku.step(name="hs.right")
+    def right(tag: str) -> str:
+        return tag
+
+    @pikku.workflow("hs.pair2")
+    def pair2(wf: Any, data: Any) -> str:
+        got = wf.gather(wf.call("l", left, "stall"), wf.call("r", right, "r"))
+        return "+".join(got)
+
+    run_id = pikku.start("hs.pair2", None)
+    with pytest.raises(WorkflowStepSupersededError):
+        worker.drain()
+    assert run_id not in pikku.engine.passes.views._views  # type: ignore[attr-defined]
+    store.set_result(run_id, "l", 2, "stall-2", FAR + 1)
+    worker.queue.append(("run", run_id, "l"))
+    worker.drain()
+    run = pikku.get_run(run_id)
+    assert (run.status, run.output) == ("completed", "stall-2+r")
+
