@@ -24,6 +24,7 @@ import contextlib
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from celery import Celery
@@ -40,8 +41,10 @@ SIDES = ("worker", "orchestrator")
 class Broker:
     """Stands in for the broker: queues the messages the engine publishes, counts them."""
 
+    carries_claims = True  # as ``CeleryDispatcher``: a step's message carries its hint
+
     def __init__(self) -> None:
-        self.queue: deque[tuple[str, str, str | None]] = deque()
+        self.queue: deque[tuple[str, str, str | None, object]] = deque()
         self.messages: Counter[str] = Counter()
         self.delivering = False  # a message is being handled: a worker's task runs
 
@@ -50,14 +53,15 @@ class Broker:
         the next step in place, as ``CeleryDispatcher.runs_here`` allows in a worker."""
         return self.delivering
 
-    def dispatch_step(self, function: str, run_id: str, step_name: str) -> None:
+    def dispatch_step(self, function: str, run_id: str, step_name: str, *,
+                      expected: object = None) -> None:
         self.messages["step"] += 1
-        self.queue.append(("step", run_id, step_name))
+        self.queue.append(("step", run_id, step_name, expected))
 
     def wake_run(self, run_id: str, countdown_s: float = 0.0,
                  step_name: str | None = None) -> None:
         self.messages["orchestrate"] += 1
-        self.queue.append(("run", run_id, step_name))
+        self.queue.append(("run", run_id, step_name, None))
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         self.messages["timer"] += 1
@@ -127,12 +131,13 @@ def measure(shape: str, steps: int, redis_url: str, mongo_url: str, *,
         definition = pikku.registry.steps["bench.noop"]
         sides = {name: Side() for name in SIDES}
         while broker.queue:
-            kind, target, step_name = broker.queue.popleft()
+            kind, target, step_name, expected = broker.queue.popleft()
             broker.delivering = True
             if kind == "step":
                 assert step_name is not None
-                _count(mongo, redis_client, sides["worker"], pikku.engine.execute_step,
-                       definition, target, step_name)
+                _count(mongo, redis_client, sides["worker"], partial(
+                    pikku.engine.execute_step, expected=expected), definition, target,
+                    step_name)
             else:
                 _count(mongo, redis_client, sides["orchestrator"], _advance, pikku, target,
                        step_name)

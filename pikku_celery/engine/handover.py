@@ -42,13 +42,37 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(StepState))
 _TIMES = frozenset(f.name for f in dataclasses.fields(StepState) if "datetime" in str(f.type))
 
 
-def note_of(view: RunView, token: int) -> bytes | None:
-    """The note for the next holder of ``view``'s run, from the steps the pass under grant
-    ``token`` put in its view; ``None`` when it would be larger than ``MAX_NOTE_BYTES``."""
-    encoded = json.dumps({"v": _VERSION, "run": view.run.run_id, "base": view.base,
-                          "token": token, "steps": [_encoded(s) for s in view.changed.values()]},
-                         separators=(",", ":"), allow_nan=False).encode()
-    return encoded if len(encoded) <= MAX_NOTE_BYTES else None
+def note_of(view: RunView, token: int) -> tuple[bytes | None, bool]:
+    """The note for the next holder of ``view``'s run, left by the pass under grant
+    ``token``: the cumulative one (every step the view's passes put since ``base``), or,
+    when that would be larger than ``MAX_NOTE_BYTES``, the pass's own (since it began);
+    ``None`` when even that would be. With whether it is the cumulative one."""
+    for base, steps, cumulative in ((view.base, view.changed, True),
+                                    (view.pass_base, view.pass_changed, False)):
+        encoded = _note(view, base, token, steps)
+        if encoded is not None:
+            return encoded, cumulative
+    return None, False
+
+
+def _note(view: RunView, base: int, token: int, steps: dict[str, StepState]
+          ) -> bytes | None:
+    head = json.dumps({"v": _VERSION, "run": view.run.run_id, "base": base, "token": token,
+                       "waiting": sorted(view.waiting)}, separators=(",", ":"))
+    parts: list[str] = []
+    size = len(head)
+    cache = view.encoded
+    for state in steps.values():
+        kept = cache.get(state.step_name)
+        if kept is None or kept[0] is not state:
+            kept = (state, json.dumps(_encoded(state), separators=(",", ":"),
+                                      allow_nan=False))
+            cache[state.step_name] = kept
+        parts.append(kept[1])
+        size += len(kept[1]) + 1
+        if size > MAX_NOTE_BYTES:
+            return None
+    return (head[:-1] + ',"steps":[' + ",".join(parts) + "]}").encode()
 
 
 def whole_view(store: WorkflowStore, run_id: str, note: bytes | None,
@@ -69,8 +93,8 @@ def whole_view(store: WorkflowStore, run_id: str, note: bytes | None,
         return None
     view = RunView(run, {}, token - 1, epoch_ms(run.updated_at))
     for state in states:
-        view.put(state)
-    view.base, view.changed = token - 1, {}
+        view.put(state)  # ``base`` 0, the whole run in ``changed``: its note is whole too
+    view.pass_base, view.pass_changed = token - 1, {}
     return view
 
 
@@ -88,13 +112,19 @@ def adopt(view: RunView, note: bytes | None, token: int) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     for state in states:
-        view.put(state)
-    # Now as a view made under the previous grant: what this pass puts from here on is the
-    # note it leaves (the next holder has the rest, or reads it).
-    view.token = view.base = token - 1
-    view.changed = {}
+        view.put(state)  # into ``changed`` too: the note this pass leaves carries them on
+    # Now as a view made under the previous grant; its note covers what the view's own
+    # covered (from ``base``) and what this one did, contiguous since ``base <= token``;
+    # the pass's own note, what it puts from here on.
+    view.token = view.pass_base = token - 1
+    view.pass_changed = {}
+    view.base = min(view.base, found["base"])
     view.run_stale = True
-    view.waiting = set()  # the last replay's gather is the note writer's to know: replay
+    # What the writer's last replay waited on at a gather, over the steps this view now
+    # holds: a pass that learns one of them succeeded may skip its replay (``skips``).
+    waiting = found.get("waiting")
+    view.waiting = ({n for n in waiting if isinstance(n, str)}
+                    if isinstance(waiting, list) else set())
     return True
 
 

@@ -165,7 +165,17 @@ class Passes:
                     while held.hand_back():
                         pass
                     break
-                taken = held.hand_back(note_of(view, got.token))
+                if in_place is not None and not in_place.close():
+                    # The settle a step handed on, still pending (the pass wrote nothing
+                    # after it), was refused or not written: the view went on from a
+                    # result the store does not hold. No note may carry it: replay from
+                    # the store first, under the same grant.
+                    view, marks = None, {ALL}
+                    continue
+                note, cumulative = note_of(view, got.token)
+                if not cumulative:  # too large: the next notes start from this pass's
+                    view.restart_note()
+                taken = held.hand_back(note)
                 if not taken:
                     break
                 marks = set(taken)

@@ -51,6 +51,8 @@ from pikku_celery.model.records import (
 ALL = "$all"  # a mark that names no step: re-read the run and every unsettled step
 # A run's views together hold at most this many steps in one process (about 1 KB each).
 MAX_VIEW_STEPS = 20_000
+# A note (``RunView.changed``) starts again past this many steps (about 400 B each).
+NOTE_STEPS = 400
 
 
 def settled_for_good(state: StepState) -> bool:
@@ -71,18 +73,32 @@ class RunView:
     # The steps the last replay paused on at a ``wf.gather`` (empty when it paused on
     # anything else): see ``skips``.
     waiting: set[str] = field(default_factory=set)
-    # What the pass holding the view put in it since it began, from the view it began
-    # with (its token then: ``base``; 0 for a view read in full): the note it leaves the
-    # next holder of the run lease (``engine.handover``).
+    # The note left with the run lease for its next holder (``engine.handover``): what the
+    # view's passes put in it since the view's token was ``base`` (0 for a view read in
+    # full), across passes (cumulative, so a holder whose view is older than the grant
+    # before can still adopt it) ...
     base: int = 0
     changed: dict[str, StepState] = field(default_factory=dict)
+    # ... and what the pass holding it put since it began (its token then:
+    # ``pass_base``): the note left when the cumulative one would be too large.
+    pass_base: int = 0
+    pass_changed: dict[str, StepState] = field(default_factory=dict)
+    # Each step of a note as JSON, kept with the state it encodes (a fan-out's passes
+    # leave notes of mostly the same steps).
+    encoded: dict[str, tuple[StepState, str]] = field(default_factory=dict)
     # The run's document is older than the steps (a note brought them up): read it.
     run_stale: bool = False
 
     def begin(self) -> None:
-        """A pass takes the view: what it puts from now on is its note's."""
-        self.base = self.token
-        self.changed = {}
+        """A pass takes the view: its own note starts here; the cumulative one starts
+        again here once it holds ``NOTE_STEPS`` steps."""
+        self.pass_base, self.pass_changed = self.token, {}
+        if len(self.changed) >= NOTE_STEPS:
+            self.restart_note()
+
+    def restart_note(self) -> None:
+        """The cumulative note carries only what this pass put, from where it began."""
+        self.base, self.changed = self.pass_base, dict(self.pass_changed)
 
     def skips(self, fresh: set[str]) -> bool:
         """Whether a pass that learned ``fresh`` (read, or settled by its caller) can skip
@@ -103,6 +119,7 @@ class RunView:
     def put(self, state: StepState) -> None:
         self.steps[state.step_name] = state
         self.changed[state.step_name] = state
+        self.pass_changed[state.step_name] = state
         if settled_for_good(state):
             self.unsettled.discard(state.step_name)
         else:

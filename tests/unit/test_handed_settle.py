@@ -14,8 +14,9 @@ every step sent as a message (``in_place_steps=0``), delivered in order by ``Wor
   inserted as usual;
 - a pass with nothing to write (the run waits on another branch): the settle is written
   alone when the pass ends;
-- a settle that could not be written when the pass ended: the process's view of the run is
-  dropped, so no later pass goes on from the result the store does not hold.
+- a settle refused when the pass ends (it wrote nothing after it): the pass replays from the
+  store before it hands the run lease on, so neither its view nor its note holds the result
+  the store does not.
 """
 
 from __future__ import annotations
@@ -186,10 +187,12 @@ def test_a_pass_with_nothing_to_write_settles_the_step_alone() -> None:
     assert "settle_and_insert_steps" not in store.calls
 
 
-def test_a_settle_unwritten_at_the_end_of_its_pass_drops_the_view() -> None:
+def test_a_settle_refused_at_the_end_of_its_pass_is_in_no_view_or_note() -> None:
     """The settle refused when the pass that carried it ends (the step was taken by another
-    attempt): the view went on from attempt 1's result, and is not kept for the next
-    pass, which reads the run and goes on from attempt 2's."""
+    attempt): the view went on from attempt 1's result. Before the run lease is handed on
+    (with a note of what the view holds), the pass replays from the store, so neither this
+    process's view nor the note holds attempt 1's result, and the run goes on from attempt
+    2's."""
     pikku, store, worker = _app()
     _sending(pikku)
 
@@ -211,7 +214,10 @@ def test_a_settle_unwritten_at_the_end_of_its_pass_drops_the_view() -> None:
     run_id = pikku.start("hs.pair2", None)
     with pytest.raises(WorkflowStepSupersededError):
         worker.drain()
-    assert run_id not in pikku.engine.passes.views._views  # type: ignore[attr-defined]
+    kept = pikku.engine.passes.views._views.get(run_id)  # type: ignore[attr-defined]
+    assert kept is None or (kept.steps["l"].status, kept.steps["l"].attempt) == ("running", 2)
+    note = pikku.engine.leases._notes.get(keys.run_lease_key(run_id))  # type: ignore[attr-defined]
+    assert note is None or b"stall-1" not in note[1]
     store.set_result(run_id, "l", 2, "stall-2", FAR + 1)
     worker.queue.append(("run", run_id, "l"))
     worker.drain()

@@ -12,6 +12,7 @@ import pytest
 
 from pikku_celery.engine import handover
 from pikku_celery.model.records import StepState, WorkflowRun
+from pikku_celery.model import views
 from pikku_celery.model.views import RunView
 from pikku_celery.store.base import NewRun
 from pikku_celery.store.memory import InMemoryWorkflowStore
@@ -33,20 +34,25 @@ def step(name: str, **changes: Any) -> StepState:
     return StepState(**values)
 
 
-def writer(token: int, base: int, *names: str) -> bytes:
-    """The note of a pass under grant ``token`` whose view began at ``base``."""
-    view = RunView(run(), {}, base, 0)
+def writer(token: int, base: int, *names: str, waiting: set[str] | None = None) -> bytes:
+    """The note of a pass under grant ``token`` whose note covers the grants after
+    ``base``."""
+    view = RunView(run(), {}, token, 0)
+    view.base = base
     view.begin()
+    view.waiting = waiting or set()
     for name in names:
         view.put(step(name))
-    note = handover.note_of(view, token)
-    assert note is not None
+    note, cumulative = handover.note_of(view, token)
+    assert note is not None and cumulative
     return note
 
 
 def reader(token: int) -> RunView:
+    """A view made current under grant ``token``, its note begun there."""
     view = RunView(run(), {"s0": step("s0")}, token, 0)
     view.begin()
+    view.restart_note()
     return view
 
 
@@ -54,10 +60,31 @@ def test_a_note_closing_the_gap_is_adopted_with_every_field() -> None:
     view = reader(4)
     assert handover.adopt(view, writer(5, 4, "s1", "s2"), token=6)
     assert view.steps["s1"] == step("s1") and view.steps["s2"] == step("s2")
-    assert (view.token, view.base, view.changed, view.run_stale) == (5, 5, {}, True)
-    # What the adopting pass puts next is its own note's, from the grant it closed up to.
+    assert (view.token, view.base, view.run_stale) == (5, 4, True)
+    # Its own note carries what it adopted and what it puts next (cumulative).
     view.put(step("s3"))
-    assert list(view.changed) == ["s3"]
+    assert list(view.changed) == ["s1", "s2", "s3"]
+
+
+def test_notes_carry_every_change_since_their_base_across_grants() -> None:
+    """Two processes alternating on a fan-out: the reader's view is three grants old, and
+    the grant before was the writer's second in a row. The writer's note still covers all
+    of it (from its base, 3), so the reader adopts it instead of reading the run, and
+    learns what the writer's gather waited on."""
+    view = reader(3)
+    note = writer(6, 3, "s1", "s2", waiting={"s4", "s5"})
+    assert handover.adopt(view, note, token=7)
+    assert {"s1", "s2"} <= set(view.steps) and view.waiting == {"s4", "s5"}
+    assert (view.token, view.base) == (6, 3)
+
+
+def test_a_note_starts_again_past_its_step_limit() -> None:
+    view = RunView(run(), {}, 9, 0)
+    view.base = 2
+    for i in range(views.NOTE_STEPS):
+        view.put(step(f"s{i}"))
+    view.begin()
+    assert (view.base, view.changed) == (9, {})
 
 
 @pytest.mark.parametrize(("note_token", "note_base", "grant", "why"), [
@@ -87,9 +114,26 @@ def test_a_note_of_another_run_is_refused() -> None:
 
 def test_a_note_too_large_is_not_left() -> None:
     view = RunView(run(), {}, 4, 0)
+    view.base = 4
     view.begin()
     view.put(step("s1", result="x" * handover.MAX_NOTE_BYTES))
-    assert handover.note_of(view, 5) is None
+    assert handover.note_of(view, 5) == (None, False)
+
+
+def test_a_cumulative_note_too_large_leaves_the_pass_own() -> None:
+    """The steps of earlier passes would not fit: the note carries this pass's alone
+    (from the token it began at), and the next notes start from there."""
+    view = RunView(run(), {}, 4, 0)
+    view.base = 1
+    view.put(step("old", result="x" * (handover.MAX_NOTE_BYTES - 100)))
+    view.begin()
+    view.put(step("s1"))
+    note, cumulative = handover.note_of(view, 5)
+    assert note is not None and not cumulative
+    reader_view = reader(4)
+    assert handover.adopt(reader_view, note, token=6) and "old" not in reader_view.steps
+    view.restart_note()
+    assert (view.base, list(view.changed)) == (4, ["s1"])
 
 
 def test_a_process_without_a_view_builds_one_from_a_whole_note() -> None:

@@ -122,9 +122,10 @@ def test_a_pass_reads_only_the_step_that_settled() -> None:
     assert status == "completed" and cluster.processes[0].get_run(run_id).output == 5
 
 
-def test_a_view_behind_another_processes_passes_catches_up() -> None:
-    """Process 1 advanced the run twice since process 0's view: the token says so, and
-    process 0 reads the run, its unsettled steps and those recorded after its view."""
+def test_a_view_behind_another_processes_passes_catches_up_from_the_note() -> None:
+    """Process 1 advanced the run twice since process 0's view. Its note carries every
+    step it put since it began (cumulative, ``engine.handover``), so process 0 reads the
+    run's document alone."""
     cluster = Cluster(2)
     run_id = cluster.processes[0].start("v.chain", 4)
     cluster.advance(0, run_id)
@@ -133,6 +134,29 @@ def test_a_view_behind_another_processes_passes_catches_up() -> None:
     cluster.run_step(1, run_id, "s1")
     cluster.advance(1, run_id, "s1")  # and s2
     cluster.run_step(0, run_id, "s2")
+    cluster.store.reads.clear()
+    assert cluster.advance(0, run_id, "s2") == "dispatched"  # process 0 records s3
+    [read] = cluster.store.reads
+    # The run's document and the step the mark names; nothing recorded after the view.
+    assert read["run"] and read["recorded_after"] is None and read["returned"] == ["s2"]
+    cluster.run_step(0, run_id, "s3")
+    assert cluster.advance(1, run_id, "s3") == "completed"
+    assert cluster.processes[1].get_run(run_id).output == 4
+
+
+def test_a_view_behind_another_processes_passes_catches_up() -> None:
+    """Process 1 advanced the run twice since process 0's view and its note is lost (Redis
+    restarted, or a minute passed): the token says so, and process 0 reads the run, its
+    unsettled steps and those recorded after its view."""
+    cluster = Cluster(2)
+    run_id = cluster.processes[0].start("v.chain", 4)
+    cluster.advance(0, run_id)
+    cluster.run_step(0, run_id, "s0")
+    cluster.advance(1, run_id, "s0")  # process 1 records s1
+    cluster.run_step(1, run_id, "s1")
+    cluster.advance(1, run_id, "s1")  # and s2
+    cluster.run_step(0, run_id, "s2")
+    cluster.leases._notes.clear()  # type: ignore[attr-defined]
     cluster.store.reads.clear()
     assert cluster.advance(0, run_id, "s2") == "dispatched"  # process 0 records s3
     [read] = cluster.store.reads
