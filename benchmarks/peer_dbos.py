@@ -267,11 +267,12 @@ def latency_in_process(redis_url: str, mongo_url: str, runs: int, steps: int
         started = time.perf_counter()
         run_id = pikku.start("scale.sequential", steps)
         while broker.queue:
-            kind, target, step_name = broker.queue.popleft()
+            kind, target, step_name, expected = broker.queue.popleft()
             broker.delivering = True
             if kind == "step":
                 assert step_name is not None
-                pikku.engine.execute_step(definition, target, step_name)
+                pikku.engine.execute_step(definition, target, step_name,
+                                              expected=expected)
             else:
                 pikku.engine.advance(target, step_name=step_name)
             broker.delivering = False

@@ -78,11 +78,12 @@ def one_run(steps: int, redis_url: str, mongo_url: str, *, in_place: bool,
         mongo.clear()
         started, cpu = time.perf_counter(), time.process_time()
         while broker.queue:
-            kind, target, step_name = broker.queue.popleft()
+            kind, target, step_name, expected = broker.queue.popleft()
             broker.delivering = True
             if kind == "step":
                 assert step_name is not None
-                pikku.engine.execute_step(definition, target, step_name)
+                pikku.engine.execute_step(definition, target, step_name,
+                                              expected=expected)
             else:
                 pikku.engine.advance(target, step_name=step_name)
             broker.delivering = False
@@ -114,11 +115,12 @@ def engine_cpu(steps: int) -> float:
     run_id = pikku.start("scale.sequential", steps)
     cpu = time.process_time()
     while broker.queue:
-        kind, target, step_name = broker.queue.popleft()
+        kind, target, step_name, expected = broker.queue.popleft()
         broker.delivering = True
         if kind == "step":
             assert step_name is not None
-            pikku.engine.execute_step(pikku.registry.steps["scale.noop"], target, step_name)
+            pikku.engine.execute_step(pikku.registry.steps["scale.noop"], target, step_name,
+                                      expected=expected)
         else:
             pikku.engine.advance(target, step_name=step_name)
         broker.delivering = False

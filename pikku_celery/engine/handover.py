@@ -102,6 +102,8 @@ def adopt(view: RunView, note: bytes | None, token: int) -> bool:
     """Bring ``view`` up to the grant before ``token`` with ``note``, if it closes the gap
     exactly (see the module's docstring); whether it did. Its run's document is then to be
     read (``view.run_stale``)."""
+    if view.token >= token - 1:
+        return False  # current already (this process held the grant before): no decoding
     found = _decoded(note)
     if (found is None or found.get("run") != view.run.run_id
             or found.get("token") != token - 1 or not isinstance(found.get("base"), int)

@@ -51,8 +51,9 @@ from pikku_celery.model.records import (
 ALL = "$all"  # a mark that names no step: re-read the run and every unsettled step
 # A run's views together hold at most this many steps in one process (about 1 KB each).
 MAX_VIEW_STEPS = 20_000
-# A note (``RunView.changed``) starts again past this many steps (about 400 B each).
-NOTE_STEPS = 400
+# A note (``RunView.changed``) starts again past this many steps (about 400 B each): it is
+# written to Redis at every hand-back of the run lease.
+NOTE_STEPS = 100
 
 
 def settled_for_good(state: StepState) -> bool:
