@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pikku_celery.engine import handover
-from pikku_celery.model.records import StepState, WorkflowRun
 from pikku_celery.model import views
+from pikku_celery.model.records import StepState, WorkflowRun
 from pikku_celery.model.views import RunView
 from pikku_celery.store.base import NewRun
 from pikku_celery.store.memory import InMemoryWorkflowStore
