@@ -324,13 +324,12 @@ class Claimer:
 
     def checked(self, claimed: Claimed, result: Any) -> Succeeded:
         """``result`` checked storable, its settle not written yet; ``InvalidInputError``
-        (the attempt let go) if it can never be stored."""
-        try:
-            check_step_document(claimed.state.step_name, claimed.state.data, result=result)
-            return Succeeded(claimed, result, as_stored(result))
-        except InvalidInputError:
-            self._let_go(claimed.held)
-            raise
+        if it can never be stored. Either way the attempt stays held (its lease renewed)
+        until its outcome is written: the caller records the failure (``fail``), and a check
+        of a large result, then that write, must not outlast the lease unrenewed (another
+        worker would claim the step meanwhile, and its failure be refused)."""
+        check_step_document(claimed.state.step_name, claimed.state.data, result=result)
+        return Succeeded(claimed, result, as_stored(result))
 
     def settle_then_claim(self, succeeded: Succeeded, step: NewStep, lease_ms: int, *,
                           seq: int, holding: list[HeldStep], task_id: str | None = None
@@ -415,12 +414,10 @@ class Claimer:
             return self.store.set_error(
                 claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, error,
                 now, retry_at_ms=now + retry_delay_ms, final=final)
-        try:
-            check_step_document(claimed.state.step_name, claimed.state.data, error=error)
-            stored = as_stored(error)
-        except InvalidInputError:
-            self._let_go(claimed.held)
-            raise
+        # An error too large to store raises here with the attempt still held: the caller
+        # records a smaller one at once (``execution._record_failure``).
+        check_step_document(claimed.state.step_name, claimed.state.data, error=error)
+        stored = as_stored(error)
         return self._settle(claimed, write,
                             landed=lambda s: s.status == "failed" and s.error == stored)
 

@@ -215,6 +215,8 @@ class Evidence:
     # run id -> (the driver's wall clock before each retry that ran it again, the run's
     # end that retry undid), epoch ms
     retried: dict[str, list[tuple[int, int | None]]] = field(default_factory=dict)
+    # pid -> the driver's wall clock (epoch ms) of its last ledger line: it lived until then
+    last_seen_ms: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         by_invocation: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -224,6 +226,9 @@ class Evidence:
                 by_invocation[entry["invocation"]].append(entry)
             if "wall" in entry:
                 skews[entry["pid"]].append(entry["wall"] - entry["t"] - self.wall_offset_s)
+            if isinstance(entry.get("pid"), int) and isinstance(entry.get("t"), int | float):
+                seen = int((entry["t"] + self.wall_offset_s) * 1000)
+                self.last_seen_ms[entry["pid"]] = max(seen, self.last_seen_ms.get(entry["pid"], 0))
         self.bodies = dict(by_invocation)
         self.skew_ms = {pid: int(statistics.median(v) * 1000) for pid, v in skews.items()}
 
@@ -525,8 +530,10 @@ def _fault_reason(pid: int | None, from_ms: int | None, to_ms: int | None,
         if (fault.kind in NET_FAULTS and lo <= until and at <= hi
                 and (not fault.pids or pid in fault.pids)):
             return fault.kind
-    if pid is not None and pid not in ev.alive_pids:
-        return "process died"  # a kill or crash the fault list names by worker, not pid
+    if pid is not None and pid not in ev.alive_pids and ev.last_seen_ms.get(pid, 0) <= hi:
+        # A kill or crash the fault list names by worker, not pid; not one that came after
+        # the window (its ledger shows it alive past the lease it lost).
+        return "process died"
     return None
 
 

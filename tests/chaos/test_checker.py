@@ -1090,3 +1090,19 @@ def test_a_fork_s_own_waits_take_its_first_events_whatever_it_copied() -> None:
     scene.set_wait("__event:paid#2", scene.taken(2, 2))  # its seq 1 hidden by the copy
     assert flagged(scene.check(), "the waits of 'paid' took seqs [2], not the first events "
                                   "sent ([1, 2])")
+
+
+def test_a_death_after_the_window_does_not_explain_a_lost_lease() -> None:
+    """Issue 37: attempt 1's worker lost its lease with no fault in the window and died a
+    minute later; "the process died" explained it. Its ledger shows it alive past the
+    window: a live worker was robbed. One with no line after the window still counts."""
+    scene = Scene()
+    scene.faults = []
+    scene.alive = {FRESH}
+    scene.ledger.append(scene.body("start", 9, STALE, T0 + LEASE + 60_000))
+    assert flagged(scene.check(), "a live worker was robbed")
+    scene.ledger = [e for e in scene.ledger if e["attempt"] != 9 and not (
+        e["pid"] == STALE and e["event"] == "end")]
+    report = scene.check()
+    assert not flagged(report, "a live worker was robbed")
+    assert report.attempts_by_reason.get("process died") == 1

@@ -87,3 +87,39 @@ def test_an_exception_escaping_before_the_settle_lets_the_lease_lapse(
     assert pikku.reap()["lapsed"] == 1
     outcome = pikku.engine.execute_step(definition, run_id, "s")
     assert outcome.kind == "succeeded" and outcome.attempt == 2
+
+
+def test_an_unstorable_result_keeps_its_lease_until_its_failure_is_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37 (the 8 MiB step of the chaos profile on the delay switch): checking a large
+    result and writing the failure take time, and the attempt used to stop renewing its
+    lease before either, so another worker could claim the step meanwhile and the failure
+    was refused. The attempt stays held until the failure is written, then lets go."""
+    clock = FakeClock()
+    pikku = _pikku(clock)
+    held_at_write: list[bool] = []
+
+    @pikku.step(name="leaks.huge", retries=3, retry_delay=0)
+    def body(data: Any) -> Any:
+        return "x" * (17 * 1024 * 1024)  # past MongoDB's 16 MiB document limit
+
+    @pikku.workflow("leaks.big")
+    def flow(wf: Any, data: Any) -> Any:
+        return wf.do("s", body)
+
+    store = pikku.engine.store
+    set_error = store.set_error
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        held_at_write.append(bool(pikku.engine.heartbeat.held()))
+        return set_error(*args, **kwargs)
+
+    monkeypatch.setattr(store, "set_error", watched)
+    run_id = pikku.start("leaks.big", None)
+    pikku.engine.advance(run_id)
+    outcome = pikku.engine.execute_step(pikku.registry.steps["leaks.huge"], run_id, "s")
+    assert outcome.kind == "failed"
+    step = pikku.get_steps(run_id)[0]
+    assert step.status == "failed" and step.due_at is None  # for good, retries or not
+    assert held_at_write == [True]  # renewed while the failure was written
+    assert pikku.engine.heartbeat.held() == []  # and let go after
