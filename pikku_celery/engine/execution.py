@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pikku_celery.engine.claims import (
     Claimed,
@@ -53,6 +54,7 @@ from pikku_celery.store.base import NewClaim, NewStep, WorkflowStore
 from pikku_celery.workflow.definitions import StepDefinition
 
 log = logging.getLogger("pikku_celery")
+T = TypeVar("T")
 
 
 class StepExecution:
@@ -231,25 +233,22 @@ class StepExecution:
         are still to insert). ``ContinuationRefused`` when it could not record the result
         the workflow went on with."""
         after = _pending(pending)
-        try:
-            recorded = self.claimer.settle_then_insert(after.succeeded, steps, now_ms, seq=seq)
-        except BaseException as exc:
-            self._refused(after, exc)
-            raise
-        finally:
-            for held in after.holding:
-                self.claimer.heartbeat.remove(held)
-        after.written = True
-        after.report.finished("succeeded", result=after.succeeded.result)
-        return recorded
+        return self._write_handed(after, lambda: self.claimer.settle_then_insert(
+            after.succeeded, steps, now_ms, seq=seq))
 
     def finish_settle(self, pending: PendingSettle) -> StepState:
         """Write the settle of a step run in place alone (the pass is about to make another
         write, or to end). ``ContinuationRefused`` when it could not record the result the
         workflow went on with."""
         after = _pending(pending)
+        return self._write_handed(after, lambda: self.claimer.succeed(
+            after.succeeded.claimed, after.succeeded.result))
+
+    def _write_handed(self, after: InPlaceSettle, write: Callable[[], T]) -> T:
+        """A handed-on settle's write: refused, ``ContinuationRefused`` (``_refused``);
+        written or not, the attempt is no longer renewed."""
         try:
-            settled = self.claimer.succeed(after.succeeded.claimed, after.succeeded.result)
+            done = write()
         except BaseException as exc:
             self._refused(after, exc)
             raise
@@ -258,7 +257,7 @@ class StepExecution:
                 self.claimer.heartbeat.remove(held)
         after.written = True
         after.report.finished("succeeded", result=after.succeeded.result)
-        return settled
+        return done
 
     def _refused(self, after: InPlaceSettle, exc: BaseException) -> None:
         """A settle that did not record the result the pass went on with: superseded (its
