@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 
@@ -47,10 +48,24 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chro
 
 
 def click(browser: Any, element_id: str) -> None:
-    """Click a form's button and wait for the page it loads (not the one still shown)."""
-    page = browser.find_element(By.TAG_NAME, "html")
-    browser.find_element(By.ID, element_id).click()
-    wait(browser).until(ec.staleness_of(page))
+    """Click a form's button and wait for the page it loads (not the one still shown).
+
+    Chromium can still be swapping in the page the last submit loaded when the button is
+    looked up, and the click then lands on a node of the page it left ("Node with given
+    id does not belong to the document", seen once in CI): nothing was clicked, so the
+    lookup is made again on the page now shown."""
+    for tries_left in (2, 1, 0):
+        page = browser.find_element(By.TAG_NAME, "html")
+        try:
+            wait(browser).until(ec.element_to_be_clickable((By.ID, element_id))).click()
+        except (StaleElementReferenceException, WebDriverException) as exc:
+            detached = (isinstance(exc, StaleElementReferenceException)
+                        or "does not belong to the document" in str(exc))
+            if not detached or not tries_left:
+                raise
+            continue
+        wait(browser).until(ec.staleness_of(page))
+        return
 
 
 def state(browser: Any) -> str:
