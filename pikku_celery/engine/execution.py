@@ -106,7 +106,7 @@ class StepExecution:
             return self._run_claimed(definition, claim, task_id, dispatcher, holding)
         finally:
             # Whatever escaped (a settle that raised, an unreadable error, a time limit),
-            # no attempt nothing runs stays renewed: its lease lapses for the reaper.
+            # an attempt nothing runs is not renewed: its lease lapses for the reaper.
             for held in holding:
                 self.claimer.heartbeat.remove(held)
 

@@ -47,16 +47,20 @@ def note_of(view: RunView, token: int) -> tuple[bytes | None, bool]:
     ``token``: the cumulative one (every step the view's passes put since ``base``), or,
     when that would be larger than ``MAX_NOTE_BYTES``, the pass's own (since it began);
     ``None`` when even that would be. With whether it is the cumulative one."""
-    for base, steps, cumulative in ((view.base, view.changed, True),
-                                    (view.pass_base, view.pass_changed, False)):
-        encoded = _note(view, base, token, steps)
-        if encoded is not None:
-            return encoded, cumulative
-    return None, False
+    used: dict[str, tuple[StepState, str]] = {}
+    try:
+        for base, steps, cumulative in ((view.base, view.changed, True),
+                                        (view.pass_base, view.pass_changed, False)):
+            encoded = _note(view, base, token, steps, used)
+            if encoded is not None:
+                return encoded, cumulative
+        return None, False
+    finally:
+        view.encoded = used  # only what notes carry now: the cache never outgrows them
 
 
-def _note(view: RunView, base: int, token: int, steps: dict[str, StepState]
-          ) -> bytes | None:
+def _note(view: RunView, base: int, token: int, steps: dict[str, StepState],
+          used: dict[str, tuple[StepState, str]]) -> bytes | None:
     head = json.dumps({"v": _VERSION, "run": view.run.run_id, "base": base, "token": token,
                        "waiting": sorted(view.waiting)}, separators=(",", ":"))
     parts: list[str] = []
@@ -67,7 +71,7 @@ def _note(view: RunView, base: int, token: int, steps: dict[str, StepState]
         if kept is None or kept[0] is not state:
             kept = (state, json.dumps(_encoded(state), separators=(",", ":"),
                                       allow_nan=False))
-            cache[state.step_name] = kept
+        used[state.step_name] = kept
         parts.append(kept[1])
         size += len(kept[1]) + 1
         if size > MAX_NOTE_BYTES:

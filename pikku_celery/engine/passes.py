@@ -133,10 +133,9 @@ class Passes:
             status, view = self._passes(run_id, got, view, marks, settled, dispatcher,
                                         in_place, requested)
         finally:
-            # A settle left unwritten here (refused, or MongoDB out) leaves the view
-            # holding a result the store does not: the next pass reads the run anew.
-            written = in_place is None or in_place.close()
-        if view is not None and written:
+            if in_place is not None:
+                in_place.close()  # a pass that ended well wrote it before its hand-back
+        if view is not None:
             self.views.put(view)
         return status
 

@@ -8,7 +8,7 @@ Each concern (``runs``, ``steps``, ``gates``, ``retention``, ``listing``) is a c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from pymongo import ASCENDING, DESCENDING
@@ -20,6 +20,8 @@ from pikku_celery.model.keys import EventField as E
 from pikku_celery.model.keys import HistoryField as H
 from pikku_celery.model.keys import RunField as R
 from pikku_celery.model.keys import StepField as S
+from pikku_celery.model.records import StepState
+from pikku_celery.store._docs import step_from_doc
 from pikku_celery.store._slots import SlotField as F
 from pikku_celery.store.mongo.errors import describe_database
 from pikku_celery.store.mongo.session import CausalClock
@@ -110,6 +112,15 @@ class MongoStoreBase:
             # it, or every read of this thread would hang while the set lacks its majority.
             clock.cluster_time = session.cluster_time or clock.cluster_time
             clock.operation_time = session.operation_time or clock.operation_time
+
+    def _as_recorded(self, docs: list[Doc], taken: Collection[str]) -> list[tuple[StepState, bool]]:
+        """``insert_steps``' answer for ``docs``, of which those whose ids are in ``taken``
+        existed already: those read as stored (one read, only when there are any)."""
+        existing = {d[S.ID]: d for d in self._steps.find({S.ID: {"$in": sorted(taken)}},
+                                                         session=self._session)
+                    } if taken else {}
+        return [(step_from_doc(existing[d[S.ID]]), False) if d[S.ID] in existing
+                else (step_from_doc(d), True) for d in docs]
 
     def describe(self) -> str:
         """``MongoDB at mongodb://<hosts>/<database>``, for log lines: never credentials."""

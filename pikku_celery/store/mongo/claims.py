@@ -77,12 +77,8 @@ class MongoClaims(MongoStoreBase):
                                         f"cannot be stored in MongoDB (error {code})") from exc
             raise
         created = {i - 1 for i in (wrote.upserted_ids or {})}
-        taken = [d[S.ID] for i, d in enumerate(docs) if i not in created]
-        existing = {d[S.ID]: d for d in self._steps.find({S.ID: {"$in": taken}},
-                                                         session=self._session)
-                    } if taken else {}
-        return [(_docs.step_from_doc(existing[d[S.ID]]), False) if d[S.ID] in existing
-                else (_docs.step_from_doc(d), True) for d in docs]
+        return self._as_recorded(docs, {d[S.ID] for i, d in enumerate(docs)
+                                        if i not in created})
 
     def _guarded_settle(self, run_id: str, step_name: str, attempt: int, result: Any,
                         now_ms: int) -> UpdateOne:
@@ -215,8 +211,6 @@ class MongoClaims(MongoStoreBase):
         the command stops there), then the write that only matches the mark a run's end
         leaves (``store._ended``), run after the claim: this side's read after its write.
         ``None`` when the hint did not match: claim the usual way."""
-        if not self._indexes_ready:
-            self.create_indexes()
         fields = running_fields(now_ms, lease_ms, worker, task_id, attempt=1)
         try:
             wrote = self._steps.bulk_write([

@@ -66,11 +66,7 @@ class MongoSteps(MongoStoreBase):
             if any(e.get("code") != DUPLICATE_KEY for e in errors):
                 raise
             taken = {docs[e["index"]][S.ID] for e in errors}
-        existing = {d[S.ID]: d for d in self._steps.find({S.ID: {"$in": sorted(taken)}},
-                                                         session=self._session)
-                    } if taken else {}
-        return [(_docs.step_from_doc(existing[d[S.ID]]), False) if d[S.ID] in existing
-                else (_docs.step_from_doc(d), True) for d in docs]
+        return self._as_recorded(docs, taken)
 
     def insert_replayed_steps(self, run_id: str, steps: Sequence[StepState], now_ms: int,
                               *, source_run_id: str) -> int:
