@@ -26,6 +26,7 @@ import time
 import uuid
 from typing import Any
 
+from pikku_celery.engine.busy_runs import BusyRuns
 from pikku_celery.engine.claims import serialize_error
 from pikku_celery.engine.first_pass import finish_creation
 from pikku_celery.engine.handover import adopt, note_of, whole_view
@@ -83,6 +84,7 @@ class Passes:
         self.clock = clock
         self.runs = runs
         self.views = Views()
+        self.busy = BusyRuns()  # runs another pass held a moment ago (``_take``)
         # Set by the engine: what runs steps in place (``execution.StepExecution``; none:
         # every step is sent as a message), and where a pass reports (events taken).
         self.runner: StepRunner | None = None
@@ -108,7 +110,7 @@ class Passes:
         ttl_ms = self.settings.run_lease_ms
         view = self.views.take(run_id)
         requested = time.monotonic()
-        got, pending = self._take(key, ttl_ms, mark, pending)
+        got, pending = self._take(run_id, key, ttl_ms, mark, pending)
         if isinstance(got, LeaseBusy):
             if view is not None:
                 if settled is not None:
@@ -182,16 +184,26 @@ class Passes:
 
     # --- one pass -----------------------------------------------------------------------
 
-    def _take(self, key: str, ttl_ms: int, mark: str, pending: PendingSettle | None
-              ) -> tuple[Lease | LeaseBusy, PendingSettle | None]:
+    def _take(self, run_id: str, key: str, ttl_ms: int, mark: str,
+              pending: PendingSettle | None) -> tuple[Lease | LeaseBusy, PendingSettle | None]:
         """The run lease, or the mark left on it, and the settle still to write. With a
         settle handed on (``pending``) and the run held elsewhere, the mark just left may
         be read before the settle lands: the settle is written alone
-        (``ContinuationRefused`` goes to the caller), then the mark left again."""
+        (``ContinuationRefused`` goes to the caller), then the mark left again. When this
+        process found the run held a moment ago (a gather's calls settling in turn,
+        ``busy_runs``), the settle goes first and the mark once."""
+        if pending is not None and self.busy.likely_held(run_id):
+            assert self.runner is not None  # whoever handed a settle on runs steps
+            self.runner.finish_settle(pending)
+            pending = None
         got = self.leases.acquire_or_mark(key, uuid.uuid4().hex, ttl_ms, mark)
-        if not isinstance(got, LeaseBusy) or pending is None:
+        if not isinstance(got, LeaseBusy):
+            self.busy.found_free(run_id)
             return got, pending
-        assert self.runner is not None  # whoever handed a settle on runs steps
+        self.busy.found_held(run_id)
+        if pending is None:
+            return got, pending
+        assert self.runner is not None
         self.runner.finish_settle(pending)
         again = self.leases.acquire_or_mark(key, uuid.uuid4().hex, ttl_ms, mark)
         if isinstance(again, LeaseBusy) and got.watch and not again.watch:

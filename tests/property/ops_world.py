@@ -2,11 +2,11 @@
 
 One ``PikkuCelery`` with five small workflows (an order limited to one live run per key that
 waits for the same event twice, the same waits with no limit, an approval then a sleep, a
-parent with a child run, and a schedule of the approval workflow), driven through the public
-engine on either store: every message the engine sends (a step, a wake of a run, a timer)
-waits in ``Pool`` until a rule delivers it, every step body does what the rule tells it
-(succeed, fail, or die like a SIGKILL, its lease left to lapse), and the clock
-(``FakeTime``, the lease service's and the engine's) moves only when told, by one
+parent with a child run of two calls gathered, and a schedule of the approval workflow),
+driven through the public engine on either store: every message the engine sends (a step, a
+wake of a run, a timer) waits in ``Pool`` until a rule delivers it, every step body does
+what the rule tells it (succeed, fail, or die like a SIGKILL, its lease left to lapse), and
+the clock (``FakeTime``, the lease service's and the engine's) moves only when told, by one
 millisecond per operation at least. Nothing runs in a thread (the heartbeat does not beat: a
 rule moves the clock past a lease instead).
 
@@ -30,7 +30,9 @@ from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
 from pikku_celery.engine.facade import Engine
+from pikku_celery.model import keys
 from pikku_celery.model.errors import (
+    LeaseTakenError,
     PikkuError,
     WorkflowEventError,
     WorkflowEventLimitError,
@@ -178,8 +180,8 @@ class World(Checks):
             return wf.do("pay", work, [prepared, decision])
 
         @pikku.workflow(CHILD)
-        def child(wf: Any, data: Any) -> Any:
-            return wf.do("x", work, data)
+        def child(wf: Any, data: Any) -> Any:  # two calls at once: settles that cross
+            return wf.gather(wf.call("x", work, data), wf.call("y", work, data))
 
         @pikku.workflow(PARENT)
         def parent(wf: Any, data: Any) -> Any:
@@ -252,6 +254,27 @@ class World(Checks):
         finally:
             self.store.clear()
 
+    def deliver_held(self, index: int, fate: str) -> None:
+        """Deliver the pool's message ``index`` while a pass in another process holds its
+        run: the delivery's pass leaves a mark (a delivered step's settle written before
+        it); the holder then passes again before it lets go (here: a wake of the run)."""
+        if not self.pool.messages:
+            return
+        run_id = self.pool.messages[index % len(self.pool.messages)].run_id
+        leases = self.engine.leases
+        held = leases.acquire(keys.run_lease_key(run_id), "a-pass-elsewhere", LEASE_MS)
+        if held is None:  # held already (cannot be, between rules): deliver as usual
+            self.deliver(index, fate)
+            return
+        self.note(f"hold {run_id} elsewhere")
+        try:
+            self.deliver(index, fate)
+        except LeaseTakenError:
+            pass  # a wake of the held run: it left its mark
+        finally:
+            leases.release(held)
+            self.pool.messages.append(Message("run", run_id))
+
     def _delivered(self, message: Message, fate: str) -> None:
         if message.kind == "run":
             self._pass(message.run_id, message.step_name or None)
@@ -281,6 +304,15 @@ class World(Checks):
             if not self.pool.messages:
                 return
             self.deliver(0, "ok")
+
+    def drain_kinds(self, kind: str, limit: int = 20) -> None:
+        """Deliver the pool's messages of ``kind`` only, first in first out, until none is
+        left (an example test's setup: the passes, the steps left waiting)."""
+        for _ in range(limit):
+            index = next((i for i, m in enumerate(self.pool.messages) if m.kind == kind), None)
+            if index is None:
+                return
+            self.deliver(index, "ok")
 
     def advance_clock(self, ms: int) -> None:
         self.tick(ms)

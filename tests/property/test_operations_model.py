@@ -3,13 +3,13 @@
 Hypothesis chooses a sequence of the operations a user and the system perform: start (the
 limited workflow with a key, its waits with no limit, the approval, the parent of a child),
 a message delivered (a pass, a timer, a step whose body succeeds, fails or dies, maybe
-delivered twice), the clock moving (leases lapse, timeouts pass), a reaper sweep, a pass of
-any run, cancel (a retry landing inside its fence window, or not), retry (a sweep landing
-between its slot and its revival, or not), fork (with and without ``keep_decisions``, into a
-new id or an existing one), send_event (keyed, unkeyed, to an ended run, past the run's
-limit on kept events), approve, a
-schedule tick (one or two firers), an admit. After every rule the world's state is checked
-against the promises of section 7 (``tests/property/ops_world.py``: each failure names the
+delivered twice, maybe while a pass elsewhere holds its run), the clock moving (leases
+lapse, timeouts pass), a reaper sweep, a pass of any run, cancel (a retry landing inside its
+fence window, or not), retry (a sweep landing between its slot and its revival, or not),
+fork (with and without ``keep_decisions``, into a new id or an existing one), send_event
+(keyed, unkeyed, to an ended run, past the run's limit on kept events), approve, a schedule
+tick (one or two firers), an admit. After every rule the world's state is checked against
+the promises of section 7 (``tests/property/ops_world.py``: each failure names the
 invariant's number). Runs on the in-memory store and on the real ``mongod``.
 
     ./dev test tests/property/test_operations_model.py                   # CI: seeded, bounded
@@ -45,7 +45,7 @@ from pikku_celery.store.memory import InMemoryWorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
 from tests.conftest import mongo_database
 from tests.property.ops_checks import KEYS, ORDER
-from tests.property.ops_world import APPROVAL, COLLECT, LEASE_MS, PARENT, World
+from tests.property.ops_world import APPROVAL, CHILD, COLLECT, LEASE_MS, PARENT, World
 
 LONG = os.environ.get("PIKKU_HYPOTHESIS_PROFILE") == "long"
 _HEALTH = [HealthCheck.too_slow, HealthCheck.filter_too_much]
@@ -127,6 +127,11 @@ class OperationsMachine(RuleBasedStateMachine):
     @rule(index=st.integers(min_value=0, max_value=9), fate=fates, between=inside_an_end)
     def deliver_again(self, index: int, fate: str, between: str | None) -> None:
         self.w.deliver(index, fate, between=self.seam(between))
+
+    @precondition(has_messages)
+    @rule(index=st.integers(min_value=0, max_value=9), fate=fates)
+    def deliver_held(self, index: int, fate: str) -> None:
+        self.w.deliver_held(index, fate)
 
     @precondition(has_messages)
     @rule()
@@ -352,3 +357,26 @@ def test_a_retried_child_step_keeps_its_first_attempt(world: World) -> None:
     kid = [(h.attempt, h.status) for h in world.inner.get_history("r001")
            if h.step_name == "kid"]
     assert kid == [(1, "failed"), (2, "succeeded")]
+
+
+def test_calls_settling_while_their_run_is_held_elsewhere(world: World) -> None:
+    """Every invariant, through the path a gather's calls take when a pass elsewhere holds
+    their run (issue 34 item 3): the first call leaves a mark, writes its settle and marks
+    again; the second, having seen the run held a moment ago, writes its settle first and
+    marks once. The run ends with both results, each recorded once."""
+    world.start(PARENT, {"t": None})
+    world.drain_kinds("run")  # the parent's pass starts the child; the child's sends x, y
+    calls = sorted(m.step_name for m in world.pool.messages if m.kind == "step")
+    assert calls == ["x", "y"], world.pool.messages
+    busy = world.engine.passes.busy
+    for name in calls:
+        index = next(i for i, m in enumerate(world.pool.messages) if m.step_name == name)
+        world.deliver_held(index, "ok")
+        world.check()
+    child = next(r.run_id for r in world.inner.list_runs(limit=10) if r.workflow == CHILD)
+    assert busy.likely_held(child)
+    world.drain()
+    world.check()
+    assert world.inner.get_run("r001").status == "completed"
+    assert {s.step_name: s.status for s in world.inner.list_steps(child)} == {
+        "x": "succeeded", "y": "succeeded"}

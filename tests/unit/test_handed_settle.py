@@ -10,6 +10,9 @@ every step sent as a message (``in_place_steps=0``), delivered in order by ``Wor
   ``WorkflowStepSupersededError``, and the run goes on from the attempt that won;
 - another pass holds the run: the settle is written before the mark is left again, so the
   holder cannot read the step unsettled and miss it;
+- a gather's calls settling while another pass holds the run: once a call found it held,
+  the next calls of the process write their settle first and leave one mark each (not a
+  mark, the settle, and the mark again);
 - the combined write fails (MongoDB out): the settle is written alone and the next step
   inserted as usual;
 - a pass with nothing to write (the run waits on another branch): the settle is written
@@ -27,6 +30,7 @@ import pytest
 
 from pikku_celery import WorkflowStepSupersededError
 from pikku_celery.model import keys
+from pikku_celery.model.views import ALL
 from pikku_celery.store.memory import InMemoryWorkflowStore
 from tests.unit.test_in_place import FAR, _app
 
@@ -152,6 +156,54 @@ def test_with_the_run_held_elsewhere_the_settle_lands_before_the_mark() -> None:
     worker.queue.append(("run", run_id, None))  # what the holder's hand-back would wake
     worker.drain()
     assert pikku.get_run(run_id).output == 2
+
+
+def test_calls_of_a_run_found_held_settle_first_and_mark_once() -> None:
+    """Issue 34 item 3: the first call of the gather finds the run held (mark, settle, mark
+    again); the next two, in the same process a moment later, settle before their one
+    mark, and the holder finds each settled."""
+    pikku, store, worker = _app()
+    _sending(pikku)
+
+    @pikku.step(name="hs.echo")
+    def echo(n: int) -> int:
+        return n
+
+    @pikku.workflow("hs.wide")
+    def wide(wf: Any, data: Any) -> int:
+        return sum(wf.gather(*[wf.call(f"c{i}", echo, i) for i in range(3)]))
+
+    leases = pikku.engine.leases
+    key = keys.run_lease_key("hs-wide")
+    marks: list[tuple[str, str]] = []
+    marking = leases.acquire_or_mark
+
+    def acquire_or_mark(k: str, holder: str, ttl_ms: int, mark: str) -> Any:
+        if k == key and mark != ALL:
+            step = store.get_step("hs-wide", mark)
+            assert step is not None
+            marks.append((mark, step.status))
+        return marking(k, holder, ttl_ms, mark)
+
+    leases.acquire_or_mark = acquire_or_mark  # type: ignore[method-assign]
+    run_id = pikku.start("hs.wide", None, run_id="hs-wide")
+    kind, _, _ = worker.queue.popleft()  # the start's pass: it sends the three calls
+    assert kind == "run"
+    pikku.engine.advance(run_id)
+    held = leases.acquire(key, "another-pass", 60_000)  # a pass elsewhere holds the run
+    assert held is not None
+    steps = [item for item in worker.queue if item[0] == "step"]
+    worker.queue.clear()  # the watch a first mark sends is left out: the holder is alive
+    for _, _, step_name in steps:
+        assert step_name is not None
+        pikku.engine.execute_step(pikku.engine.registry.steps["hs.echo"], run_id, step_name)
+    assert marks == [("c0", "running"), ("c0", "succeeded"), ("c1", "succeeded"),
+                     ("c2", "succeeded")], marks
+    leases.release(held)
+    worker.queue.append(("run", run_id, None))  # what the holder's hand-back would wake
+    worker.drain()
+    assert pikku.get_run(run_id).output == 3
+    assert [s.status for s in pikku.engine.get_steps(run_id)] == ["succeeded"] * 3
 
 
 def test_a_failed_combined_write_settles_alone_and_inserts_as_usual() -> None:
