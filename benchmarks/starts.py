@@ -3,18 +3,27 @@
 same broker, measured interleaved in one process; and the round trips of one start
 (MongoDB commands and writes, Redis commands, broker messages), counted.
 
-    python -m benchmarks.starts [--broker redis|amqp] [--starts 500] [--rounds 5]
+    python -m benchmarks.starts [--broker redis|amqp] [--starts 500] [--rounds 5] [--workers]
 
 No worker consumes: a start is what the caller (a web request) waits for, the message and
-the run's insert. The store is the one users get (``MongoWorkflowStore.from_url``: majority
-writes, 10 s ``wtimeout``) on the MongoDB of ``benchmarks.target``. The messages are
-deleted afterwards with their queue, as are the Redis keys.
+the run's insert. With ``--workers``, two ``celery -A benchmarks.benchapp`` workers (threads,
+2 x 8) run what is sent meanwhile, as in production: the tasks, and the started workflows
+(one step each) with their claims, settles and ends; the caller competes with them for the
+cores, MongoDB and the broker, as the issue measured it.
+
+The store is the one users get (``MongoWorkflowStore.from_url``: majority writes, 10 s
+``wtimeout``) on the MongoDB of ``benchmarks.target``. The messages
+are deleted afterwards with their queue, as are the Redis keys.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -116,12 +125,80 @@ class Starter:
         self.store.db.client.drop_database(self.store.db.name)
 
 
+def with_workers(starts: int, rounds: int) -> dict[str, list[float]]:
+    """Milliseconds per call of ``apply_async`` and of ``start``, rounds interleaved, while
+    two fresh workers run what they send (in a process of its own: ``benchapp`` is
+    configured by the environment ``throughput.mode_env`` made)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks import benchapp
+
+    logdir = Path(tempfile.mkdtemp(prefix="pikku-bench-"))
+    procs = throughput.start_workers(dict(os.environ), 2, logdir)
+    calls = {"apply_async": lambda i: benchapp.plain_noop.apply_async((i,)),
+             "start": lambda i: benchapp.pikku.start("bench.sequence", 1)}
+    found: dict[str, list[float]] = {mode: [] for mode in calls}
+    try:
+        throughput.wait_ready(benchapp.pikku)
+        for r in range(rounds):
+            for mode in (("apply_async", "start") if r % 2 == 0 else ("start", "apply_async")):
+                call = calls[mode]
+                started = time.perf_counter()
+                for i in range(starts):
+                    call(i)
+                found[mode].append((time.perf_counter() - started) * 1000 / starts)
+        return found
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(20)
+        shutil.rmtree(logdir, ignore_errors=True)
+
+
+def main_with_workers(broker: str, starts: int, rounds: int) -> None:
+    with Stack() as stack:
+        base: dict[str, Any] = {**os.environ, "BENCH_REDIS": stack.redis_url,
+                                "BENCH_BROKER": throughput.BROKERS[broker] or stack.redis_url}
+        env = throughput.mode_env(base, "pikku", stack.mongo_url)
+        try:
+            out = subprocess.run(
+                [sys.executable, "-m", "benchmarks.starts", "--measure", "--starts",
+                 str(starts), "--rounds", str(rounds)], env=env, capture_output=True,
+                text=True, timeout=1800)
+            if out.returncode != 0:
+                raise RuntimeError(f"{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+            found = json.loads(out.stdout.strip().splitlines()[-1])
+        finally:
+            throughput.forget(env)
+        print(f"{starts} calls per mode on {broker} while two workers (2 x 8 threads) run "
+              f"them, {rounds} rounds interleaved (median, range), on {describe(stack.mongo_url)}:")
+        for mode, values in found.items():
+            print(f"  {mode:<13} {statistics.median(values):6.2f} ms "
+                  f"({min(values):.2f}-{max(values):.2f})")
+        ratios = [a / b for a, b in zip(found["start"], found["apply_async"], strict=True)]
+        print(f"  start / apply_async  x{statistics.median(ratios):.2f}; round by round: "
+              + " ".join(f"x{r:.2f}" for r in ratios))
+        print(f"  load average at the end {throughput._load()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", choices=sorted(throughput.BROKERS), default="redis")
     parser.add_argument("--starts", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", action="store_true",
+                        help="two workers run what the calls send, meanwhile")
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.measure:  # the process --workers measures in
+        print(json.dumps(with_workers(args.starts, args.rounds)))
+        return 0
+    if args.workers:
+        main_with_workers(args.broker, args.starts, args.rounds)
+        return 0
     with Stack() as stack:
         print(f"starts on {describe(stack.mongo_url)}")
         broker = (stack.redis_url if args.broker == "redis"
