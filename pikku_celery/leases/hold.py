@@ -224,6 +224,7 @@ class _Renewals:
         self._lock = threading.Lock()
         self._held: dict[int, HeldPassLease] = {}
         self._wake = threading.Event()
+        self._planned = 0.0  # when the thread wakes next (monotonic), set by the thread
         self._thread: threading.Thread | None = None
         reset_in_forked_child(self)
 
@@ -231,6 +232,7 @@ class _Renewals:
         self._lock = threading.Lock()
         self._held = {}
         self._wake = threading.Event()
+        self._planned = 0.0
         self._thread = None
 
     def add(self, held: HeldPassLease) -> None:
@@ -240,7 +242,12 @@ class _Renewals:
                 self._thread = threading.Thread(target=self._run, name="pikku-pass-leases",
                                                 daemon=True)
                 self._thread.start()
-        self._wake.set()  # its renewal may be due before the thread's next wake-up
+            # Woken only when this renewal is due before the thread's planned wake-up (a
+            # wake per pass, the thread taking the GIL to find nothing due, cost as much as
+            # the lease calls the pass makes).
+            sooner = held.next_renewal < self._planned
+        if sooner:
+            self._wake.set()
 
     def remove(self, held: HeldPassLease) -> None:
         self.remove_quietly(held)
@@ -259,9 +266,11 @@ class _Renewals:
             due = [h for h in held if h.next_renewal <= now]
             for h in due:
                 h.renew_once()
-            with self._lock:
+            with self._lock:  # planned under the lock ``add`` compares with
                 later = [h.next_renewal for h in self._held.values()]
-            wait_s = max(MIN_RENEW_INTERVAL_S, min(later) - time.monotonic()) if later else 1.0
+                now = time.monotonic()
+                wait_s = max(MIN_RENEW_INTERVAL_S, min(later) - now) if later else 1.0
+                self._planned = now + wait_s
             self._wake.wait(wait_s)
             self._wake.clear()
 
