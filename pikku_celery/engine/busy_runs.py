@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 #: How long a run found held counts as probably still held: a gather's calls settle
 #: within a fraction of this of each other while they come in.
@@ -24,17 +25,19 @@ MAX_RUNS = 1024
 
 class BusyRuns:
     """The runs found held recently, by when; thread-safe (a worker's pool threads share
-    the engine)."""
+    the engine). ``clock``: seconds, monotonic (a test's fake clock)."""
 
-    def __init__(self, busy_for_s: float = BUSY_FOR_S, max_runs: int = MAX_RUNS) -> None:
+    def __init__(self, busy_for_s: float = BUSY_FOR_S, max_runs: int = MAX_RUNS, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._busy_for_s = busy_for_s
         self._max_runs = max_runs
+        self._clock = clock
         self._lock = threading.Lock()
         self._seen: OrderedDict[str, float] = OrderedDict()
 
     def found_held(self, run_id: str) -> None:
         with self._lock:
-            self._seen[run_id] = time.monotonic()
+            self._seen[run_id] = self._clock()
             self._seen.move_to_end(run_id)
             while len(self._seen) > self._max_runs:
                 self._seen.popitem(last=False)
@@ -46,4 +49,4 @@ class BusyRuns:
     def likely_held(self, run_id: str) -> bool:
         with self._lock:
             seen = self._seen.get(run_id)
-        return seen is not None and time.monotonic() - seen < self._busy_for_s
+        return seen is not None and self._clock() - seen < self._busy_for_s

@@ -110,7 +110,12 @@ class Passes:
         ttl_ms = self.settings.run_lease_ms
         view = self.views.take(run_id)
         requested = time.monotonic()
-        got, pending = self._take(run_id, key, ttl_ms, mark, pending)
+        try:
+            got, pending = self._take(run_id, key, ttl_ms, mark, pending)
+        except BaseException:
+            if view is not None:  # untouched: still what this process last saw
+                self.views.put(view)
+            raise
         if isinstance(got, LeaseBusy):
             if view is not None:
                 if settled is not None:

@@ -243,8 +243,9 @@ class _Renewals:
                                                 daemon=True)
                 self._thread.start()
             # Woken only when this renewal is due before the thread's planned wake-up (a
-            # wake per pass, the thread taking the GIL to find nothing due, cost as much as
-            # the lease calls the pass makes).
+            # wake per pass, the thread taking the GIL to find nothing due, and the
+            # heartbeat's per step cost about a fifth of pikku's own CPU per step run in
+            # place).
             sooner = held.next_renewal < self._planned
         if sooner:
             self._wake.set()

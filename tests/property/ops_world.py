@@ -29,6 +29,7 @@ from typing import Any
 from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
+from pikku_celery.engine.busy_runs import BusyRuns
 from pikku_celery.engine.facade import Engine
 from pikku_celery.model import keys
 from pikku_celery.model.errors import (
@@ -143,6 +144,8 @@ class World(Checks):
             leases=leases, clock=WorldClock(self.time), dispatcher=lambda engine: self.pool)
         self.engine.heartbeat._ensure_thread = lambda: None  # type: ignore[method-assign]
         pikku._override_engine(None, self.engine)
+        # The guess that a run is still held elsewhere ages on the world's clock too.
+        self.engine.passes.busy = BusyRuns(clock=lambda: self.time.ms / 1000)
         self.scheduler = Scheduler(self.engine)
         self.fork_keeps = "keep_decisions" in _parameters(pikku.fork)
 

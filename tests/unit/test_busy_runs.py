@@ -3,18 +3,18 @@ run is found free, and remembers a bounded number of runs (the oldest forgotten 
 
 from __future__ import annotations
 
-import time
-
 from pikku_celery.engine.busy_runs import BusyRuns
 
 
 def test_a_run_found_held_is_likely_held_for_a_moment_only() -> None:
-    busy = BusyRuns(busy_for_s=0.05)
+    now = [100.0]
+    busy = BusyRuns(busy_for_s=1.0, clock=lambda: now[0])
     assert not busy.likely_held("r1")
     busy.found_held("r1")
+    now[0] += 0.999
     assert busy.likely_held("r1")
     assert not busy.likely_held("r2")
-    time.sleep(0.06)
+    now[0] += 0.001
     assert not busy.likely_held("r1")
 
 

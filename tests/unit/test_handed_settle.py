@@ -206,6 +206,36 @@ def test_calls_of_a_run_found_held_settle_first_and_mark_once() -> None:
     assert [s.status for s in pikku.engine.get_steps(run_id)] == ["succeeded"] * 3
 
 
+def test_a_settle_refused_before_the_mark_keeps_the_processs_view() -> None:
+    """The settle-first path (the run found held a moment ago) writes the settle before it
+    touches the run lease; refused there, it leaves the process's view of the run as it
+    was, so the next pass reads what changed, not the whole run again."""
+    pikku, store, worker = _app()
+    _sending(pikku)
+
+    @pikku.step(name="hs.first", retries=1)
+    def first(tag: str) -> str:
+        if tag == "stall":  # another worker takes the step meanwhile (the reaper's reclaim)
+            again = store.claim_step(run_id, "a", "hs.first", FAR, 60_000)
+            assert again.state is not None and again.state.attempt == 2
+        return "attempt-1"
+
+    @pikku.workflow("hs.one")
+    def one(wf: Any, tag: str) -> str:
+        return str(wf.do("a", first, tag))
+
+    run_id = pikku.start("hs.one", "stall")
+    kind, _, _ = worker.queue.popleft()
+    assert kind == "run"
+    pikku.engine.advance(run_id)  # the first pass: this process now has a view of the run
+    views = pikku.engine.passes.views
+    assert views.workflow_of(run_id) == "hs.one"
+    pikku.engine.passes.busy.found_held(run_id)  # as if a call had just found it held
+    with pytest.raises(WorkflowStepSupersededError):
+        worker.drain()
+    assert views.workflow_of(run_id) == "hs.one"  # the view was put back
+
+
 def test_a_failed_combined_write_settles_alone_and_inserts_as_usual() -> None:
     store = _Calls()
     store.fail_combined = True
