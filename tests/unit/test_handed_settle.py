@@ -32,7 +32,7 @@ from pikku_celery import WorkflowStepSupersededError
 from pikku_celery.model import keys
 from pikku_celery.model.views import ALL
 from pikku_celery.store.memory import InMemoryWorkflowStore
-from tests.unit.test_in_place import FAR, _app
+from tests.unit.test_in_place import FAR, _app, stalling_step
 
 
 def _sending(pikku: Any) -> None:
@@ -75,6 +75,18 @@ def _chain(pikku: Any, steps: int = 3) -> None:
         return n
 
 
+def _gather(pikku: Any, workflow: str, prefix: str) -> None:
+    """``workflow``: a gather of three calls (``<prefix>0``..``<prefix>2``) echoing 0, 1, 2."""
+
+    @pikku.step(name=f"{workflow}.echo")
+    def echo(n: int) -> int:
+        return n
+
+    @pikku.workflow(workflow)
+    def gathered(wf: Any, data: Any) -> int:
+        return sum(wf.gather(*[wf.call(f"{prefix}{i}", echo, i) for i in range(3)]))
+
+
 def test_a_delivered_step_settles_with_the_next_steps_insert() -> None:
     store = _Calls()
     pikku, _, worker = _app(store)
@@ -97,12 +109,8 @@ def test_a_refused_handed_settle_inserts_nothing_reached_with_its_result() -> No
     pikku, store, worker = _app()
     _sending(pikku)
 
-    @pikku.step(name="hs.first", retries=1)
-    def first(tag: str) -> str:
-        if tag == "stall":  # another worker takes the step meanwhile (the reaper's reclaim)
-            again = store.claim_step(run_id, "a", "hs.first", FAR, 60_000)
-            assert again.state is not None and again.state.attempt == 2
-        return "attempt-1"
+    run: dict[str, str] = {}
+    first = stalling_step(pikku, store, "hs.first", run)
 
     @pikku.step(name="hs.second")
     def second(value: str) -> str:
@@ -112,7 +120,7 @@ def test_a_refused_handed_settle_inserts_nothing_reached_with_its_result() -> No
     def pair(wf: Any, tag: str) -> str:
         return str(wf.do("b", second, wf.do("a", first, tag)))
 
-    run_id = pikku.start("hs.pair", "stall")
+    run_id = run["id"] = pikku.start("hs.pair", "stall", run_id="hs-pair")
     with pytest.raises(WorkflowStepSupersededError):
         worker.drain()
     steps = {s.step_name: s for s in pikku.get_steps(run_id)}
@@ -165,13 +173,7 @@ def test_calls_of_a_run_found_held_settle_first_and_mark_once() -> None:
     pikku, store, worker = _app()
     _sending(pikku)
 
-    @pikku.step(name="hs.echo")
-    def echo(n: int) -> int:
-        return n
-
-    @pikku.workflow("hs.wide")
-    def wide(wf: Any, data: Any) -> int:
-        return sum(wf.gather(*[wf.call(f"c{i}", echo, i) for i in range(3)]))
+    _gather(pikku, "hs.wide", "c")
 
     leases = pikku.engine.leases
     key = keys.run_lease_key("hs-wide")
@@ -196,7 +198,8 @@ def test_calls_of_a_run_found_held_settle_first_and_mark_once() -> None:
     worker.queue.clear()  # the watch a first mark sends is left out: the holder is alive
     for _, _, step_name in steps:
         assert step_name is not None
-        pikku.engine.execute_step(pikku.engine.registry.steps["hs.echo"], run_id, step_name)
+        pikku.engine.execute_step(pikku.engine.registry.steps["hs.wide.echo"], run_id,
+                                  step_name)
     assert marks == [("c0", "running"), ("c0", "succeeded"), ("c1", "succeeded"),
                      ("c2", "succeeded")], marks
     leases.release(held)
@@ -213,18 +216,14 @@ def test_a_settle_refused_before_the_mark_keeps_the_processs_view() -> None:
     pikku, store, worker = _app()
     _sending(pikku)
 
-    @pikku.step(name="hs.first", retries=1)
-    def first(tag: str) -> str:
-        if tag == "stall":  # another worker takes the step meanwhile (the reaper's reclaim)
-            again = store.claim_step(run_id, "a", "hs.first", FAR, 60_000)
-            assert again.state is not None and again.state.attempt == 2
-        return "attempt-1"
+    run: dict[str, str] = {}
+    first = stalling_step(pikku, store, "hs.first", run)
 
     @pikku.workflow("hs.one")
     def one(wf: Any, tag: str) -> str:
         return str(wf.do("a", first, tag))
 
-    run_id = pikku.start("hs.one", "stall")
+    run_id = run["id"] = pikku.start("hs.one", "stall", run_id="hs-one")
     kind, _, _ = worker.queue.popleft()
     assert kind == "run"
     pikku.engine.advance(run_id)  # the first pass: this process now has a view of the run
@@ -254,13 +253,7 @@ def test_a_pass_with_nothing_to_write_settles_the_step_alone() -> None:
     pikku, _, worker = _app(store)
     _sending(pikku)
 
-    @pikku.step(name="hs.echo")
-    def echo(n: int) -> int:
-        return n
-
-    @pikku.workflow("hs.both")
-    def both(wf: Any, data: Any) -> int:
-        return sum(wf.gather(*[wf.call(f"b{i}", echo, i) for i in range(3)]))
+    _gather(pikku, "hs.both", "b")
 
     run_id = pikku.start("hs.both", None)
     worker.drain()

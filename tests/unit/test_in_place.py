@@ -105,18 +105,28 @@ def test_a_sequential_run_runs_in_place_with_no_message() -> None:
         (f"s{i}", "succeeded", 6 + i) for i in range(5)]
 
 
+def stalling_step(pikku: PikkuCelery, store: Any, name: str, run: dict[str, str]) -> Any:
+    """A step (one retry) whose attempt 1, given ``"stall"``, loses step ``a`` of the run
+    ``run["id"]`` to attempt 2 while its body runs (the reaper's reclaim, as another worker
+    would make it), then returns ``"attempt-1"``."""
+
+    @pikku.step(name=name, retries=1)
+    def first(tag: str) -> str:
+        if tag == "stall":
+            again = store.claim_step(run["id"], "a", name, FAR, 60_000)
+            assert again.state is not None and again.state.attempt == 2
+        return "attempt-1"
+
+    return first
+
+
 def test_a_refused_settle_voids_the_continuation_it_carried() -> None:
     """Attempt 1 of ``a`` is superseded while its body runs; its result travels with the
     claim of ``b``, reached with that result: the command is refused, ``b`` (whose data
     came from attempt 1) is never recorded, and ``b`` runs later with attempt 2's."""
     pikku, store, worker = _app()
-
-    @pikku.step(name="ip.first", retries=1)
-    def first(tag: str) -> str:
-        if tag == "stall":  # another worker takes the step meanwhile (the reaper's reclaim)
-            again = store.claim_step(run_id, "a", "ip.first", FAR, 60_000)
-            assert again.state is not None and again.state.attempt == 2
-        return "attempt-1"
+    run: dict[str, str] = {}
+    first = stalling_step(pikku, store, "ip.first", run)
 
     @pikku.step(name="ip.second")
     def second(value: str) -> str:
@@ -126,7 +136,7 @@ def test_a_refused_settle_voids_the_continuation_it_carried() -> None:
     def pair(wf: Any, tag: str) -> str:
         return str(wf.do("b", second, wf.do("a", first, tag)))
 
-    run_id = pikku.start("ip.pair", "stall")
+    run_id = run["id"] = pikku.start("ip.pair", "stall", run_id="ip-pair")
     worker.drain()
     assert pikku.get_run(run_id).status == "running"
     steps = {s.step_name: s for s in pikku.get_steps(run_id)}
