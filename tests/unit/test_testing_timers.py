@@ -238,3 +238,34 @@ def test_the_readme_examples_pass_as_written(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(hr=readme_example("hr.py"), test_hr=readme_example("test_hr.py"))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers")
     result.assert_outcomes(passed=2)
+
+
+def test_a_day_advanced_holds_a_day_of_ticks_however_long_the_first_round_takes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``docs/guide/schedules.md``'s example counts 2,880 runs of a 30 s schedule in a day
+    advanced; it once counted 2,879 under load: the target was read before the first round
+    built the engine and saved the schedule, and a tick fell in between. Here the build
+    takes a whole interval (the kit's clock moved 30 s meanwhile, as a slow build's
+    real time would move it) before it saves the schedule."""
+    from pikku_celery.schedules.firing import Scheduler
+
+    app = Celery(f"ticks-{uuid.uuid4().hex[:6]}")
+    pikku = PikkuCelery(app)
+
+    @pikku.workflow("ticks.ping")
+    def ping(wf: Any, data: Any) -> str:
+        return "pong"
+
+    pikku.schedule("ticks", "ticks.ping", every="30s", catch_up="none")
+    save = Scheduler._save
+    slow = {"first": True}
+    with inline(pikku, hold_timers=True) as kit:
+        def slowly(self: Scheduler, definition: Any, now: int) -> Any:
+            if slow.pop("first", False):
+                kit.clock.advance(30)
+                now = kit.clock.now_ms()
+            return save(self, definition, now)
+
+        monkeypatch.setattr(Scheduler, "_save", slowly)
+        kit.advance("1d")
+        assert pikku.count_runs("completed", workflow="ticks.ping") == 2880
