@@ -311,16 +311,13 @@ class Claimer:
             raise WorkflowStepFunctionMismatchError(run_id, step_name, claimed_as or None,
                                                     function)
 
-    def succeed(self, claimed: Claimed, result: Any, *, maybe_landed: bool = False
-                ) -> StepState:
+    def succeed(self, claimed: Claimed, result: Any) -> StepState:
         """Record the result; ``WorkflowStepSupersededError`` if the attempt lost the step,
-        ``InvalidInputError`` (nothing written) if it can never be stored.
-        ``maybe_landed``: an earlier write of it may have landed unseen."""
+        ``InvalidInputError`` (nothing written) if it can never be stored."""
         succeeded = self.checked(claimed, result)
         return self._settle(claimed, lambda now: self.store.set_result(
             claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now),
-            landed=lambda s: s.status == "succeeded" and s.result == succeeded.stored,
-            maybe_landed=maybe_landed)
+            landed=lambda s: s.status == "succeeded" and s.result == succeeded.stored)
 
     def checked(self, claimed: Claimed, result: Any) -> Succeeded:
         """``result`` checked storable, its settle not written yet; ``InvalidInputError``
@@ -367,7 +364,7 @@ class Claimer:
             # An outage, or a document refused (this result or the next step's data: the
             # settle alone tells which, and the next step's insert fails on its own).
             self._release_quietly(lease)
-            self.succeed(claimed, succeeded.result, maybe_landed=True)
+            self.succeed(claimed, succeeded.result)
             return None
         self._let_go(held, release=False)  # settled for good: its Redis lease lapses
         if outcome.state is None or not outcome.created:
@@ -397,7 +394,7 @@ class Claimer:
         except Exception:
             # An outage, or a document refused (this result or a step's data: the settle
             # alone tells which, and the steps' insert fails on its own).
-            self.succeed(claimed, succeeded.result, maybe_landed=True)
+            self.succeed(claimed, succeeded.result)
             return None
         self._let_go(held, release=False)  # settled for good: its Redis lease lapses
         return recorded
@@ -422,8 +419,7 @@ class Claimer:
                             landed=lambda s: s.status == "failed" and s.error == stored)
 
     def _settle(self, claimed: Claimed, write: Any,
-                landed: Callable[[StepState], bool], *, maybe_landed: bool = False
-                ) -> StepState:
+                landed: Callable[[StepState], bool]) -> StepState:
         """The fenced write, retried while MongoDB is unreachable, and recognising a write
         that landed but whose reply was lost.
 
@@ -435,7 +431,7 @@ class Claimer:
         held = claimed.held
         held.settling = True  # a beat racing the write must not call the refusal a loss
         deadline_s = held.held_until
-        delay_s, retried = 0.1, maybe_landed
+        delay_s = 0.1
         release = True
         try:
             while True:
@@ -451,7 +447,11 @@ class Claimer:
                     release = not settled_for_good(state)
                     return state
                 except WorkflowStepSupersededError:
-                    recorded = self._landed(claimed, landed) if retried else None
+                    # Refused: this attempt lost the step, or an earlier write of this
+                    # same outcome landed unseen (its reply lost, in this call or in an
+                    # earlier one that gave up: a pass's combined write, a settle made
+                    # again after the pass failed). Only the store can tell which.
+                    recorded = self._landed(claimed, landed)
                     if recorded is not None:
                         return recorded
                     held.mark_lost("superseded at settle")
@@ -462,7 +462,7 @@ class Claimer:
                     if held.lost.is_set() or time.monotonic() + delay_s >= deadline_s:
                         raise
                     time.sleep(delay_s)
-                    delay_s, retried = min(delay_s * 2, 2.0), True
+                    delay_s = min(delay_s * 2, 2.0)
         finally:
             self._let_go(held, release=release)
 
@@ -477,7 +477,7 @@ class Claimer:
 
     def _landed(self, claimed: Claimed, landed: Callable[[StepState], bool]
                 ) -> StepState | None:
-        """After a retried write was refused: did our earlier try land after all? Compared
+        """After a write was refused: did an earlier try of it land after all? Compared
         with the value as stored (a tuple comes back a list)."""
         with deadline(claimed.held.held_until - time.monotonic()):
             state = self.store.get_step(claimed.state.run_id, claimed.state.step_name)

@@ -34,6 +34,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from pikku_celery import MongoWorkflowStore
+from pikku_celery.model.errors import WorkflowStepSupersededError
 from pikku_celery.model.records import RUN_CANCELLED, RUN_RUNNING, STEP_FAILED, STEP_RUNNING
 from pikku_celery.store.base import NewRun, NewStep
 from tests.support.mongod import MongodNode, MongodReplicaSet
@@ -194,3 +195,29 @@ def test_a_claim_after_a_run_end_fences_itself_across_an_election(
     after = store.get_step(run_id, step)
     assert after is not None and after.status == STEP_FAILED
     assert after.status != STEP_RUNNING and after.lease_expires_at is None
+
+
+def test_a_refused_settle_then_reads_its_landed_write_across_an_election(
+        mongod_replset3: MongodReplicaSet, store: MongoWorkflowStore) -> None:
+    """A settle whose reply was lost is made again and refused (the step is settled); the
+    worker then reads the step to tell its own landed write from a newer attempt
+    (``Claimer._landed``). That read must see the settle the refusal saw, even on a newly
+    elected primary: without it the attempt is told superseded while the store holds its
+    result (partition test, netem)."""
+    rs = mongod_replset3
+    run_id, step = _run_with_step(store)
+    claimed = store.claim_step(run_id, step, "charge", _now(), LEASE_MS)
+    assert claimed.state is not None and claimed.state.attempt == 1
+    successor = _secondary(rs)
+    _replicated(rs, successor, store)
+    with _frozen(successor):
+        # The first try landed, its reply lost: this thread's causal times never saw it.
+        _in_thread(lambda: store.set_result(run_id, step, 1, {"paid": True}, _now()))
+        with pytest.raises(WorkflowStepSupersededError):
+            store.set_result(run_id, step, 1, {"paid": True}, _now())
+        _elect(rs, successor, store)
+        timer = _lift_later(successor)
+        seen = store.get_step(run_id, step)
+        timer.join()
+    assert seen is not None and (seen.status, seen.attempt, seen.result) == (
+        "succeeded", 1, {"paid": True}), "the read after the refusal missed the landed settle"

@@ -3,6 +3,7 @@ that landed but whose reply was lost, and a heartbeat racing a settle."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -62,6 +63,23 @@ def test_a_write_that_landed_with_its_reply_lost_counts_as_recorded() -> None:
     claimer, claimed = _claimed(store)
     state = claimer.succeed(claimed, "done")
     assert state.status == "succeeded" and state.attempt == 1
+
+
+def test_a_settle_made_again_after_one_that_gave_up_takes_its_landed_write() -> None:
+    """Partition test, netem: a pass's settle landed with its reply lost, its retries gave up
+    at the lease's deadline, and the settle was made again (the delivery writing what its
+    pass left unwritten). The store refuses the new write, as the step is settled already:
+    that must read as this attempt's outcome, not as the attempt superseded."""
+    store = Outage(fail=10**6, lose_reply=True)
+    claimer, claimed = _claimed(store)
+    claimed.held.held_until = 0.0  # no time for a second try: the first call gives up
+    with pytest.raises(ConnectionError):
+        claimer.succeed(claimed, "done")
+    store.fail = 0
+    claimed.held.held_until = time.monotonic() + 30
+    state = claimer.succeed(claimed, "done")
+    assert (state.status, state.attempt, state.result) == ("succeeded", 1, "done")
+    assert not claimed.held.lost.is_set()
 
 
 def test_an_outage_longer_than_the_lease_gives_the_attempt_up() -> None:

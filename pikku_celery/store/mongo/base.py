@@ -16,6 +16,7 @@ from pymongo.client_session import ClientSession
 from pymongo.database import Database
 
 from pikku_celery.model import keys
+from pikku_celery.model.errors import WorkflowStepSupersededError
 from pikku_celery.model.keys import EventField as E
 from pikku_celery.model.keys import HistoryField as H
 from pikku_celery.model.keys import RunField as R
@@ -104,14 +105,25 @@ class MongoStoreBase:
             clock.session = session
             try:
                 yield
+            except WorkflowStepSupersededError:
+                # A refusal is an answer, not an unknown outcome: the write changed nothing
+                # and the read naming the attempt now returned. The next call (the settle's
+                # check whether an earlier try of it landed) must read at least that much,
+                # on whichever primary serves it.
+                self._carry(session)
+                raise
             finally:
                 clock.session = None
             # Reached only when the call returned. A call that raised may carry the time of
             # a write whose outcome is unknown (a ``WTimeoutError``: it waits for a
             # majority it may never get, or is rolled back): later reads must not wait for
             # it, or every read of this thread would hang while the set lacks its majority.
-            clock.cluster_time = session.cluster_time or clock.cluster_time
-            clock.operation_time = session.operation_time or clock.operation_time
+            self._carry(session)
+
+    def _carry(self, session: ClientSession) -> None:
+        clock = self._causal
+        clock.cluster_time = session.cluster_time or clock.cluster_time
+        clock.operation_time = session.operation_time or clock.operation_time
 
     def _as_recorded(self, docs: list[Doc], taken: Collection[str]) -> list[tuple[StepState, bool]]:
         """``insert_steps``' answer for ``docs``, of which those whose ids are in ``taken``
