@@ -27,8 +27,8 @@ p95 of each round, after 3 unmeasured runs):
                   (a third as many runs);
 ``pikku-inproc``  pikku in one process: ``start``, then the messages it publishes delivered
                   in the same process (``benchmarks.step_cost.Broker``), steps run in place;
-``pikku``         ``pikku.start`` on the workers, steps run in place (the defaults), the run
-                  read every millisecond until it ends;
+``pikku``         ``pikku.start`` on the workers, steps run in place (the defaults), then
+                  ``pikku.wait`` (woken by the run's end announced on Redis);
 ``pikku-sent``    the same with ``in_place_steps=0``: every step sent as a task;
 ``chain``         a Celery chain of ``--steps`` no-op tasks, results in Celery's MongoDB
                   result backend on the same ``mongod``, ``get(interval=0.001)``.
@@ -73,7 +73,7 @@ VENV = Path(os.environ.get("PIKKU_BENCH_DBOS_VENV",
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SIDE = Path(__file__).with_name("_dbos_side.py")
 WARM_RUNS = 3
-POLL_S = 0.001  # how often the pikku and chain latencies read whether the run ended
+POLL_S = 0.001  # how often a chain's result.get polls its MongoDB result backend
 LATENCY = ("dbos", "dbos-queue", "pikku-inproc", "pikku", "pikku-sent", "chain")
 THROUGHPUT = ("tp-dbos", "tp-dbos-queue", "tp-pikku", "tp-chain")
 CPU = ("cpu-dbos", "cpu-pikku-inproc")  # the latency runs' own process's CPU per step
@@ -222,8 +222,7 @@ def latency_on_workers(mode: str, runs: int, steps: int) -> list[float]:
         pikku = benchapp.pikku
         started = time.perf_counter()
         run_id = pikku.start("bench.sequence", steps)
-        while not (run := pikku.get_run(run_id)).is_terminal:
-            time.sleep(POLL_S)
+        run = pikku.wait(run_id, 60)  # woken by the run's end, as result.get is
         elapsed = (time.perf_counter() - started) * 1000
         assert run.status == "completed", run.status
         return elapsed

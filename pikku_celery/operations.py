@@ -116,7 +116,9 @@ class RunOperations(ScheduleOperations):
 
     def wait(self, run_id: str, timeout: float) -> WorkflowRun:
         """Block until the run is completed, failed or cancelled and return it;
-        ``TimeoutError`` only when ``timeout`` seconds pass first."""
+        ``TimeoutError`` only when ``timeout`` seconds pass first. Woken by the run's end
+        as it is written (an announcement on Redis), not by polling; a backstop read every
+        second at most covers an announcement lost."""
         return self.engine.wait(run_id, timeout)
 
     def resume(self, run_id: str) -> bool:

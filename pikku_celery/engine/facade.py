@@ -99,7 +99,7 @@ class Engine:
         clock = clock if clock is not None else ServerClock(leases)
         self.heartbeat = Heartbeat(store, leases, clock)
         self.claimer = Claimer(store, leases, clock, self.heartbeat, host=worker)
-        self.reads = Reads(store)
+        self.reads = Reads(store, leases)
         self.runs = Runs(store, leases, registry, settings, clock, dispatcher, self.emit)
         self.forks = Forks(self.runs)  # reads the runs' store, clock and dispatcher
         self.gates = Gates(store, settings, clock, dispatcher)

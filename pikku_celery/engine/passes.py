@@ -168,7 +168,8 @@ class Passes:
                     marks = again
                     continue
                 if view is None:  # the run has ended: marks left now change nothing
-                    while held.hand_back():
+                    # Those waiting for its end hear it in the same call (``Reads.wait``).
+                    while held.hand_back(announce=True):
                         pass
                     break
                 if in_place is not None and not in_place.close():

@@ -219,9 +219,18 @@ class Runs:
                 self.cancel(child_run_id, reason or f"parent run {run_id} was cancelled")
         if wrote:
             self._emit_finished(run, RUN_CANCELLED, error=error)
+            self._announce_end(run_id)
             self.admission.release(run, self.dispatcher)
             self.notify_parent(run_id, self.dispatcher)
         return wrote
+
+    def _announce_end(self, run_id: str) -> None:
+        """Wake those waiting for the run's end (``Reads.wait``); a pass that ends a run
+        does it as it hands the run back. A lost announcement costs them a poll, no more."""
+        try:
+            self.leases.announce(keys.run_lease_key(run_id))
+        except Exception:
+            log.debug("pikku: the end of run %s was not announced", run_id, exc_info=True)
 
     # --- children -------------------------------------------------------------------------
 

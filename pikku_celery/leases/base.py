@@ -22,6 +22,7 @@ an hour off can neither steal a live lease nor hold one past its TTL.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -67,6 +68,15 @@ class LeaseBusy:
     watch: bool
 
 
+class Listener(Protocol):
+    """What ``LeaseService.listen`` yields."""
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until an announcement of the key arrives (``True``; each is reported
+        once) or ``timeout_s`` passes (``False``)."""
+        ...
+
+
 @runtime_checkable
 class LeaseService(Protocol):
     """What pikku needs from a lease backend. Every method is one atomic operation."""
@@ -106,14 +116,28 @@ class LeaseService(Protocol):
         """Add ``mark`` to the key's marks, held or not."""
         ...
 
-    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None
-                              ) -> tuple[str, ...] | None:
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None,
+                              *, announce: bool = False) -> tuple[str, ...] | None:
         """Hand the lease back: if marks were left on the key, take them and keep the lease
         (renewed for ``ttl_ms``); else release it, leaving ``note`` (bytes, or none: an
         older note is dropped) for the next grant's ``Lease.note``, and return ``()``.
         ``None`` (nothing done) when the lease is no longer this grant's. One atomic
         step. A note is a hint a holder passes to the next (``engine.handover``): it may
-        be lost (it lapses after a minute), never wrong for the grant it reaches."""
+        be lost (it lapses after a minute), never wrong for the grant it reaches.
+        ``announce``: also ``announce`` the key, in the same step (whoever's grant it is:
+        the holder announces what it wrote before, not what the lease guards now)."""
+        ...
+
+    def announce(self, key: str) -> None:
+        """Tell the key's listeners (``listen``) that what it guards is done (a run's end).
+        Fire and forget: a listener that misses it, or listens after it, learns it by
+        reading what the key guards, which every listener does once it listens."""
+        ...
+
+    def listen(self, key: str) -> AbstractContextManager[Listener]:
+        """Listen for the key's announcements from when the ``with`` block begins: one
+        made after that wakes ``Listener.wait``. A listener that cannot listen (Redis
+        unreachable) waits out its timeouts instead; it never raises."""
         ...
 
     def now_ms(self) -> int:

@@ -316,18 +316,21 @@ class HeldPassLease(HeldLease):
                 return
             self.next_renewal = time.monotonic() + min(self._interval_s, remaining_s)
 
-    def hand_back(self, note: bytes | None = None) -> tuple[str, ...]:
+    def hand_back(self, note: bytes | None = None, *, announce: bool = False
+                  ) -> tuple[str, ...]:
         """Release the lease, leaving ``note`` for the next grant, and return ``()``; or
         take the marks left on it and keep it (renewing on); ``LeaseLostError`` if the
         lease was lost at any point, or the call fails or is refused (it was no longer
-        ours: nothing was taken or freed)."""
+        ours: nothing was taken or freed). ``announce``: announce the key in the same
+        call (``LeaseService.release_or_take_marks``)."""
         self._stop()
         if self.lost.is_set() or self._past_deadline():
             self._mark_lost()
             raise LeaseLostError(self.key)
         sent = time.monotonic()
         try:
-            taken = self._service.release_or_take_marks(self.lease, self._ttl_ms, note)
+            taken = self._service.release_or_take_marks(self.lease, self._ttl_ms, note,
+                                                        announce=announce)
         except Exception as exc:
             self._mark_lost()
             raise LeaseLostError(self.key) from exc

@@ -22,8 +22,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
-from pikku_celery.leases.base import Lease, LeaseBusy
+from pikku_celery.leases.announcements import LocalAnnouncements
+from pikku_celery.leases.base import Lease, LeaseBusy, Listener
 from pikku_celery.model.keys import LEASE_NOTE_TTL_MS
 
 
@@ -43,6 +45,7 @@ class InMemoryLeaseService:
         self._marks: dict[str, set[str]] = {}
         self._watch: dict[str, int] = {}
         self._notes: dict[str, tuple[int, bytes]] = {}  # key -> (lapses at ms, note)
+        self._announcements = LocalAnnouncements()
 
     def acquire(self, key: str, holder: str, ttl_ms: int) -> Lease | None:
         """Grant ``key`` to ``holder`` for ``ttl_ms`` ms; ``None`` if another holder is live.
@@ -131,12 +134,14 @@ class InMemoryLeaseService:
         with self._lock:
             self._marks.setdefault(key, set()).add(mark)
 
-    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None
-                              ) -> tuple[str, ...] | None:
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None,
+                              *, announce: bool = False) -> tuple[str, ...] | None:
         """Take the marks left on the key and keep the lease, or release it when there are
         none (leaving ``note`` for the next grant); ``None`` when ``lease`` is no longer
-        this grant's."""
+        this grant's. ``announce``: ``announce`` the key too."""
         check_ttl_ms(ttl_ms)
+        if announce:
+            self.announce(lease.key)
         with self._lock:
             now = self._clock_ms()
             current = self._live(lease.key, now)
@@ -153,6 +158,16 @@ class InMemoryLeaseService:
             else:
                 self._notes.pop(lease.key, None)
             return ()
+
+    def announce(self, key: str) -> None:
+        """Wake the key's listeners (``listen``)."""
+        check_key(key)
+        self._announcements.announce(key)
+
+    def listen(self, key: str) -> AbstractContextManager[Listener]:
+        """Listen for the key's announcements (``LeaseService.listen``)."""
+        check_key(key)
+        return self._announcements.listen(key)
 
     def now_ms(self) -> int:
         """The injected clock: the one clock every deadline of this service uses."""

@@ -11,7 +11,7 @@ import redis
 
 # The lease service's methods that talk to Redis.
 _TALKING = ("acquire", "refresh", "refresh_many", "release", "get", "acquire_or_mark", "mark",
-            "release_or_take_marks", "now_ms")
+            "release_or_take_marks", "announce", "now_ms")
 
 
 class RedisUnreachableError(redis.exceptions.ConnectionError):

@@ -12,6 +12,8 @@ Keys (see ``pikku_celery.model.keys``; ``<prefix>`` is the service's ``key_prefi
 * ``<prefix>:lease-marks:{<key>}``  set of the marks left on the key and not yet taken
   (``acquire_or_mark``, ``mark``); taken by the next grant or by the holder handing the
   lease back. Expires a day after the last mark (a mark nobody takes in a day is stale).
+* ``<prefix>:lease-done:{<key>}``   not a key: the pub/sub channel of the key's
+  announcements (``announce``, ``listen``; ``leases.announcements``).
 * ``<prefix>:lease-watch:{<key>}``  present while a watch is armed for the current holder
   (``LeaseBusy.watch``); expires just after that holder's lease would lapse, and a grant
   deletes it.
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -57,7 +60,8 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
 from pikku_celery.leases._lua import lua_script
-from pikku_celery.leases.base import Lease, LeaseBusy, PartialRefreshError
+from pikku_celery.leases.announcements import redis_listener
+from pikku_celery.leases.base import Lease, LeaseBusy, Listener, PartialRefreshError
 from pikku_celery.leases.memory import (
     WATCH_SLACK_MS,
     check_holder,
@@ -69,6 +73,7 @@ from pikku_celery.leases.outage import name_outages
 from pikku_celery.model._fork import reset_in_forked_child
 from pikku_celery.model._urls import redact_url, reserved_in_userinfo
 from pikku_celery.model.keys import (
+    LEASE_DONE_FMT,
     LEASE_HASH_FMT,
     LEASE_MARKS_FMT,
     LEASE_NOTE_FMT,
@@ -287,23 +292,38 @@ class RedisLeaseService:
         check_mark(mark)
         self._mark(keys=[self.marks_key(key)], args=[mark, MARKS_TTL_MS])
 
-    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None
-                              ) -> tuple[str, ...] | None:
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None,
+                              *, announce: bool = False) -> tuple[str, ...] | None:
         """Take the key's marks and keep the lease, or release it when there are none
         (leaving ``note`` for the next grant); ``None`` when ``lease`` is no longer this
-        grant's. One script call."""
+        grant's. ``announce``: ``announce`` the key in the same script. One script call."""
         check_ttl_ms(ttl_ms)
         keys = [self.lease_hash_key(lease.key), self.token_counter_key(lease.key),
                 self.marks_key(lease.key), self.note_key(lease.key)]
         reply = self._release_or_take_marks(keys=keys, args=[
             lease.holder, str(lease.token), ttl_ms, counter_ttl_ms(ttl_ms), note or b"",
-            LEASE_NOTE_TTL_MS])
+            LEASE_NOTE_TTL_MS, self.announce_channel(lease.key) if announce else ""])
         flag = int(reply[0])
         if flag < 0:
             return None
         if flag == 0:
             return ()
         return tuple(sorted(_text(m) for m in reply[1]))
+
+    def announce_channel(self, key: str) -> str:
+        """The pub/sub channel of logical ``key``'s announcements."""
+        return LEASE_DONE_FMT.format(prefix=self._key_prefix, key=key)
+
+    def announce(self, key: str) -> None:
+        """``PUBLISH`` on the key's channel (``LeaseService.announce``)."""
+        check_key(key)
+        self._client.publish(self.announce_channel(key), b"done")
+
+    def listen(self, key: str) -> AbstractContextManager[Listener]:
+        """A ``SUBSCRIBE`` connection of its own on the key's channel, confirmed before the
+        block begins (``LeaseService.listen``)."""
+        check_key(key)
+        return redis_listener(self._client, self.announce_channel(key))
 
     def describe(self) -> str:
         """``Redis at redis://<host>:<port>/<db>``, for log lines: never the password

@@ -164,6 +164,8 @@ LEASE_HASH_FMT = "{prefix}:lease:{{{key}}}"
 LEASE_TOKEN_FMT = "{prefix}:lease-token:{{{key}}}"
 LEASE_MARKS_FMT = "{prefix}:lease-marks:{{{key}}}"
 LEASE_WATCH_FMT = "{prefix}:lease-watch:{{{key}}}"
+# The pub/sub channel of a key's announcements (``LeaseService.announce``): not a key.
+LEASE_DONE_FMT = "{prefix}:lease-done:{{{key}}}"
 # What a holder that released the key left for the next grant (``release_or_take_marks``'s
 # ``note``): taken by that grant, else gone after ``LEASE_NOTE_TTL_MS``.
 LEASE_NOTE_FMT = "{prefix}:lease-note:{{{key}}}"

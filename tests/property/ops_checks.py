@@ -5,9 +5,11 @@ invariant by its number in section 7, followed by the operations that led there.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from pikku_celery.model import keys
 from pikku_celery.model.records import StepState, WorkflowRun
 from pikku_celery.store._slots import slot_holder, slot_id
 from pikku_celery.store.base import WorkflowStore
@@ -40,6 +42,7 @@ class Model:
     keyed: dict[str, set[str]] = field(default_factory=dict)  # keys kept, per run
     payloads: dict[str, set[str]] = field(default_factory=dict)  # payloads sent, per run
     late_bodies: list[str] = field(default_factory=list)  # bodies started on ended runs
+    listened: set[str] = field(default_factory=set)  # runs live at the last check
 
 
 class Checks:
@@ -50,6 +53,9 @@ class Checks:
     pool: Any  # ops_world.Pool
     log: list[str]
     skip: frozenset[int]
+    listening: contextlib.ExitStack  # a listener per run seen live (``_announced``)
+    listeners: dict[str, Any]
+    leases: Any
 
     def violation(self, message: str) -> Violation:
         """``message``, and the operations that led there (the shrunk sequence reads as
@@ -82,12 +88,32 @@ class Checks:
                 self._events(run, steps[rid])
             if 6 not in skip:
                 self._fork_copied(run)
+        if 8 not in skip:
+            self._announced(runs)
         if 4 not in skip:
             self._limits(runs)
         if 7 not in skip:
             ticks = [r.scheduled_for for r in runs.values() if r.schedule == SCHEDULE]
             if len(ticks) != len(set(ticks)):
                 raise self.violation(f"7. two runs of one tick: {sorted(map(str, ticks))}")
+
+    def _announced(self, runs: dict[str, WorkflowRun]) -> None:
+        """8. Whatever ends a run (a pass, a cancel, a parent's cancel, a fork's or a
+        retry's run ending again) wakes those waiting in ``PikkuCelery.wait``: a run seen
+        live at one check and ended at the next was announced in between."""
+        for rid, run in runs.items():
+            listener = self.listeners.get(rid)
+            heard = listener is not None and listener.wait(0)
+            if run.status in (*LIVE, "queued"):
+                if listener is None:
+                    self.listeners[rid] = self.listening.enter_context(
+                        self.leases.listen(keys.run_lease_key(rid)))
+                self.model.listened.add(rid)
+            elif rid in self.model.listened:
+                self.model.listened.discard(rid)
+                if not heard:
+                    raise self.violation(f"8. run {rid} ended {run.status} and nobody waiting "
+                                         "for it was told")
 
     def _one_outcome(self, run: WorkflowRun, steps: list[StepState]) -> None:
         for state in steps:

@@ -21,6 +21,7 @@ invariant by its number in section 7."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -134,6 +135,9 @@ class World(Checks):
         self.log: list[str] = []
         self.counter = 0
         leases = InMemoryLeaseService(clock_ms=self.time)
+        self.leases = leases
+        self.listening = contextlib.ExitStack()
+        self.listeners: dict[str, Any] = {}
         self.pikku = pikku = PikkuCelery(
             Celery(f"model-{id(self)}", broker="memory://"), store=store, leases=leases,
             step_lease=LEASE_MS / 1000, run_lease=LEASE_MS / 1000, worker_reaper=False,
@@ -151,6 +155,7 @@ class World(Checks):
 
     def close(self) -> None:
         self.engine.heartbeat.stop()
+        self.listening.close()
 
     # --- the workflows ----------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ fork (with and without ``keep_decisions``, into a new id or an existing one), se
 (keyed, unkeyed, to an ended run, past the run's limit on kept events), approve, a schedule
 tick (one or two firers), an admit. After every rule the world's state is checked against
 the promises of section 7 (``tests/property/ops_world.py``: each failure names the
-invariant's number). Runs on the in-memory store and on the real ``mongod``.
+invariant's number), and an eighth: every end of a run wakes those waiting for it. Runs
+on the in-memory store and on the real ``mongod``.
 
     ./dev test tests/property/test_operations_model.py                   # CI: seeded, bounded
     PIKKU_HYPOTHESIS_PROFILE=long ./dev test tests/property/test_operations_model.py -n 0

@@ -216,8 +216,8 @@ class RefusingLeases(InMemoryLeaseService):
     def refresh(self, lease: Lease, ttl_ms: int) -> Lease | None:
         return None
 
-    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None
-                              ) -> tuple[str, ...] | None:
+    def release_or_take_marks(self, lease: Lease, ttl_ms: int, note: bytes | None = None,
+                              *, announce: bool = False) -> tuple[str, ...] | None:
         return None
 
     def refresh_many(self, leases: Any) -> list[Lease | None]:

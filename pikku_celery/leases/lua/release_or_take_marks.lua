@@ -11,7 +11,11 @@
 -- ARGV[4]  counter_ttl_ms
 -- ARGV[5]  note ('' for none: an older note is deleted)
 -- ARGV[6]  note_ttl_ms
+-- ARGV[7]  announcement channel ('' for none): PUBLISH on it first, whoever's grant it is
 -- returns  {-1} not this grant's, {0} released, {1, {marks...}} marks taken, lease kept
+if ARGV[7] ~= nil and ARGV[7] ~= '' then
+  redis.call('PUBLISH', ARGV[7], 'done')
+end
 local held = redis.call('HMGET', KEYS[1], 'holder', 'token')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return {-1}

@@ -1,0 +1,107 @@
+"""Announcements of a key (``LeaseService.announce`` / ``listen``), on the in-memory
+service, one Redis server and a Redis Cluster: what wakes a caller waiting for a run's end.
+
+* a listener hears an announcement made after it began listening, by ``announce`` or by a
+  hand-back that asks for it (``release_or_take_marks(announce=True)``, in the same script),
+  and hears each one once;
+* it hears nothing of another key, nor of an announcement made before it listened (the
+  caller reads what the key guards once it listens: that read covers those);
+* a hand-back announces whatever becomes of the lease (taken marks, a stale grant): the
+  holder announces what it wrote before the call;
+* a listener that cannot reach Redis waits out its timeout and never raises.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from pikku_celery.leases.base import LeaseService
+from pikku_celery.leases.redis import RedisLeaseService
+from tests.contract import test_leases as suite
+from tests.contract.test_leases import LONG_TTL_MS
+
+lease_service = suite.lease_service
+redis_prefix = suite.redis_prefix
+redis_service = suite.redis_service
+clock = suite.clock
+cluster_client = suite.cluster_client
+cluster_service = suite.cluster_service
+
+QUICK_S = 0.2  # a wait that must time out: long enough for a wrongly delivered message
+HEARD_S = 10.0  # a wait that must be woken: bounded only so a broken test ends
+
+
+def _later(action: Callable[[], object], delay_s: float = 0.05) -> threading.Thread:
+    def later() -> None:
+        time.sleep(delay_s)
+        action()
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    return thread
+
+
+def test_an_announcement_wakes_the_listener_once(lease_service: LeaseService) -> None:
+    with lease_service.listen("run:a") as listener:
+        assert not listener.wait(QUICK_S)
+        started = time.monotonic()
+        thread = _later(lambda: lease_service.announce("run:a"))
+        assert listener.wait(HEARD_S)
+        assert time.monotonic() - started < HEARD_S / 2
+        thread.join()
+        assert not listener.wait(QUICK_S), "one announcement was heard twice"
+
+
+def test_another_keys_announcement_or_an_earlier_one_is_not_heard(
+        lease_service: LeaseService) -> None:
+    lease_service.announce("run:b")  # before anyone listens: nobody hears it
+    with lease_service.listen("run:b") as listener:
+        lease_service.announce("run:other")
+        assert not listener.wait(QUICK_S)
+
+
+def test_two_listeners_of_one_key_both_hear(lease_service: LeaseService) -> None:
+    with lease_service.listen("run:c") as first, lease_service.listen("run:c") as second:
+        lease_service.announce("run:c")
+        assert first.wait(HEARD_S) and second.wait(HEARD_S)
+
+
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_hand_back_announces_in_the_same_call(lease_service: LeaseService,
+                                                marked: bool) -> None:
+    lease = lease_service.acquire("run:d", "h", LONG_TTL_MS)
+    assert lease is not None
+    if marked:
+        lease_service.mark("run:d", "wake")
+    with lease_service.listen("run:d") as listener:
+        taken = lease_service.release_or_take_marks(lease, LONG_TTL_MS, announce=True)
+        assert taken == (("wake",) if marked else ())
+        assert listener.wait(HEARD_S)
+    other = lease_service.acquire("run:d2", "h", LONG_TTL_MS)
+    assert other is not None
+    with lease_service.listen("run:d2") as listener:  # no announce asked: none made
+        assert lease_service.release_or_take_marks(other, LONG_TTL_MS) == ()
+        assert not listener.wait(QUICK_S)
+
+
+def test_a_stale_hand_back_still_announces(lease_service: LeaseService) -> None:
+    lease = lease_service.acquire("run:e", "h", LONG_TTL_MS)
+    assert lease is not None and lease_service.release(lease)
+    with lease_service.listen("run:e") as listener:
+        assert lease_service.release_or_take_marks(lease, LONG_TTL_MS, announce=True) is None
+        assert listener.wait(HEARD_S)
+
+
+def test_a_listener_without_redis_waits_out_its_timeout() -> None:
+    unreachable = RedisLeaseService(redis.Redis(host="127.0.0.1", port=1, socket_timeout=0.2,
+                                                socket_connect_timeout=0.2),
+                                    key_prefix="pikku-test-nowhere")
+    with unreachable.listen("run:f") as listener:
+        started = time.monotonic()
+        assert not listener.wait(QUICK_S)
+        assert time.monotonic() - started >= QUICK_S * 0.9  # waited, did not spin or raise
