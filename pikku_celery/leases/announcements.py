@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,9 @@ log = logging.getLogger("pikku_celery.leases")
 # How long a Redis listener waits for its subscription to be confirmed before it reads:
 # past it, it listens on without the confirmation (the backstop timer covers the gap).
 SUBSCRIBE_CONFIRM_S = 1.0
+# How often a Redis listener's thread looks up from its connection to see whether the
+# caller is done with it.
+LISTEN_TURN_S = 0.5
 
 
 class LocalAnnouncements:
@@ -76,7 +78,7 @@ class _LocalListener:
 
 @contextlib.contextmanager
 def redis_listener(client: Any, channel: str) -> Iterator[_RedisListener]:
-    """Listen on ``channel`` (a ``SUBSCRIBE`` connection of its own, closed on exit)."""
+    """Listen on ``channel`` (a ``SUBSCRIBE`` connection of its own, let go on exit)."""
     listener = _RedisListener(client, channel)
     try:
         yield listener
@@ -85,41 +87,51 @@ def redis_listener(client: Any, channel: str) -> Iterator[_RedisListener]:
 
 
 class _RedisListener:
-    """A subscription confirmed before the caller reads, so an announcement is either heard
-    or made before that read (which then sees what was announced)."""
+    """A subscription held by a thread of its own, so that a Redis that does not answer
+    (a partition dropping packets, where a connect or a read blocks) never holds the
+    caller past its own timeout: the caller only ever waits on events, each with its
+    timeout. The caller reads once the subscription is confirmed (or after
+    ``SUBSCRIBE_CONFIRM_S``), so an announcement is either heard or made before that read,
+    which then sees what was announced."""
 
     def __init__(self, client: Any, channel: str) -> None:
-        self._pubsub: Any = None
+        self._heard = threading.Event()
+        self._ready = threading.Event()  # confirmed, or given up
+        self._closed = threading.Event()
+        threading.Thread(target=self._listen, args=(client, channel), daemon=True,
+                         name="pikku-run-end-listener").start()
+        self._ready.wait(SUBSCRIBE_CONFIRM_S)
+
+    def _listen(self, client: Any, channel: str) -> None:
+        pubsub: Any = None
         try:
             pubsub = client.pubsub()
-            self._pubsub = pubsub
             pubsub.subscribe(channel)
-            deadline = time.monotonic() + SUBSCRIBE_CONFIRM_S
-            while (left := deadline - time.monotonic()) > 0:
-                message = pubsub.get_message(timeout=left)
-                if message is not None and message["type"] == "subscribe":
-                    break
+            while not self._closed.is_set():
+                message = pubsub.get_message(timeout=LISTEN_TURN_S)
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    self._ready.set()
+                elif message["type"] == "message":
+                    self._heard.set()
         except Exception as exc:
-            log.debug("pikku: not listening on %s (%s); polling instead", channel, exc)
-            self.close()
+            if not self._closed.is_set():
+                log.debug("pikku: not listening on %s (%s); reading instead", channel, exc)
+        finally:
+            self._ready.set()  # the caller must not wait for a confirmation never coming
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
 
     def wait(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        try:
-            while self._pubsub is not None and (left := deadline - time.monotonic()) > 0:
-                message = self._pubsub.get_message(timeout=left)
-                if message is not None and message["type"] == "message":
-                    return True
-        except Exception as exc:
-            log.debug("pikku: listening failed (%s); polling instead", exc)
-            self.close()
-        left = deadline - time.monotonic()
-        if left > 0:
-            time.sleep(left)
-        return False
+        # An announcement landing between the wait and the clear is not reported: it was
+        # made after an end written before it, which the caller's next read sees.
+        heard = self._heard.wait(max(0.0, timeout_s))
+        if heard:
+            self._heard.clear()
+        return heard
 
     def close(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                pubsub.close()
+        """The thread lets its connection go within ``LISTEN_TURN_S``."""
+        self._closed.set()

@@ -8,11 +8,14 @@ service, one Redis server and a Redis Cluster: what wakes a caller waiting for a
   caller reads what the key guards once it listens: that read covers those);
 * a hand-back announces whatever becomes of the lease (taken marks, a stale grant): the
   holder announces what it wrote before the call;
-* a listener that cannot reach Redis waits out its timeout and never raises.
+* a listener that cannot reach Redis, or whose Redis never answers, waits out its
+  timeout and never raises.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +23,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
+from pikku_celery.leases.announcements import SUBSCRIBE_CONFIRM_S
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.leases.redis import RedisLeaseService
 from tests.contract import test_leases as suite
@@ -105,3 +109,32 @@ def test_a_listener_without_redis_waits_out_its_timeout() -> None:
         started = time.monotonic()
         assert not listener.wait(QUICK_S)
         assert time.monotonic() - started >= QUICK_S * 0.9  # waited, did not spin or raise
+
+
+def test_a_redis_that_never_answers_does_not_hold_the_waiter() -> None:
+    """A partition that drops packets leaves a connect hanging (redis-py sets no connect
+    timeout by default). Here: a server whose accept queue is full, so the kernel drops the
+    listener's SYNs. The caller must still get its answer by its own timeout."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    host, port = server.getsockname()
+    fillers = []
+    for _ in range(3):  # fill the accept queue: later connects hang
+        filler = socket.socket()
+        filler.settimeout(0.3)
+        with contextlib.suppress(OSError):
+            filler.connect((host, port))
+        fillers.append(filler)
+    hanging = RedisLeaseService(redis.Redis(host=host, port=port),
+                                key_prefix="pikku-test-hanging")
+    try:
+        started = time.monotonic()
+        with hanging.listen("run:g") as listener:
+            assert not listener.wait(QUICK_S)
+        took = time.monotonic() - started
+        assert took < SUBSCRIBE_CONFIRM_S + QUICK_S + 2.0, f"held the waiter {took:.1f} s"
+    finally:
+        for filler in fillers:
+            filler.close()
+        server.close()
