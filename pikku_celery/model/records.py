@@ -85,6 +85,10 @@ class WorkflowRun:
     # ``None`` when no tracing was on then. A retry keeps it; a child run's is taken inside
     # its parent's pass, so it is in its parent's trace.
     trace: Mapping[str, str] | None = None
+    # A retry made the run live again and has not yet reopened the steps its end left
+    # failed (on MongoDB a retry is several writes): the pass that reads this finishes the
+    # reopen before it replays (``engine.passes``), instead of replaying a failed step.
+    reopen_owed: bool = False
 
     @property
     def is_terminal(self) -> bool:

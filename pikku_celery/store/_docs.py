@@ -130,6 +130,7 @@ def run_from_doc(doc: Doc) -> WorkflowRun:
         lineage=tuple(lineage_from_doc(e) for e in doc.get(R.LINEAGE) or ()
                       if isinstance(e, dict)),
         trace=_trace(doc.get(RUN_TRACE)),
+        reopen_owed=bool(doc.get(R.REOPEN)),
     )
 
 

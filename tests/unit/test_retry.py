@@ -5,6 +5,7 @@ a failed child run is retried with its parent; a run in any other status is refu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -200,3 +201,116 @@ def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
         assert not pikku.retry(run_id)
     finally:
         client.drop_database(db.name)
+
+
+def _mongo_app(mongo_server: Any) -> tuple[Any, Any, Any, Callable[[], None]]:
+    import uuid
+
+    from celery import Celery
+
+    from pikku_celery import InMemoryLeaseService, MongoWorkflowStore, PikkuCelery
+    from tests.conftest import mongo_database
+    from tests.unit.test_engine import Recorder
+
+    db, _ = mongo_database("mongod", mongo_server)
+    store = MongoWorkflowStore(db)
+    pikku = PikkuCelery(Celery(f"rt-{uuid.uuid4().hex[:6]}", broker="memory://"),
+                        store=store, leases=InMemoryLeaseService(), worker_reaper=False)
+    recorder = Recorder()
+    pikku.engine.dispatcher = recorder
+    delivered = [0]
+
+    def deliver() -> None:
+        while delivered[0] < len(recorder.steps):
+            function, rid, step_name = recorder.steps[delivered[0]]
+            delivered[0] += 1
+            pikku.engine.execute_step(pikku.registry.steps[function], rid, step_name)
+
+    return pikku, store, recorder, deliver
+
+
+@pytest.mark.parametrize("ended", ["failed", "cancelled"])
+def test_a_pass_between_a_retrys_two_writes_finishes_the_retry(
+        mongo_server: Any, monkeypatch: pytest.MonkeyPatch, ended: str) -> None:
+    """Chaos, full profile (seed 20261210): a pass ran between a retry's first write (the
+    run live) and its reopen of the steps, replayed the step the cancel had failed as the
+    run's outcome, ran its compensation and failed the run again. A pass that finds the
+    reopen owed now finishes it before it replays; so does one after a retry cut short
+    there, with nobody calling the retry again."""
+    pikku, store, _, deliver = _mongo_app(mongo_server)
+    fixed = {"yet": False}
+    compensated: list[Any] = []
+
+    @pikku.step(name="rt.undo")
+    def undo(data: Any) -> None:
+        compensated.append(data)
+
+    # Cancelled: its first attempt failed with a retry due in an hour, and the cancel's
+    # fence failed it for good with the cancel's error (as in the chaos run).
+    @pikku.step(name="rt.between", retries=0 if ended == "failed" else 1, retry_delay="1h")
+    def between(data: Any) -> str:
+        if not fixed["yet"]:
+            raise RuntimeError("the bug")
+        return "done"
+
+    @pikku.workflow("rt.betweenflow")
+    def betweenflow(wf: Any, data: Any) -> str:
+        return str(wf.do("only", between, data, on_error=undo))
+
+    run_id = pikku.start("rt.betweenflow", None)
+    pikku.engine.advance(run_id)
+    deliver()
+    if ended == "cancelled":
+        assert pikku.cancel(run_id, "by mistake")
+    compensated.clear()
+    assert pikku.get_run(run_id).status == ended
+    fixed["yet"] = True
+    reopen = store._reopen_steps
+
+    def a_pass_lands_first(rid: str, now_ms: int) -> Any:
+        monkeypatch.setattr(store, "_reopen_steps", reopen)  # once: the pass reopens too
+        pikku.engine.advance(rid)  # a wake already queued, a timer, the sweep
+        return reopen(rid, now_ms)
+    monkeypatch.setattr(store, "_reopen_steps", a_pass_lands_first)
+    assert pikku.retry(run_id)
+    monkeypatch.setattr(store, "_reopen_steps", reopen)
+    pikku.engine.advance(run_id)
+    deliver()
+    run = pikku.get_run(run_id)
+    assert (run.status, run.output) == ("completed", "done"), run.error
+    assert compensated == []
+
+
+def test_a_retry_cut_short_is_finished_by_the_next_pass(
+        mongo_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pikku, store, _, deliver = _mongo_app(mongo_server)
+    fixed = {"yet": False}
+
+    @pikku.step(name="rt.short", retries=0)
+    def short(data: Any) -> str:
+        if not fixed["yet"]:
+            raise RuntimeError("the bug")
+        return "done"
+
+    @pikku.workflow("rt.shortflow")
+    def shortflow(wf: Any, data: Any) -> str:
+        return str(wf.do("only", short, data))
+
+    run_id = pikku.start("rt.shortflow", None)
+    pikku.engine.advance(run_id)
+    deliver()
+    assert pikku.get_run(run_id).status == "failed"
+    fixed["yet"] = True
+
+    def election(run_id: str, now_ms: int) -> Any:
+        raise TimeoutError("an election interrupted the call after its first write")
+    reopen = store._reopen_steps
+    monkeypatch.setattr(store, "_reopen_steps", election)
+    with pytest.raises(TimeoutError):
+        pikku.retry(run_id)
+    monkeypatch.setattr(store, "_reopen_steps", reopen)
+    assert pikku.engine.advance(run_id) != "failed"  # the next pass finishes the reopen
+    deliver()
+    pikku.engine.advance(run_id)
+    run = pikku.get_run(run_id)
+    assert (run.status, run.output) == ("completed", "done"), run.error
