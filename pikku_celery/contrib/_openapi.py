@@ -82,7 +82,10 @@ SCHEMAS: dict[str, Schema] = {
             "schedule": _nullable(_STR), "scheduled_for": _nullable(_TIME),
             "slot": _nullable(_STR), "forked_from": _nullable(_STR),
             "lineage": {"type": "array", "items": _ref("Lineage")},
-            "trace": _nullable({"type": "object", "additionalProperties": _STR})}},
+            "trace": _nullable({"type": "object", "additionalProperties": _STR}),
+            "reopen_owed": {"type": "boolean", "description": (
+                "A retry made the run live and its failed steps are being reopened: "
+                "the run's next pass finishes it.")}}},
     "SentEvent": {
         "type": "object", "description": "An event as kept (``pikku.send_event``).",
         "required": ["run_id", "name", "seq", "sent_at", "key", "event_id", "size"],
