@@ -29,6 +29,8 @@ p95 of each round, after 3 unmeasured runs):
                   in the same process (``benchmarks.step_cost.Broker``), steps run in place;
 ``pikku``         ``pikku.start`` on the workers, steps run in place (the defaults), then
                   ``pikku.wait`` (woken by the run's end announced on Redis);
+``pikku-poll``    the same, the run read every millisecond instead (``get_run``): how this
+                  benchmark waited before ``wait`` listened for the run's end;
 ``pikku-sent``    the same with ``in_place_steps=0``: every step sent as a task;
 ``chain``         a Celery chain of ``--steps`` no-op tasks, results in Celery's MongoDB
                   result backend on the same ``mongod``, ``get(interval=0.001)``.
@@ -73,8 +75,8 @@ VENV = Path(os.environ.get("PIKKU_BENCH_DBOS_VENV",
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SIDE = Path(__file__).with_name("_dbos_side.py")
 WARM_RUNS = 3
-POLL_S = 0.001  # how often a chain's result.get polls its MongoDB result backend
-LATENCY = ("dbos", "dbos-queue", "pikku-inproc", "pikku", "pikku-sent", "chain")
+POLL_S = 0.001  # how often a chain's result.get polls its result backend (and pikku-poll)
+LATENCY = ("dbos", "dbos-queue", "pikku-inproc", "pikku", "pikku-poll", "pikku-sent", "chain")
 THROUGHPUT = ("tp-dbos", "tp-dbos-queue", "tp-pikku", "tp-chain")
 CPU = ("cpu-dbos", "cpu-pikku-inproc")  # the latency runs' own process's CPU per step
 MODES = ("dbos", "pikku-inproc", "pikku", "pikku-sent", "chain", "tp-pikku", "tp-chain")
@@ -222,7 +224,11 @@ def latency_on_workers(mode: str, runs: int, steps: int) -> list[float]:
         pikku = benchapp.pikku
         started = time.perf_counter()
         run_id = pikku.start("bench.sequence", steps)
-        run = pikku.wait(run_id, 60)  # woken by the run's end, as result.get is
+        if mode == "pikku-poll":  # how this benchmark waited before ``wait`` listened
+            while not (run := pikku.get_run(run_id)).is_terminal:
+                time.sleep(POLL_S)
+        else:
+            run = pikku.wait(run_id, 60)  # woken by the run's end, as result.get is
         elapsed = (time.perf_counter() - started) * 1000
         assert run.status == "completed", run.status
         return elapsed
@@ -377,6 +383,7 @@ def report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
                          f"of the medians; round by round {each}{unit}")
 
     for a, b in (("pikku", "dbos"), ("pikku", "chain"), ("pikku-inproc", "dbos"),
+                 ("pikku-poll", "chain"), ("pikku", "pikku-poll"),
                  ("pikku-sent", "chain"), ("pikku-sent", "dbos")):
         ratio(a, b, p50, " (p50: below 1, pikku is faster)")
     if "pikku" in p50 and "chain" in p50 and "dbos" in p50:
