@@ -18,6 +18,7 @@ import contextlib
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -138,3 +139,28 @@ def test_a_redis_that_never_answers_does_not_hold_the_waiter() -> None:
         for filler in fillers:
             filler.close()
         server.close()
+
+
+def test_a_user_forbidden_the_channel_still_hands_leases_back(
+        redis_client: redis.Redis, redis_prefix: str) -> None:
+    """Redis ACLs (6.2+) grant pub/sub channels apart from keys: a lease user allowed its
+    keys and not the announcement channel loses the announcement, never the hand-back (a
+    run lease that could not be released would hold every later pass of the run)."""
+    user, password = f"{redis_prefix}-user", uuid.uuid4().hex
+    redis_client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}",
+                                 f"~{redis_prefix}*", "+@all", "resetchannels")
+    try:
+        kwargs = redis_client.connection_pool.connection_kwargs
+        limited = redis.Redis(host=kwargs.get("host", "127.0.0.1"),
+                              port=kwargs.get("port", 6379), db=kwargs.get("db", 0),
+                              username=user, password=password)
+        service = RedisLeaseService(limited, key_prefix=redis_prefix)
+        lease = service.acquire("run:h", "h", LONG_TTL_MS)
+        assert lease is not None
+        with service.listen("run:h") as listener:  # refused its SUBSCRIBE: reads instead
+            assert service.release_or_take_marks(lease, LONG_TTL_MS, announce=True) == ()
+            assert not listener.wait(QUICK_S)
+        assert service.get("run:h") is None  # released
+        limited.close()
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", user)

@@ -14,7 +14,8 @@
 -- ARGV[7]  announcement channel ('' for none): PUBLISH on it first, whoever's grant it is
 -- returns  {-1} not this grant's, {0} released, {1, {marks...}} marks taken, lease kept
 if ARGV[7] ~= nil and ARGV[7] ~= '' then
-  redis.call('PUBLISH', ARGV[7], 'done')
+  -- pcall: a user whose ACL forbids the channel loses the announcement, not the hand-back
+  redis.pcall('PUBLISH', ARGV[7], 'done')
 end
 local held = redis.call('HMGET', KEYS[1], 'holder', 'token')
 if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
