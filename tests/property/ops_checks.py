@@ -43,6 +43,8 @@ class Model:
     payloads: dict[str, set[str]] = field(default_factory=dict)  # payloads sent, per run
     late_bodies: list[str] = field(default_factory=list)  # bodies started on ended runs
     listened: set[str] = field(default_factory=set)  # runs live at the last check
+    # Per run retried: how many attempts of each step had run when the retry was made.
+    retried: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class Checks:
@@ -88,8 +90,15 @@ class Checks:
                 self._events(run, steps[rid])
             if 6 not in skip:
                 self._fork_copied(run)
+        self._across_runs(runs)
+
+    def _across_runs(self, runs: dict[str, WorkflowRun]) -> None:
+        """The invariants about several runs, or a run over time."""
+        skip = self.skip
         if 8 not in skip:
             self._announced(runs)
+        if 9 not in skip:
+            self._retried_ran(runs)
         if 4 not in skip:
             self._limits(runs)
         if 7 not in skip:
@@ -114,6 +123,26 @@ class Checks:
                 if not heard:
                     raise self.violation(f"8. run {rid} ended {run.status} and nobody waiting "
                                          "for it was told")
+
+    def _retried_ran(self, runs: dict[str, WorkflowRun]) -> None:
+        """9. A retried run that fails again fails on a step that ran again after the
+        retry (a new attempt with a history entry): never on the failure its end left,
+        replayed before the retry reopened it."""
+        for rid, before in list(self.model.retried.items()):
+            run = runs.get(rid)
+            if run is None or run.status in (*LIVE, "queued"):
+                continue
+            del self.model.retried[rid]
+            if run.status != "failed":
+                continue
+            message = str((run.error or {}).get("message", ""))
+            name = message.split("'")[1] if message.startswith("step '") else None
+            if name is None or name not in before:
+                continue
+            now = sum(1 for e in self.inner.get_history(rid) if e.step_name == name)
+            if now <= before[name]:
+                raise self.violation(f"9. run {rid} failed again on step {name!r}, which did "
+                                     f"not run after the retry: {message[:200]}")
 
     def _one_outcome(self, run: WorkflowRun, steps: list[StepState]) -> None:
         for state in steps:

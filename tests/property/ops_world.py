@@ -375,19 +375,52 @@ class World(Checks):
 
     def retry(self, index: int, between: str | None, among: tuple[str, ...] = ()) -> None:
         """Retry a run; ``between="sweep"``: a reaper sweep lands between the retry's slot
-        and its revival of the run (the seam is ``retry_run``)."""
+        and its revival of the run (the seam is ``retry_run``); ``between="pass"``: on
+        MongoDB, where the revival and the reopen of the steps are two writes, a pass of
+        the run lands between them (elsewhere the retry is one step: no seam)."""
         run_id = self.run_at(index, among)
         if run_id is None:
             return
         self.tick()
         if between == "sweep":
             self.store.before("retry_run", self._sweep_inside)
+        before = self._attempts_run(run_id)
+        restore = self._pass_before_reopen(run_id) if between == "pass" else None
         try:
             done = self.engine.retry(run_id)
         finally:
             self.store.clear()
+            if restore is not None:
+                restore()
+        if done:
+            self.model.retried[run_id] = before
         self.note(f"retry {run_id}" + (f" with a {between} between" if between else "")
                   + f" -> {done}")
+
+    def _attempts_run(self, run_id: str) -> dict[str, int]:
+        """How many attempts of each step have a history entry (attempts that ran)."""
+        counts: dict[str, int] = {}
+        for entry in self.inner.get_history(run_id):
+            counts[entry.step_name] = counts.get(entry.step_name, 0) + 1
+        return counts
+
+    def _pass_before_reopen(self, run_id: str) -> Callable[[], None] | None:
+        inner: Any = self.inner
+        if not hasattr(inner, "_reopen_owed") or "_reopen_steps" in vars(inner):
+            return None  # the in-memory store: the retry is one step under its lock
+        reopen = inner._reopen_steps
+
+        def a_pass_first(rid: str, now_ms: int) -> Any:
+            del inner._reopen_steps  # once: the pass itself may finish the reopen
+            self.note(f"  a pass of {rid} between the retry's writes")
+            with contextlib.suppress(PikkuError):
+                self._pass(rid)
+            return reopen(rid, now_ms)
+        inner._reopen_steps = a_pass_first
+
+        def restore() -> None:
+            vars(inner).pop("_reopen_steps", None)
+        return restore
 
     def fork(self, index: int, step: int, keep: bool, target: int | None) -> None:
         """Fork a run from one of its recorded steps (``step``, modulo their count), into a

@@ -10,8 +10,10 @@ fork (with and without ``keep_decisions``, into a new id or an existing one), se
 (keyed, unkeyed, to an ended run, past the run's limit on kept events), approve, a schedule
 tick (one or two firers), an admit. After every rule the world's state is checked against
 the promises of section 7 (``tests/property/ops_world.py``: each failure names the
-invariant's number), and an eighth: every end of a run wakes those waiting for it. Runs
-on the in-memory store and on the real ``mongod``.
+invariant's number), and two of ours: every end of a run wakes those waiting for it (8), and
+a retried run never fails again on a step it did not run again (9). Runs on the in-memory
+store and on the real ``mongod`` (there a retry is two writes, and a pass may land between
+them: ``between="pass"``).
 
     ./dev test tests/property/test_operations_model.py                   # CI: seeded, bounded
     PIKKU_HYPOTHESIS_PROFILE=long ./dev test tests/property/test_operations_model.py -n 0
@@ -81,7 +83,7 @@ class OperationsMachine(RuleBasedStateMachine):
 
     make_store: Callable[[], WorkflowStore] = InMemoryWorkflowStore
     skip: frozenset[int] = frozenset()
-    seams: frozenset[str] = frozenset({"retry", "sweep"})  # the ``between`` operations
+    seams: frozenset[str] = frozenset({"retry", "sweep", "pass"})  # the ``between`` operations
 
     def __init__(self) -> None:
         super().__init__()
@@ -173,12 +175,12 @@ class OperationsMachine(RuleBasedStateMachine):
         self.w.cancel(run, self.seam(between), among=("queued", "running", "suspended"))
 
     @precondition(has_runs)
-    @rule(run=runs, between=st.sampled_from([None, "sweep"]))
+    @rule(run=runs, between=st.sampled_from([None, "sweep", "pass"]))
     def retry(self, run: int, between: str | None) -> None:
         self.w.retry(run, self.seam(between))
 
     @precondition(has_runs)
-    @rule(run=runs, between=st.sampled_from([None, "sweep"]))
+    @rule(run=runs, between=st.sampled_from([None, "sweep", "pass"]))
     def retry_ended(self, run: int, between: str | None) -> None:
         self.w.retry(run, self.seam(between), among=("failed", "cancelled"))
 
@@ -381,3 +383,21 @@ def test_calls_settling_while_their_run_is_held_elsewhere(world: World) -> None:
     assert world.inner.get_run("r001").status == "completed"
     assert {s.step_name: s.status for s in world.inner.list_steps(child)} == {
         "x": "succeeded", "y": "succeeded"}
+
+
+def test_a_pass_between_a_retrys_writes_does_not_fail_it_again(world: World) -> None:
+    """Invariant 9: on MongoDB a pass landing between the retry's revival of the run and
+    its reopen of the steps replayed the failed step as the run's outcome and failed it
+    again (the chaos run of seed 20261210; fixed by 63ee9f2). In memory the retry is one
+    step: the same sequence with no seam."""
+    world.start(ORDER, {"k": "a", "t": None})
+    world.deliver(0, "ok")  # the pass sends reserve
+    world.deliver(0, "fail")
+    world.deliver(0, "ok")  # the retry delay's timer
+    world.deliver(0, "fail")  # for good: the run fails
+    assert _status(world, "r001") == "failed"
+    world.retry(0, "pass")
+    world.check()
+    world.drain()
+    world.check()
+    assert _status(world, "r001") != "failed"

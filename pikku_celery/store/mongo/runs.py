@@ -124,13 +124,16 @@ class MongoRuns(MongoStoreBase):
 
     def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
         check_name("run id", run_id)
+        # A reopen owed stays owed until it is done (``_reopen_owed``): a pass landing
+        # between this write and the reopen finishes it (``Passes._finish_reopen``) instead
+        # of replaying the failed steps as the run's outcome.
         before = self._runs.find_one_and_update(
             {R.ID: run_id, R.STATUS: RUN_QUEUED},
-            {"$set": {R.STATUS: RUN_RUNNING, R.UPDATED: now_ms}, "$unset": {R.REOPEN: ""}},
+            {"$set": {R.STATUS: RUN_RUNNING, R.UPDATED: now_ms}},
             projection={R.REOPEN: 1}, session=self._session)
         if before is None:
             return None
-        return self._reopen_steps(run_id, now_ms) if before.get(R.REOPEN) else []
+        return self._reopen_owed(run_id, now_ms) if before.get(R.REOPEN) else []
 
     def _reopen_steps(self, run_id: str, now_ms: int) -> list[StepState]:
         """The steps of a run just made live again that its end left failed for good."""
