@@ -5,7 +5,7 @@ a failed child run is retried with its parent; a run in any other status is refu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -137,13 +137,13 @@ def test_a_fork_replays_the_steps_before_its_step_and_runs_the_rest() -> None:
         pikku.fork(source, from_step="z")
 
 
-def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
-        mongo_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On MongoDB a retry is several writes, the run made live first. An election that
-    interrupted the call after that write (the chaos harness's full profile with
-    partitions) left the run live with its failed step not reopened: calling again, as an
-    application should after pymongo's error, returned False, and the run failed again with
-    the stored error. Calling again now finishes the retry."""
+MongoApp = tuple[Any, Any, Callable[[], None]]
+
+
+@pytest.fixture
+def mongo_app(mongo_server: Any) -> Iterator[MongoApp]:
+    """pikku on the real mongod (a database of its own, dropped after) with in-memory
+    leases, its messages recorded; ``deliver`` runs the steps sent since it last ran."""
     import uuid
 
     from celery import Celery
@@ -158,6 +158,26 @@ def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
                         store=store, leases=InMemoryLeaseService(), worker_reaper=False)
     recorder = Recorder()
     pikku.engine.dispatcher = recorder
+    delivered = [0]
+
+    def deliver() -> None:
+        while delivered[0] < len(recorder.steps):
+            function, rid, step_name = recorder.steps[delivered[0]]
+            delivered[0] += 1
+            pikku.engine.execute_step(pikku.registry.steps[function], rid, step_name)
+
+    yield pikku, store, deliver
+    client.drop_database(db.name)
+
+
+def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
+        mongo_app: MongoApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On MongoDB a retry is several writes, the run made live first. An election that
+    interrupted the call after that write (the chaos harness's full profile with
+    partitions) left the run live with its failed step not reopened: calling again, as an
+    application should after pymongo's error, returned False, and the run failed again with
+    the stored error. Calling again now finishes the retry."""
+    pikku, store, deliver = mongo_app
     fixed = {"yet": False}
 
     @pikku.step(name="rt.cut", retries=0)
@@ -170,74 +190,38 @@ def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
     def cutflow(wf: Any, data: Any) -> str:
         return str(wf.do("only", cut, data))
 
-    def deliver() -> None:
-        sent = 0
-        while sent < len(recorder.steps):
-            function, rid, step_name = recorder.steps[sent]
-            sent += 1
-            pikku.engine.execute_step(pikku.registry.steps[function], rid, step_name)
+    run_id = pikku.start("rt.cutflow", None)
+    pikku.engine.advance(run_id)
+    deliver()
+    assert pikku.get_run(run_id).status == "failed"
+    fixed["yet"] = True
+    reopen = store._reopen_steps
 
-    try:
-        run_id = pikku.start("rt.cutflow", None)
-        pikku.engine.advance(run_id)
-        deliver()
-        assert pikku.get_run(run_id).status == "failed"
-        fixed["yet"] = True
-        reopen = store._reopen_steps
+    def election(run_id: str, now_ms: int) -> Any:
+        raise TimeoutError("an election interrupted the call after its first write")
+    monkeypatch.setattr(store, "_reopen_steps", election)
+    with pytest.raises(TimeoutError):
+        pikku.retry(run_id)
+    monkeypatch.setattr(store, "_reopen_steps", reopen)
+    assert pikku.get_run(run_id).status == "running"  # live, its step still failed
 
-        def election(run_id: str, now_ms: int) -> Any:
-            raise TimeoutError("an election interrupted the call after its first write")
-        monkeypatch.setattr(store, "_reopen_steps", election)
-        with pytest.raises(TimeoutError):
-            pikku.retry(run_id)
-        monkeypatch.setattr(store, "_reopen_steps", reopen)
-        assert pikku.get_run(run_id).status == "running"  # live, its step still failed
-
-        assert pikku.retry(run_id)  # called again: the retry is finished
-        pikku.engine.advance(run_id)
-        deliver()
-        run = pikku.get_run(run_id)
-        assert (run.status, run.output) == ("completed", "done")
-        assert not pikku.retry(run_id)
-    finally:
-        client.drop_database(db.name)
-
-
-def _mongo_app(mongo_server: Any) -> tuple[Any, Any, Any, Callable[[], None]]:
-    import uuid
-
-    from celery import Celery
-
-    from pikku_celery import InMemoryLeaseService, MongoWorkflowStore, PikkuCelery
-    from tests.conftest import mongo_database
-    from tests.unit.test_engine import Recorder
-
-    db, _ = mongo_database("mongod", mongo_server)
-    store = MongoWorkflowStore(db)
-    pikku = PikkuCelery(Celery(f"rt-{uuid.uuid4().hex[:6]}", broker="memory://"),
-                        store=store, leases=InMemoryLeaseService(), worker_reaper=False)
-    recorder = Recorder()
-    pikku.engine.dispatcher = recorder
-    delivered = [0]
-
-    def deliver() -> None:
-        while delivered[0] < len(recorder.steps):
-            function, rid, step_name = recorder.steps[delivered[0]]
-            delivered[0] += 1
-            pikku.engine.execute_step(pikku.registry.steps[function], rid, step_name)
-
-    return pikku, store, recorder, deliver
+    assert pikku.retry(run_id)  # called again: the retry is finished
+    pikku.engine.advance(run_id)
+    deliver()
+    run = pikku.get_run(run_id)
+    assert (run.status, run.output) == ("completed", "done")
+    assert not pikku.retry(run_id)
 
 
 @pytest.mark.parametrize("ended", ["failed", "cancelled"])
 def test_a_pass_between_a_retrys_two_writes_finishes_the_retry(
-        mongo_server: Any, monkeypatch: pytest.MonkeyPatch, ended: str) -> None:
+        mongo_app: MongoApp, monkeypatch: pytest.MonkeyPatch, ended: str) -> None:
     """Chaos, full profile (seed 20261210): a pass ran between a retry's first write (the
     run live) and its reopen of the steps, replayed the step the cancel had failed as the
     run's outcome, ran its compensation and failed the run again. A pass that finds the
     reopen owed now finishes it before it replays; so does one after a retry cut short
     there, with nobody calling the retry again."""
-    pikku, store, _, deliver = _mongo_app(mongo_server)
+    pikku, store, deliver = mongo_app
     fixed = {"yet": False}
     compensated: list[Any] = []
 
@@ -282,8 +266,8 @@ def test_a_pass_between_a_retrys_two_writes_finishes_the_retry(
 
 
 def test_a_retry_cut_short_is_finished_by_the_next_pass(
-        mongo_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    pikku, store, _, deliver = _mongo_app(mongo_server)
+        mongo_app: MongoApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    pikku, store, deliver = mongo_app
     fixed = {"yet": False}
 
     @pikku.step(name="rt.short", retries=0)
