@@ -78,6 +78,10 @@ def mongod_binary() -> str | None:
     return path if os.access(path, os.X_OK) else shutil.which("mongod")
 
 
+# How many ports a node tries when another process binds its port before it does.
+PORT_TRIES = 5
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -135,6 +139,20 @@ class MongodNode:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def lost_its_port(self) -> bool:
+        """It exited because another process took its port between ``free_port`` and its
+        bind (tests and workers start servers side by side)."""
+        return (self.proc is not None and self.proc.poll() is not None
+                and "Address already in use" in self.log_tail(40))
+
+    def move_to_a_free_port(self) -> None:
+        """A new port (and the data directory named after it), before the set is made."""
+        workdir = self.dir.parent
+        self.port = free_port()
+        self.dir = workdir / str(self.port)
+        self.dir.mkdir(parents=True)
+        self.log = self.dir / "mongod.log"
 
     def signal(self, sig: int) -> None:
         if self.alive():
@@ -207,9 +225,7 @@ class MongodReplicaSet:
             for node in self.nodes:
                 node.start()
             deadline = time.monotonic() + timeout_s
-            for node in self.nodes:
-                self._await(lambda node=node: _pings(node), deadline,
-                            f"mongod on port {node.port} to answer")
+            self._all_answering(deadline)
             with self.nodes[0].client(serverSelectionTimeoutMS=5000) as first:
                 first.admin.command("replSetInitiate", {
                     "_id": self.name,
@@ -225,6 +241,24 @@ class MongodReplicaSet:
             self.stop()
             raise
         return self
+
+    def _all_answering(self, deadline: float) -> None:
+        """Wait until every node answers; should another process have taken a node's port
+        first (it exits, "Address already in use"), start that node again on another port
+        (the set's hosts are fixed only by the initiate), at most ``PORT_TRIES`` times."""
+        for tries in range(PORT_TRIES + 1):
+            try:
+                for node in self.nodes:
+                    self._await(lambda node=node: _pings(node), deadline,
+                                f"mongod on port {node.port} to answer")
+                return
+            except RuntimeError:
+                lost = [node for node in self.nodes if node.lost_its_port()]
+                if not lost or tries == PORT_TRIES:
+                    raise
+                for node in lost:
+                    node.move_to_a_free_port()
+                    node.start()
 
     def _all_healthy(self) -> bool:
         with self.nodes[0].client(serverSelectionTimeoutMS=1000) as client:
