@@ -21,7 +21,7 @@ from selenium.webdriver.support.ui import Select
 
 from pikku_celery import PikkuCelery, WorkflowContext
 from tests.integration.test_dashboard_browser import wait
-from tests.support.browser import chromium, served_dashboard
+from tests.support.browser import chromium, gone, served_dashboard
 from tests.unit.test_contrib import authorize, identify, make_pikku
 
 pytestmark = pytest.mark.slow
@@ -89,7 +89,7 @@ def test_a_yes_no_gate_is_approve_or_reject(pikku: PikkuCelery, browser: Any,
     comment = field(gate, "comment")
     comment.send_keys("needs a second look")
     # The live page re-reads itself every few seconds: a comment being typed survives.
-    wait(browser).until(ec.staleness_of(browser.find_element(By.ID, "live")))
+    wait(browser).until(gone(browser.find_element(By.ID, "live")))
     assert comment.get_attribute("value") == "needs a second look"
     comment.send_keys(Keys.ENTER)  # decides nothing: only a button does
     time.sleep(1.0)

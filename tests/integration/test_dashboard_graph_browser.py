@@ -20,7 +20,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from pikku_celery import PikkuCelery
 from pikku_celery.store.base import NewRun
 from tests.integration.test_dashboard_browser import wait
-from tests.support.browser import chromium, served_dashboard
+from tests.support.browser import chromium, gone, served_dashboard
 from tests.unit.test_contrib import authorize, make_pikku
 from tests.unit.test_dashboard_runs_detail import add_graphs
 
@@ -122,7 +122,7 @@ def test_an_opened_step_stays_open_across_the_refresh(
     wait(browser).until(lambda _: box.get_attribute("data-loaded") == "yes")
     assert '"a": 20' in box.find_element(By.CSS_SELECTOR, ".step-input").text
     pikku.engine.execute_step(pikku.registry.steps["contrib.add"], run_id, "add")
-    wait(browser).until(ec.staleness_of(box))  # #live swapped in
+    wait(browser).until(gone(box))  # #live swapped in
     again = browser.find_element(By.CSS_SELECTOR, 'details.values[data-step="add"]')
     assert again.get_attribute("open") is not None
     wait(browser).until(lambda _: again.find_element(

@@ -21,7 +21,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from pikku_celery import PikkuCelery
 from pikku_celery.testing import inline
 from tests.integration.test_dashboard_browser import wait
-from tests.support.browser import chromium, served_dashboard
+from tests.support.browser import chromium, gone, served_dashboard
 from tests.unit.test_contrib import authorize, make_pikku, with_schedule
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def click(browser: Any, element_id: str) -> None:
             if not detached or not tries_left:
                 raise
             continue
-        wait(browser).until(ec.staleness_of(page))
+        wait(browser).until(gone(page))
         return
 
 
@@ -94,7 +94,7 @@ def test_pause_resume_and_trigger_a_schedule(pikku: PikkuCelery, browser: Any,
     browser.execute_script(
         "const f = document.querySelector('form.schedule-resume');"
         "f.action = f.action.replace(/resume$/, 'pause'); f.submit();")
-    wait(browser).until(ec.staleness_of(page))
+    wait(browser).until(gone(page))
     refused = wait(browser).until(ec.presence_of_element_located((By.ID, "schedule-refused")))
     assert "already paused: nothing to pause" in refused.text
     assert state(browser) == "true"

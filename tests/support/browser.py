@@ -67,3 +67,23 @@ def chromium(profile: Path) -> Iterator[webdriver.Chrome]:
         yield driver
     finally:
         driver.quit()
+
+
+def gone(element: Any) -> Any:
+    """``expected_conditions.staleness_of``, which also knows Chromium's other word for a
+    node of a page it left: a ``WebDriverException`` "Node with given id does not belong
+    to the document" (seen in CI), where Selenium expects ``StaleElementReferenceException``
+    and lets the wait fail."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    def check(_: Any) -> bool:
+        try:
+            element.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+    return check
