@@ -41,7 +41,7 @@ from pikku_celery.engine.protocols import (
     StepRunner,
     no_emit,
 )
-from pikku_celery.engine.reopen import send_reopened
+from pikku_celery.engine.reopen import finish_reopen
 from pikku_celery.leases.base import Lease, LeaseBusy, LeaseService
 from pikku_celery.leases.hold import hold_granted
 from pikku_celery.leases.memory import WATCH_SLACK_MS
@@ -246,12 +246,9 @@ class Passes:
             return view.run.status, None, None
         if view.run.status == RUN_QUEUED:  # waits for a slot: its admission wakes it
             return RUN_QUEUED, None, None
-        if view.run.reopen_owed and view.run.status == RUN_RUNNING:
-            # A retry between its two writes (the run live, its failed steps not reopened
-            # yet), or cut short there: replaying now would take a failed step for the
-            # run's outcome and end the run again. Finish the reopen, then read it all.
-            self._finish_reopen(run_id, dispatcher)
-            return view.run.status, None, {ALL}
+        if view.run.reopen_owed and view.run.status == RUN_RUNNING:  # a retry unfinished
+            finish_reopen(self.store, self.leases, dispatcher, run_id, self.clock.now_ms())
+            return view.run.status, None, {ALL}  # then read it all
         host = PassHost(self, dispatcher, view, token, fresh, in_place)
         if ALL not in marks and view.skips(fresh):  # it would pause at the same gather
             return self._paused(view, host), view, None
@@ -261,15 +258,6 @@ class Passes:
         if host.void:  # it went on from a result that was not recorded: read it all again
             return status, None, {ALL}
         return status, view, host.again
-
-    def _finish_reopen(self, run_id: str, dispatcher: Dispatcher) -> None:
-        """What ``Runs.retry`` owes the run: its steps reopened and sent (guarded per step:
-        the retry's caller doing the same meanwhile reopens each step once). Either way the
-        owed mark is gone after it (here, or by whoever finished first), so the full read
-        that follows does not come back here."""
-        owed = self.store.resume_retry(run_id, self.clock.now_ms())
-        if owed:
-            send_reopened(self.leases, dispatcher, run_id, owed)
 
     def _load(self, run_id: str, token: int, view: RunView | None, marks: set[str],
               settled: StepState | None) -> tuple[RunView, set[str]]:

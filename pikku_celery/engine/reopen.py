@@ -16,6 +16,7 @@ from pikku_celery.engine.protocols import Dispatcher
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model import keys
 from pikku_celery.model.records import StepState
+from pikku_celery.store.base import WorkflowStore
 
 
 def send_reopened(leases: LeaseService, dispatcher: Dispatcher, run_id: str,
@@ -27,3 +28,16 @@ def send_reopened(leases: LeaseService, dispatcher: Dispatcher, run_id: str,
         if current is not None:
             leases.release(current)
         dispatcher.dispatch_step(state.function, run_id, state.step_name)
+
+
+def finish_reopen(store: WorkflowStore, leases: LeaseService, dispatcher: Dispatcher,
+                  run_id: str, now_ms: int) -> None:
+    """What a retry still owes a run a pass found live with its reopen owed (the retry
+    between its two writes, or cut short there): replaying now would take a failed step
+    for the run's outcome and end the run again. The steps are reopened and sent (guarded
+    per step: a retry's caller doing the same meanwhile reopens each once); the owed mark
+    is gone after it, here or by whoever finished first, so the pass's full read that
+    follows does not come back here."""
+    owed = store.resume_retry(run_id, now_ms)
+    if owed:
+        send_reopened(leases, dispatcher, run_id, owed)

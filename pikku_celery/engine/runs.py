@@ -219,18 +219,11 @@ class Runs:
                 self.cancel(child_run_id, reason or f"parent run {run_id} was cancelled")
         if wrote:
             self._emit_finished(run, RUN_CANCELLED, error=error)
-            self._announce_end(run_id)
+            announce_end(self.leases, run_id)
             self.admission.release(run, self.dispatcher)
             self.notify_parent(run_id, self.dispatcher)
         return wrote
 
-    def _announce_end(self, run_id: str) -> None:
-        """Wake those waiting for the run's end (``Reads.wait``); a pass that ends a run
-        does it as it hands the run back. A lost announcement costs them a poll, no more."""
-        try:
-            self.leases.announce(keys.run_lease_key(run_id))
-        except Exception:
-            log.debug("pikku: the end of run %s was not announced", run_id, exc_info=True)
 
     # --- children -------------------------------------------------------------------------
 
@@ -350,3 +343,12 @@ class Runs:
         if self.store.settle_waiting_step(parent_run_id, step_name, self.now_ms(),
                                           error=error, child_run_id=child_run_id):
             dispatcher.wake_run(parent_run_id, step_name=step_name)
+
+
+def announce_end(leases: LeaseService, run_id: str) -> None:
+    """Wake those waiting for the run's end (``Reads.wait``); a pass that ends a run does it
+    as it hands the run back. A lost announcement costs them a poll, no more."""
+    try:
+        leases.announce(keys.run_lease_key(run_id))
+    except Exception:
+        log.debug("pikku: the end of run %s was not announced", run_id, exc_info=True)

@@ -125,7 +125,7 @@ class MongoRuns(MongoStoreBase):
     def admit_run(self, run_id: str, now_ms: int) -> list[StepState] | None:
         check_name("run id", run_id)
         # A reopen owed stays owed until it is done (``_reopen_owed``): a pass landing
-        # between this write and the reopen finishes it (``Passes._finish_reopen``) instead
+        # between this write and the reopen finishes it (``engine.reopen.finish_reopen``) instead
         # of replaying the failed steps as the run's outcome.
         before = self._runs.find_one_and_update(
             {R.ID: run_id, R.STATUS: RUN_QUEUED},
