@@ -271,6 +271,16 @@ def _status(world: World, run_id: str) -> str:
     return run.status
 
 
+def _a_failed_order(world: World) -> None:
+    """An order run whose first step failed both its attempts: the run failed."""
+    world.start(ORDER, {"k": "a", "t": None})
+    world.deliver(0, "ok")  # the pass sends reserve
+    world.deliver(0, "fail")
+    world.deliver(0, "ok")  # the retry delay's timer
+    world.deliver(0, "fail")  # for good: the run fails
+    assert _status(world, "r001") == "failed"
+
+
 def test_defect_1_a_retried_event_wait_waits(world: World) -> None:
     """Invariant 3: a cancel while the run waits for an event, then a retry; the wait was
     made due at once and the next pass went on with its default."""
@@ -304,12 +314,7 @@ def test_defect_3_a_sweep_inside_a_retry_leaves_the_limit_whole(world: World) ->
     """Invariant 4: a retry took the slot of a failed run, a sweep gave it back (its
     holder had ended), then the retry revived the run holding none and a second run of
     the key was admitted beside it."""
-    world.start(ORDER, {"k": "a", "t": None})
-    world.deliver(0, "ok")  # the pass sends reserve
-    world.deliver(0, "fail")
-    world.deliver(0, "ok")  # the retry delay's timer
-    world.deliver(0, "fail")  # for good: the run fails
-    assert _status(world, "r001") == "failed"
+    _a_failed_order(world)
     world.retry(0, "sweep")
     world.check()
     world.start(ORDER, {"k": "a", "t": None})
@@ -390,12 +395,7 @@ def test_a_pass_between_a_retrys_writes_does_not_fail_it_again(world: World) -> 
     its reopen of the steps replayed the failed step as the run's outcome and failed it
     again (the chaos run of seed 20261210; fixed by 63ee9f2). In memory the retry is one
     step: the same sequence with no seam."""
-    world.start(ORDER, {"k": "a", "t": None})
-    world.deliver(0, "ok")  # the pass sends reserve
-    world.deliver(0, "fail")
-    world.deliver(0, "ok")  # the retry delay's timer
-    world.deliver(0, "fail")  # for good: the run fails
-    assert _status(world, "r001") == "failed"
+    _a_failed_order(world)
     world.retry(0, "pass")
     world.check()
     world.drain()

@@ -170,13 +170,10 @@ def mongo_app(mongo_server: Any) -> Iterator[MongoApp]:
     client.drop_database(db.name)
 
 
-def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
-        mongo_app: MongoApp, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On MongoDB a retry is several writes, the run made live first. An election that
-    interrupted the call after that write (the chaos harness's full profile with
-    partitions) left the run live with its failed step not reopened: calling again, as an
-    application should after pymongo's error, returned False, and the run failed again with
-    the stored error. Calling again now finishes the retry."""
+def _retry_cut_short(mongo_app: MongoApp, monkeypatch: pytest.MonkeyPatch
+                     ) -> tuple[Any, str, Callable[[], None]]:
+    """A run failed by a bug, the bug fixed, then a retry an election interrupted after its
+    first write: the run is live, its failed step not reopened."""
     pikku, store, deliver = mongo_app
     fixed = {"yet": False}
 
@@ -204,6 +201,17 @@ def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
         pikku.retry(run_id)
     monkeypatch.setattr(store, "_reopen_steps", reopen)
     assert pikku.get_run(run_id).status == "running"  # live, its step still failed
+    return pikku, run_id, deliver
+
+
+def test_a_retry_an_election_cut_short_is_finished_by_calling_it_again(
+        mongo_app: MongoApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On MongoDB a retry is several writes, the run made live first. An election that
+    interrupted the call after that write (the chaos harness's full profile with
+    partitions) left the run live with its failed step not reopened: calling again, as an
+    application should after pymongo's error, returned False, and the run failed again with
+    the stored error. Calling again now finishes the retry."""
+    pikku, run_id, deliver = _retry_cut_short(mongo_app, monkeypatch)
 
     assert pikku.retry(run_id)  # called again: the retry is finished
     pikku.engine.advance(run_id)
@@ -267,32 +275,7 @@ def test_a_pass_between_a_retrys_two_writes_finishes_the_retry(
 
 def test_a_retry_cut_short_is_finished_by_the_next_pass(
         mongo_app: MongoApp, monkeypatch: pytest.MonkeyPatch) -> None:
-    pikku, store, deliver = mongo_app
-    fixed = {"yet": False}
-
-    @pikku.step(name="rt.short", retries=0)
-    def short(data: Any) -> str:
-        if not fixed["yet"]:
-            raise RuntimeError("the bug")
-        return "done"
-
-    @pikku.workflow("rt.shortflow")
-    def shortflow(wf: Any, data: Any) -> str:
-        return str(wf.do("only", short, data))
-
-    run_id = pikku.start("rt.shortflow", None)
-    pikku.engine.advance(run_id)
-    deliver()
-    assert pikku.get_run(run_id).status == "failed"
-    fixed["yet"] = True
-
-    def election(run_id: str, now_ms: int) -> Any:
-        raise TimeoutError("an election interrupted the call after its first write")
-    reopen = store._reopen_steps
-    monkeypatch.setattr(store, "_reopen_steps", election)
-    with pytest.raises(TimeoutError):
-        pikku.retry(run_id)
-    monkeypatch.setattr(store, "_reopen_steps", reopen)
+    pikku, run_id, deliver = _retry_cut_short(mongo_app, monkeypatch)
     assert pikku.engine.advance(run_id) != "failed"  # the next pass finishes the reopen
     deliver()
     pikku.engine.advance(run_id)
