@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from pikku_celery.engine.protocols import Dispatcher, Settings
 from pikku_celery.engine.reads import get_run
-from pikku_celery.model.clock import Clock
+from pikku_celery.model.clock import Clock, epoch_ms
 from pikku_celery.model.errors import WorkflowApprovalError
 from pikku_celery.model.records import RUN_RUNNING, RUN_SUSPENDED, STEP_SCHEDULED, StepState
 from pikku_celery.model.validate import check_name
+from pikku_celery.model.views import RunView
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.workflow.replay import APPROVAL_PREFIX, SUSPEND_PREFIX
 
@@ -157,3 +159,20 @@ def _check_schema(run_id: str, name: str, schema: Any, decision: Any) -> None:
         raise WorkflowApprovalError(
             run_id, name, f"the decision does not match its schema: {where}: "
                           f"{error.message}")
+
+
+def rearm_early_wakes(view: RunView, marks: Iterable[str], dispatcher: Dispatcher,
+                      now_ms: int) -> None:
+    """A timer fires on its process's estimate of the lease service's clock
+    (``clock.ServerClock``), and the pass it wakes may run in another process whose
+    estimate is a few milliseconds behind: that pass finds the sleep, or the gate's expiry,
+    not due yet and pauses. Nothing else would wake the run before a reaper sweep (none at
+    all for an inline run), as for a retry's early timer (``outcomes``). So a pass woken for
+    such a step (its timer's mark) that finds it not due arms its timer again, on this
+    pass's clock: one timer per early wake, and only a timer that found the step due wakes
+    a pass with its mark."""
+    for name in marks:
+        state = view.steps.get(name)
+        if (state is not None and state.status == STEP_SCHEDULED and state.function is None
+                and state.due_at is not None and epoch_ms(state.due_at) > now_ms):
+            dispatcher.arm_timer(view.run.run_id, name, epoch_ms(state.due_at))

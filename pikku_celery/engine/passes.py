@@ -29,6 +29,7 @@ from typing import Any
 from pikku_celery.engine.busy_runs import BusyRuns
 from pikku_celery.engine.claims import serialize_error
 from pikku_celery.engine.first_pass import finish_creation
+from pikku_celery.engine.gates import rearm_early_wakes
 from pikku_celery.engine.handover import adopt, note_of, whole_view
 from pikku_celery.engine.in_place import InPlace
 from pikku_celery.engine.pass_host import PassHost, _Void
@@ -250,11 +251,11 @@ class Passes:
             finish_reopen(self.store, self.leases, dispatcher, run_id, self.clock.now_ms())
             return view.run.status, None, {ALL}  # then read it all
         host = PassHost(self, dispatcher, view, token, fresh, in_place)
-        if ALL not in marks and view.skips(fresh):  # it would pause at the same gather
-            return self._paused(view, host), view, None
-        status = self._replay(view, host, dispatcher)
+        skip = ALL not in marks and view.skips(fresh)  # it would pause at the same gather
+        status = self._paused(view, host) if skip else self._replay(view, host, dispatcher)
         if status in (RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED):
             return status, None, None
+        rearm_early_wakes(view, marks, dispatcher, host.now_ms())  # a timer fired early
         if host.void:  # it went on from a result that was not recorded: read it all again
             return status, None, {ALL}
         return status, view, host.again

@@ -90,6 +90,8 @@ class Checks:
                 self._events(run, steps[rid])
             if 6 not in skip:
                 self._fork_copied(run)
+            if 10 not in skip:
+                self._timed_waits_woken(run, steps[rid])
         self._across_runs(runs)
 
     def _across_runs(self, runs: dict[str, WorkflowRun]) -> None:
@@ -194,6 +196,21 @@ class Checks:
                 raise self.violation(f"3. run {run.run_id}: wait {state.step_name!r} ended as "
                                 f"timed out at {at} ms, its deadline "
                                 f"{'none' if expires is None else f'{expires} ms'}")
+
+    def _timed_waits_woken(self, run: WorkflowRun, steps: list[StepState]) -> None:
+        """10. A live run's sleep, or its gate with an expiry, has a timer on its way (or
+        the wake its timer sent, naming it): with no reaper, nothing else would end the
+        wait. A timer that fired in a process ahead of the one its wake reached must not
+        leave the wait with neither."""
+        if run.status not in LIVE:
+            return
+        owed = {(m.kind, m.step_name) for m in self.pool.messages if m.run_id == run.run_id}
+        for state in steps:
+            if (state.status == "scheduled" and state.function is None
+                    and state.due_at is not None
+                    and not owed & {("timer", state.step_name), ("run", state.step_name)}):
+                raise self.violation(f"10. run {run.run_id} waits on {state.step_name!r} "
+                                     f"(due {state.due_at}) and nothing will wake it")
 
     def _events(self, run: WorkflowRun, steps: list[StepState]) -> None:
         rid, model = run.run_id, self.model

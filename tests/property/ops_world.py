@@ -48,6 +48,9 @@ from tests.property.ops_checks import ORDER, SCHEDULE, Checks, Model
 from tests.property.store_world import FakeTime, WorldClock
 
 LEASE_MS = 30_000
+# How far ahead of the world's clock a process's estimate of it runs when a timer is
+# delivered there (``deliver_ahead``): a re-anchor on a stalled sample (``ServerClock``).
+AHEAD_MS = 5
 # A run keeps at most this many events (pikku_max_events_per_run), low enough that the
 # machine's sends reach it: a refusal for the limit comes only when the store holds it.
 MAX_EVENTS = 3
@@ -89,6 +92,15 @@ class Pool:
 
     def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
         self.messages.append(Message("timer", run_id, step_name, due_ms=due_ms))
+
+
+class _Estimate(WorldClock):
+    """The engine's clock: the world's, or ``ahead`` of it while a rule says so."""
+
+    ahead = 0
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.ahead
 
 
 class SeamStore:
@@ -143,9 +155,10 @@ class World(Checks):
             step_lease=LEASE_MS / 1000, run_lease=LEASE_MS / 1000, worker_reaper=False,
             max_events_per_run=MAX_EVENTS)
         self._declare(pikku)
+        self.clock = _Estimate(self.time)
         self.engine: Engine = pikku.make_engine(
             store=self.store,
-            leases=leases, clock=WorldClock(self.time), dispatcher=lambda engine: self.pool)
+            leases=leases, clock=self.clock, dispatcher=lambda engine: self.pool)
         self.engine.heartbeat._ensure_thread = lambda: None  # type: ignore[method-assign]
         pikku._override_engine(None, self.engine)
         # The guess that a run is still held elsewhere ages on the world's clock too.
@@ -268,7 +281,11 @@ class World(Checks):
         it); the holder then passes again before it lets go (here: a wake of the run)."""
         if not self.pool.messages:
             return
-        run_id = self.pool.messages[index % len(self.pool.messages)].run_id
+        message = self.pool.messages[index % len(self.pool.messages)]
+        run_id = message.run_id
+        # The mark the delivery leaves names its step (a settle's, a timer's wake): the
+        # holder's next pass reads it (``release_or_take_marks``).
+        marked = message.step_name if message.kind in ("run", "step") else ""
         leases = self.engine.leases
         held = leases.acquire(keys.run_lease_key(run_id), "a-pass-elsewhere", LEASE_MS)
         if held is None:  # held already (cannot be, between rules): deliver as usual
@@ -281,7 +298,25 @@ class World(Checks):
             pass  # a wake of the held run: it left its mark
         finally:
             leases.release(held)
-            self.pool.messages.append(Message("run", run_id))
+            self.pool.messages.append(Message("run", run_id, marked))
+
+    def deliver_ahead(self, index: int) -> None:
+        """Deliver the pool's timer ``index`` (among its timers) in a process whose estimate
+        of the clock runs ``AHEAD_MS`` ahead: it fires that much before its step is due on
+        the world's clock, and the wake it sends is delivered on the world's clock."""
+        timers = [m for m in self.pool.messages if m.kind == "timer"]
+        if not timers:
+            return
+        self.tick()
+        message = timers[index % len(timers)]
+        self.pool.messages.remove(message)
+        self.note(f"deliver {message} in a process {AHEAD_MS} ms ahead")
+        self.time.ms = max(self.time.ms, message.due_ms - AHEAD_MS)
+        self.clock.ahead = AHEAD_MS
+        try:
+            self.engine.fire_timer(message.run_id, message.step_name, self.pool)
+        finally:
+            self.clock.ahead = 0
 
     def _delivered(self, message: Message, fate: str) -> None:
         if message.kind == "run":

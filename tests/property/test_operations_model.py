@@ -10,8 +10,10 @@ fork (with and without ``keep_decisions``, into a new id or an existing one), se
 (keyed, unkeyed, to an ended run, past the run's limit on kept events), approve, a schedule
 tick (one or two firers), an admit. After every rule the world's state is checked against
 the promises of section 7 (``tests/property/ops_world.py``: each failure names the
-invariant's number), and two of ours: every end of a run wakes those waiting for it (8), and
-a retried run never fails again on a step it did not run again (9). Runs on the in-memory
+invariant's number), and three of ours: every end of a run wakes those waiting for it (8),
+a retried run never fails again on a step it did not run again (9), and a live run's sleep
+or timed gate always has a timer on its way or its wake (10; a timer may be delivered in a
+process whose clock runs ahead). Runs on the in-memory
 store and on the real ``mongod`` (there a retry is two writes, and a pass may land between
 them: ``between="pass"``).
 
@@ -135,6 +137,11 @@ class OperationsMachine(RuleBasedStateMachine):
     @rule(index=st.integers(min_value=0, max_value=9), fate=fates)
     def deliver_held(self, index: int, fate: str) -> None:
         self.w.deliver_held(index, fate)
+
+    @precondition(has_messages)
+    @rule(index=st.integers(min_value=0, max_value=9))
+    def deliver_ahead(self, index: int) -> None:
+        self.w.deliver_ahead(index)
 
     @precondition(has_messages)
     @rule()
@@ -401,3 +408,23 @@ def test_a_pass_between_a_retrys_writes_does_not_fail_it_again(world: World) -> 
     world.drain()
     world.check()
     assert _status(world, "r001") != "failed"
+
+
+def test_a_timer_that_fired_ahead_of_its_pass_is_armed_again(world: World) -> None:
+    """Invariant 10: an event wait's timeout timer fired in a process whose clock ran
+    ahead, and the pass it woke, on the world's clock, found the wait not expired yet:
+    nothing was left to wake the run (seen as a run left waiting on its sleep in
+    ``test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run`` under load; fixed by
+    ``gates.rearm_early_wakes``). Then the timeout ends the wait, once."""
+    world.start(ORDER, {"k": "a", "t": "30s"})
+    world.deliver(0, "ok")  # the pass sends reserve
+    world.deliver(0, "ok")  # reserve; the next pass waits for "paid", its timer armed
+    timers = [m for m in world.pool.messages if m.kind == "timer"]
+    assert [m.step_name for m in timers] == ["__event:paid"], world.pool.messages
+    world.deliver_ahead(0)
+    world.deliver(0, "ok")  # the wake, on the world's clock: not expired yet
+    world.check()
+    world.drain()
+    world.check()
+    paid = world.inner.get_step("r001", "__event:paid")
+    assert paid is not None and paid.status == "succeeded" and paid.result["timed_out"]

@@ -17,8 +17,10 @@ re-anchors it, as ``ServerClock.observe`` does; nothing depends on real time.
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from pikku_celery import InMemoryLeaseService, PikkuCelery
@@ -96,3 +98,81 @@ def test_a_retry_whose_timer_fired_early_is_armed_again_and_runs(
     assert calls == [1, 2], engine.get_steps(run_id)
     run = engine.get_run(run_id)
     assert (run.status, run.output) == ("completed", "ok")
+
+
+@pytest.mark.parametrize("gate", ["sleep", "approval expiry", "event timeout"])
+def test_a_sleep_or_expiry_whose_timer_fired_ahead_of_its_pass_is_armed_again(
+        store: WorkflowStore, gate: str) -> None:
+    """The timer fires in a process whose estimate is ahead (due there), and the pass it
+    wakes runs in one whose estimate is behind (not due there): the pass pauses, and
+    without a timer armed again nothing would wake the run (seen in
+    ``test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run``: a run left waiting
+    on its ``nap`` with the reaper off)."""
+    server = ServerTime()
+    estimate = _Unanchored(server)
+    pikku = PikkuCelery(Celery("early-sleeps", broker="memory://"), worker_reaper=False)
+    engine = pikku.make_engine(store=store,
+                               leases=InMemoryLeaseService(clock_ms=server), clock=estimate)
+
+    @pikku.workflow("early.nap")
+    def flow(wf: Any, data: Any) -> Any:
+        if gate == "sleep":
+            wf.sleep("nap", "10ms")
+            return "rested"
+        if gate == "approval expiry":
+            return wf.approval("ok", expiry="10ms")
+        return wf.wait_for_event("go", timeout="10ms", default="timed out")
+
+    dispatcher = _BehindAtThePass(engine, estimate)
+    engine.dispatcher = dispatcher
+    run_id = engine.create_run("early.nap", None)[0].run_id
+    dispatcher.wake_run(run_id)
+    while dispatcher.queue:  # the pass records the gate and arms its timer
+        dispatcher.do_next()
+    assert len(dispatcher.timers) == 1
+    for _ in range(20):  # a bound: each round does one queued item or one timer
+        if not dispatcher.do_next():
+            break
+    run = engine.get_run(run_id)
+    expected = {"sleep": "rested", "approval expiry": {"expired": True},
+                "event timeout": "timed out"}[gate]
+    assert (run.status, run.output) == ("completed", expected), engine.get_steps(run_id)
+    assert dispatcher.early_passes >= 2  # the first timer's pass found it not due
+
+
+class _Unanchored(AheadEstimate):
+    """An estimate a lease grant does not correct: the re-anchor's own round trip stalled
+    as much as the sample it replaces (what is left of a disagreement after each
+    process's last sample)."""
+
+    def observe(self, server_ms: int, sent_monotonic: float) -> None:
+        pass
+
+
+class _BehindAtThePass(InlineDispatcher):
+    """Timers fire 5 ms ahead of the lease service; the passes they wake run 5 ms behind
+    it (two processes' estimates, each re-anchored on a stalled sample). A timer is a
+    countdown: due on the estimate of the process that armed it."""
+
+    def __init__(self, engine: Any, estimate: AheadEstimate) -> None:
+        super().__init__(engine)
+        self.estimate = estimate
+        self.early_passes = 0
+
+    def arm_timer(self, run_id: str, step_name: str, due_ms: int) -> None:
+        heapq.heappush(self.timers, (due_ms - self.estimate.ahead, "timer",
+                                     f"{run_id}\x00{step_name}"))
+
+    def _fire(self, timer: tuple[int, str, str]) -> None:
+        server_due, _, target = timer
+        self.estimate.server.ms = max(self.estimate.server.ms, server_due)
+        self.estimate.ahead = 5
+        run_id, step_name = target.split("\x00")
+        self._engine.fire_timer(run_id, step_name, dispatcher=self)
+
+    def do_next(self) -> bool:
+        if self.queue and self.queue[0][0] == "run":
+            woken = bool(self.queue[0][1])  # by a timer's mark: in the process behind
+            self.estimate.ahead = -5 if woken else 0
+            self.early_passes += woken
+        return super().do_next()
