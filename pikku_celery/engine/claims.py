@@ -316,7 +316,8 @@ class Claimer:
         ``InvalidInputError`` (nothing written) if it can never be stored."""
         succeeded = self.checked(claimed, result)
         return self._settle(claimed, lambda now: self.store.set_result(
-            claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now),
+            claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, result, now,
+            claimed_data=claimed.state.data),
             landed=lambda s: s.status == "succeeded" and s.result == succeeded.stored)
 
     def checked(self, claimed: Claimed, result: Any) -> Succeeded:
@@ -410,7 +411,8 @@ class Claimer:
         def write(now: int) -> StepState:
             return self.store.set_error(
                 claimed.state.run_id, claimed.state.step_name, claimed.state.attempt, error,
-                now, retry_at_ms=now + retry_delay_ms, final=final)
+                now, retry_at_ms=now + retry_delay_ms, final=final,
+                claimed_data=claimed.state.data)
         # An error too large to store raises here with the attempt still held: the caller
         # records a smaller one at once (``execution._record_failure``).
         check_step_document(claimed.state.step_name, claimed.state.data, error=error)

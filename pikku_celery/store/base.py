@@ -35,6 +35,9 @@ from pikku_celery.store._event_store import EventStore
 from pikku_celery.store._schedules import ScheduleStore
 from pikku_celery.store._slots import SlotStore
 
+# ``set_result``/``set_error`` without the claimed data: the store reads it back.
+NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
+
 
 @dataclass(frozen=True)
 class NewRun:
@@ -347,10 +350,14 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, H
         ...
 
     def set_result(
-        self, run_id: str, step_name: str, attempt: int, result: Any, now_ms: int
+        self, run_id: str, step_name: str, attempt: int, result: Any, now_ms: int, *,
+        claimed_data: Any = NOT_GIVEN
     ) -> StepState:
         """Record success, fenced to ``attempt`` of a ``running`` step; otherwise raise
-        ``WorkflowStepSupersededError`` and change nothing."""
+        ``WorkflowStepSupersededError`` and change nothing. ``claimed_data``: the step's
+        data as the attempt's claim returned it (a step's data never changes once
+        recorded): a store may leave it out of what it reads back and return it instead,
+        so a large step's data is not moved again by every settle."""
         ...
 
     def set_error(
@@ -363,10 +370,11 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, H
         *,
         retry_at_ms: int | None = None,
         final: bool = False,
+        claimed_data: Any = NOT_GIVEN,
     ) -> StepState:
-        """Record failure of ``attempt``, fenced like ``set_result``. ``retry_at_ms`` is when
-        the next attempt may be claimed (ignored when no attempts are left); ``final`` fails
-        the step for good whatever attempts are left."""
+        """Record failure of ``attempt``, fenced like ``set_result`` (``claimed_data``
+        too). ``retry_at_ms`` is when the next attempt may be claimed (ignored when no
+        attempts are left); ``final`` fails the step for good whatever attempts are left."""
         ...
 
     def renew_leases(

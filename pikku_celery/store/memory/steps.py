@@ -142,7 +142,7 @@ class MemorySteps(MemoryStoreBase):
             return ClaimResult(_docs.step_from_doc(copy.deepcopy(doc)))
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
-                   now_ms: int) -> StepState:
+                   now_ms: int, *, claimed_data: Any = None) -> StepState:
         check_value(f"result of step {step_name!r}", result)
         with self._lock:
             doc = self._fenced(run_id, step_name, attempt)
@@ -151,7 +151,7 @@ class MemorySteps(MemoryStoreBase):
 
     def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
                   now_ms: int, *, retry_at_ms: int | None = None,
-                  final: bool = False) -> StepState:
+                  final: bool = False, claimed_data: Any = None) -> StepState:
         check_value(f"error of step {step_name!r}", error)
         with self._lock:
             doc = self._fenced(run_id, step_name, attempt)

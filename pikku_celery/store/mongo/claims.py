@@ -44,6 +44,7 @@ from pikku_celery.store.mongo.errors import (
 )
 
 _AFTER = ReturnDocument.AFTER
+_REPLY: Doc = {S.ATTEMPTS: 0}  # a claim's reply: the step, not its attempts' history
 
 
 class MongoClaims(MongoStoreBase):
@@ -178,7 +179,7 @@ class MongoClaims(MongoStoreBase):
         claimed = self._steps.find_one_and_update(
             first_claim_filter(step_id, function, now_ms),
             {"$set": running_fields(now_ms, lease_ms, worker, task_id, attempt=1)},
-            return_document=_AFTER, session=self._session)
+            projection=_REPLY, return_document=_AFTER, session=self._session)
         if claimed is not None:
             return self._unless_run_ended(claimed, now_ms)
         doc = self._steps.find_one({S.ID: step_id}, session=self._session)
@@ -197,8 +198,8 @@ class MongoClaims(MongoStoreBase):
         update: Doc = {"$set": fields}
         if decision.action is Action.RECLAIM:
             update["$inc"] = {S.ATTEMPT: 1}
-        claimed = self._steps.find_one_and_update(guard, update, return_document=_AFTER,
-                                                  session=self._session)
+        claimed = self._steps.find_one_and_update(guard, update, projection=_REPLY,
+                                                  return_document=_AFTER, session=self._session)
         if claimed is None:
             return ClaimResult(None)  # lost the race to another claimer
         return self._unless_run_ended(claimed, now_ms)

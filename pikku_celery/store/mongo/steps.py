@@ -18,11 +18,11 @@ from pikku_celery.model.keys import HistoryField as H
 from pikku_celery.model.keys import RunField as R
 from pikku_celery.model.keys import StepField as S
 from pikku_celery.model.records import STEP_RUNNING, StepAttempt, StepState
-from pikku_celery.model.validate import check_name, check_progress, check_value
+from pikku_celery.model.validate import as_stored, check_name, check_progress, check_value
 from pikku_celery.store import _docs, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._settle import failed_fields, succeeded_fields
-from pikku_celery.store.base import NewStep
+from pikku_celery.store.base import NOT_GIVEN, NewStep
 from pikku_celery.store.mongo.base import Doc, MongoStoreBase
 from pikku_celery.store.mongo.errors import (
     DUPLICATE_KEY,
@@ -30,6 +30,10 @@ from pikku_celery.store.mongo.errors import (
 )
 
 _AFTER = ReturnDocument.AFTER
+# What a write's reply leaves out: the attempts' history (no ``StepState`` field reads it),
+# and with it the data when the caller already has it.
+_REPLY: Doc = {S.ATTEMPTS: 0}
+_WITHOUT_DATA: Doc = {S.ATTEMPTS: 0, S.DATA: 0}
 
 
 class MongoSteps(MongoStoreBase):
@@ -94,37 +98,45 @@ class MongoSteps(MongoStoreBase):
         return [_docs.step_from_doc(d) for d in self._run_steps(run_id)]
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
-                   now_ms: int) -> StepState:
+                   now_ms: int, *, claimed_data: Any = NOT_GIVEN) -> StepState:
         check_value(f"result of step {step_name!r}", result)
         state = self._settle(run_id, step_name, attempt,
-                             succeeded_fields(attempt, result, now_ms))
+                             succeeded_fields(attempt, result, now_ms), data=claimed_data)
         assert state is not None  # _settle raises when it must match and does not
         return state
 
     def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
                   now_ms: int, *, retry_at_ms: int | None = None,
-                  final: bool = False) -> StepState:
+                  final: bool = False, claimed_data: Any = NOT_GIVEN) -> StepState:
         check_value(f"error of step {step_name!r}", error)
         fields = failed_fields(attempt, error, now_ms, retry_at_ms or now_ms)
         # With attempts left the next one is due at retry_at_ms; with none left the step is
         # failed for good and never due again. Try the common case first.
         state = None if final else self._settle(
             run_id, step_name, attempt, fields, extra_guard={S.MAX_ATTEMPTS: {"$gt": attempt}},
-            must_match=False)
+            must_match=False, data=claimed_data)
         if state is None:
             fields[S.DUE] = None
-            state = self._settle(run_id, step_name, attempt, fields)
+            state = self._settle(run_id, step_name, attempt, fields, data=claimed_data)
         assert state is not None  # _settle raises when it must match and does not
         return state
 
     def _settle(self, run_id: str, step_name: str, attempt: int, fields: Doc, *,
-                extra_guard: Doc | None = None, must_match: bool = True) -> StepState | None:
+                extra_guard: Doc | None = None, must_match: bool = True,
+                data: Any = NOT_GIVEN) -> StepState | None:
         step_id = keys.invocation_id(run_id, step_name)
         guard: Doc = {S.ID: step_id, S.ATTEMPT: attempt, S.STATUS: STEP_RUNNING,
                       **(extra_guard or {})}
+        # The reply leaves out what the caller has (the data its claim returned) and what
+        # no state carries (the attempts' history): a large step moves its data once per
+        # attempt, at its claim, not again at its settle.
+        known = data is not NOT_GIVEN
         with storable(f"outcome of step {step_name!r}"):
-            doc = self._steps.find_one_and_update(guard, {"$set": fields},
-                                                  return_document=_AFTER, session=self._session)
+            doc = self._steps.find_one_and_update(
+                guard, {"$set": fields}, projection=_WITHOUT_DATA if known else _REPLY,
+                return_document=_AFTER, session=self._session)
+        if doc is not None and known:
+            doc[S.DATA] = as_stored(data)  # as a read would give it (a tuple as a list)
         if doc is None and not must_match:
             return None
         if doc is None:
