@@ -6,7 +6,8 @@ A step settled for good keeps its Redis lease until it lapses (a command saved p
 ``claims``): the claim of a reopened step would find it held and wait out the lease. It is
 freed by its own holder and token; a body still running under it (fenced by a cancel) is
 told at its next renewal, and its writes are refused as ever. A step parked on a child run
-sends nothing: the child, retried first, tells it how it ended."""
+sends nothing: the child, retried first, tells it how it ended; a sleep or a timed wait
+has its timer armed again."""
 
 from __future__ import annotations
 
@@ -15,14 +16,22 @@ from collections.abc import Iterable
 from pikku_celery.engine.protocols import Dispatcher
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model import keys
-from pikku_celery.model.records import StepState
+from pikku_celery.model.clock import epoch_ms
+from pikku_celery.model.records import STEP_SCHEDULED, StepState
 from pikku_celery.store.base import WorkflowStore
 
 
 def send_reopened(leases: LeaseService, dispatcher: Dispatcher, run_id: str,
                   reopened: Iterable[StepState]) -> None:
     for state in reopened:
-        if state.function is None or state.child_run_id is not None:
+        if state.child_run_id is not None:
+            continue
+        if state.function is None:
+            # A sleep, or a wait with a deadline, waits again until its own time: its timer
+            # was spent (or fired on the ended run), so it is armed again; without it only
+            # a reaper sweep would end the wait (none at all for an inline run).
+            if state.status == STEP_SCHEDULED and state.due_at is not None:
+                dispatcher.arm_timer(run_id, state.step_name, epoch_ms(state.due_at))
             continue
         current = leases.get(keys.step_lease_key(run_id, state.step_name))
         if current is not None:

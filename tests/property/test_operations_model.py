@@ -428,3 +428,20 @@ def test_a_timer_that_fired_ahead_of_its_pass_is_armed_again(world: World) -> No
     world.check()
     paid = world.inner.get_step("r001", "__event:paid")
     assert paid is not None and paid.status == "succeeded" and paid.result["timed_out"]
+
+
+def test_a_retried_runs_timed_wait_has_its_timer_again(world: World) -> None:
+    """Invariant 10: a run cancelled while it waited for an event with a timeout, its
+    timer delivered on the ended run, then retried: the wait was reopened with its own
+    deadline and no timer, so only a reaper sweep would have timed it out (found by the
+    long profile; fixed in ``engine.reopen.send_reopened``)."""
+    world.start(COLLECT, {"t": "30s"})
+    world.pass_run(0)
+    world.cancel(0, None)
+    world.drain()
+    world.retry(0, None)
+    world.check()
+    world.drain()
+    world.check()
+    paid = world.inner.get_step("r001", "__event:paid")
+    assert paid is not None and paid.status == "succeeded" and paid.result["timed_out"]
