@@ -27,11 +27,25 @@ LEASE_MS = 1_000
 
 
 class FakeClock:
+    """The lease service's time, and the engine's clock on it: waiting for a time (an
+    inline run's timer) moves it there. (A ``ServerClock`` over a time that never moves
+    estimated a retry due a millisecond after the frozen time the claims are decided on,
+    and an inline run under load re-armed that timer forever.)"""
+
     def __init__(self) -> None:
         self.ms = T0
 
     def __call__(self) -> int:
         return self.ms
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def observe(self, server_ms: int, sent_monotonic: float) -> None:
+        pass
+
+    def sleep_until(self, due_ms: int) -> None:
+        self.ms = max(self.ms, due_ms)
 
 
 @pytest.fixture
@@ -44,7 +58,7 @@ def _pikku(clock: FakeClock, store: Any) -> PikkuCelery:
                         store=store, leases=InMemoryLeaseService(clock_ms=clock),
                         step_lease=LEASE_MS / 1000, undispatched_after=30, stalled_after=30,
                         worker_reaper=False)
-    pikku.engine.clock._resync_s = 0  # follow the fake clock on every read
+    pikku.engine.clock = clock
     pikku.engine.dispatcher = Recorder()
     return pikku
 
