@@ -25,6 +25,47 @@ def plain_noop(x: Any) -> Any:
     return x
 
 
+@app.task(name="bench.claimed_noop", bind=True)
+def claimed_noop(self: Any, x: Any) -> Any:
+    """A no-op task that first makes the one write any durably claimed step must make before
+    its body: a guarded majority update of its own document (the attempt advanced), as a
+    claim is. With Celery's MongoDB result backend recording its result after it, a chain of
+    these is the floor of sequential steps that are claimed and recorded durably, two
+    majority writes per step, with none of pikku's leases, replay or fencing."""
+    _claims().update_one({"_id": self.request.id}, {"$inc": {"attempt": 1}}, upsert=True)
+    return x
+
+
+@app.task(name="bench.leased_noop", bind=True)
+def leased_noop(self: Any, x: Any) -> Any:
+    """``claimed_noop`` with the Redis round trips the contract adds to a claimed step: its
+    step lease taken before the claim, and the run lease taken and given back by the one
+    orchestrator that advances the run after the body (``SET NX PX``, ``SET NX PX``,
+    ``DEL``). With the result write, the floor of a sent step under pikku's contract."""
+    leases = _counter()
+    key = f"{os.environ.get('BENCH_PREFIX', 'bench')}:floor:{self.request.id}"
+    leases.set(f"{key}:step", "holder", nx=True, px=30_000)
+    _claims().update_one({"_id": self.request.id}, {"$inc": {"attempt": 1}}, upsert=True)
+    leases.set(f"{key}:run", "holder", nx=True, px=30_000)
+    leases.delete(f"{key}:run")
+    return x
+
+
+def _claims() -> Any:
+    global _CLAIMS
+    if _CLAIMS is None:
+        import pymongo
+
+        client: Any = pymongo.MongoClient(os.environ.get("BENCH_MONGO",
+                                                         "mongodb://127.0.0.1/b"),
+                                          w="majority")
+        _CLAIMS = client.get_default_database()["bench_claims"]
+    return _CLAIMS
+
+
+_CLAIMS: Any = None
+
+
 @app.task(name="bench.join")
 def join(results: list[Any]) -> int:
     return len(results)

@@ -8,10 +8,14 @@ orchestrator messages of a fan-out are a figure, not a guess.
 
 Modes: ``pikku`` (``continue_in_place``, the default), ``pikku-messages`` (a message per
 settle), ``chord`` (``chord(group)(join)``: with the MongoDB backend Celery joins by
-polling with ``celery.chord_unlock``), ``group`` (``group(...)`` and ``GroupResult.join``
-in the client). Each measurement has fresh workers, queue, key prefix and database. The
-MongoDB is a real ``mongod`` single-node replica set unless ``PIKKU_MONGO_URL`` says
-otherwise; the last line printed names it (``benchmarks.target``).
+polling with ``celery.chord_unlock``), ``chord-claimed`` (the same chord of tasks that each
+make one guarded majority update first, ``bench.claimed_noop``: the floor of a fan-out whose
+calls are claimed and recorded durably, two majority writes per call), ``chord-leased``
+(with the Redis round trips pikku's contract adds: ``bench.leased_noop``), ``group``
+(``group(...)`` and ``GroupResult.join`` in the client). Each measurement has fresh
+workers, queue, key prefix and database. The MongoDB is a real ``mongod`` single-node
+replica set unless ``PIKKU_MONGO_URL`` says otherwise; the last line printed names it
+(``benchmarks.target``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from benchmarks.target import describe
 from benchmarks.throughput import BROKERS, forget, mode_env, start_workers, wait_ready
 from example_project.stack import Stack
 
-MODES = ("pikku", "pikku-messages", "chord", "group")
+MODES = ("pikku", "pikku-messages", "chord", "chord-claimed", "chord-leased", "group")
 
 
 def run_mode(env: dict[str, str], mode: str, size: int) -> tuple[float, dict[str, int]]:
@@ -57,8 +61,10 @@ def measure(mode: str, size: int) -> tuple[float, dict[str, int]]:
         counter.delete(env["BENCH_COUNTS"])
         started = time.perf_counter()
         noop = benchapp.plain_noop
-        if mode == "chord":
-            assert chord(group(noop.s(i) for i in range(size)))(
+        if mode.startswith("chord"):
+            task = {"chord": noop, "chord-claimed": benchapp.claimed_noop,
+                    "chord-leased": benchapp.leased_noop}[mode]
+            assert chord(group(task.s(i) for i in range(size)))(
                 benchapp.join.s()).get(timeout=1200, interval=0.01) == size
         elif mode == "group":
             assert len(group(noop.s(i) for i in range(size)).apply_async().join(
@@ -102,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.rounds):
             for size in sizes:
                 for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
-                    menv = mode_env(env, "chain" if mode in ("chord", "group") else mode,
+                    menv = mode_env(env, "chain" if mode.startswith(("chord", "group"))
+                                    else mode,
                                     stack.mongo_url)
                     menv["BENCH_COUNTS"] = f"{menv['BENCH_PREFIX']}:counts"
                     found.setdefault((mode, size), []).append(run_mode(menv, mode, size))
@@ -123,6 +130,14 @@ def main(argv: list[str] | None = None) -> None:
                 each = " ".join(f"x{s / c:4.2f}" for (s, _), (c, _) in zip(
                     found[(mode, size)], found[("chord", size)], strict=True))
                 print(f"          {mode} of chord, round by round: {each}")
+        for floor in ("chord-claimed", "chord-leased"):
+            # The floors of a claimed call: how far pikku's own work puts it above the
+            # writes (and leases) any durably claimed call makes.
+            if floor in modes:
+                low = statistics.median(s for s, _ in found[(floor, size)])
+                for mode in (m for m in modes if m.startswith("pikku")):
+                    seconds = statistics.median(s for s, _ in found[(mode, size)])
+                    print(f"          {mode} x{seconds / low:4.2f} of {floor}")
     print(f"  on {mongo}; load average at the end "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

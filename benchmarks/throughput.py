@@ -14,6 +14,14 @@ process each):
 ``chain``           ``--tasks / --steps`` Celery chains of ``--steps`` no-op tasks, results
                     in Celery's MongoDB result backend (the MongoDB the workflows use): the
                     comparator for durable sequential work;
+``chain-claimed``   the same chains of tasks that each make one guarded majority update
+                    before returning (``bench.claimed_noop``): two majority writes per
+                    task, the claim and the result, as any durably claimed step makes;
+                    the floor of a sent step, with none of pikku's leases, replay or
+                    fencing;
+``chain-leased``    the same with the Redis round trips pikku's contract adds to a step
+                    (``bench.leased_noop``: the step lease, the run lease taken and given
+                    back): the floor of a sent step under that contract;
 ``pikku``           ``--tasks / --steps`` workflows of ``--steps`` sequential no-op steps,
                     every step claimed, fenced and recorded in MongoDB, leases in Redis,
                     the defaults: steps run in place, up to 100 in a row, in the task of
@@ -48,7 +56,7 @@ from benchmarks.target import database_url, describe
 from example_project.stack import Stack
 
 BROKERS = {"redis": None, "amqp": "amqp://guest:guest@127.0.0.1:5672//"}
-MODES = ("plain", "chain", "pikku", "pikku-sent", "pikku-messages")
+MODES = ("plain", "chain", "chain-claimed", "chain-leased", "pikku", "pikku-sent", "pikku-messages")
 
 
 def start_workers(env: dict[str, str], count: int, logdir: Path,
@@ -77,7 +85,8 @@ def mode_env(env: dict[str, Any], mode: str, mongo_base: str) -> dict[str, str]:
     tag = uuid.uuid4().hex[:8]
     database = f"bench_{tag}"
     mongo = database_url(mongo_base, database)
-    backend = {"plain": env["BENCH_REDIS"], "chain": mongo}.get(mode, "")
+    backend = {"plain": env["BENCH_REDIS"], "chain": mongo, "chain-claimed": mongo,
+               "chain-leased": mongo}.get(mode, "")
     return {**env, "BENCH_IN_PLACE": "0" if mode == "pikku-messages" else "1",
             "BENCH_IN_PLACE_STEPS": "0" if mode in ("pikku-sent", "pikku-messages") else "100",
             "BENCH_QUEUE": f"bench-{tag}", "BENCH_PREFIX": f"bench-{tag}",
@@ -117,8 +126,9 @@ def measure(mode: str, tasks: int, steps: int, app: str = "benchmarks.benchapp")
             for result in results:
                 result.forget()
             units = tasks
-        elif mode == "chain":
-            noop = benchapp.plain_noop
+        elif mode.startswith("chain"):
+            noop = {"chain": benchapp.plain_noop, "chain-claimed": benchapp.claimed_noop,
+                    "chain-leased": benchapp.leased_noop}[mode]
             results = [chain(noop.s(0), *(noop.s() for _ in range(steps - 1))).apply_async()
                        for _ in range(tasks // steps)]
             for result in results:
@@ -191,6 +201,12 @@ def report(broker: str, tasks: int, steps: int, rates: dict[str, list[float]]) -
                 each = " ".join(f"x{a / b:4.2f}" for a, b in zip(rates[mode], rates["chain"],
                                                                  strict=True))
                 lines.append(f"  {mode:<15} of chain, round by round: {each}")
+    for floor in ("chain-claimed", "chain-leased"):
+        # The floors of a claimed step: how far pikku's own work (replay, notes, fencing)
+        # puts it below the writes (and leases) any durably claimed step makes.
+        if floor in medians:
+            lines += [f"  {mode:<15} x{median / medians[floor]:4.2f} of {floor}"
+                      for mode, median in medians.items() if mode.startswith("pikku")]
     return "\n".join(lines)
 
 
