@@ -374,12 +374,14 @@ class Claimer:
         return self._hold(outcome.state, lease_ms, lease, sent, holding)
 
     def settle_then_insert(self, succeeded: Succeeded, steps: list[NewStep], now_ms: int, *,
-                           seq: int) -> list[tuple[StepState, bool]] | None:
+                           seq: int, end_mark: bool = False
+                           ) -> list[tuple[StepState, bool]] | None:
         """Write ``succeeded``'s result and insert ``steps`` (what the workflow reached with
-        it) in one round trip (``store.settle_and_insert_steps``); returns what
-        ``store.insert_steps`` would. ``WorkflowStepSupersededError`` when the attempt lost
-        its step (nothing written). Should the write fail otherwise, the settle is made
-        alone, as ``succeed`` makes it, and ``None`` says the steps are still to insert."""
+        it) in one round trip (``store.settle_and_insert_steps``, with the run's end mark
+        when ``end_mark``); returns what ``store.insert_steps`` would.
+        ``WorkflowStepSupersededError`` when the attempt lost its step (nothing written).
+        Should the write fail otherwise, the settle is made alone, as ``succeed`` makes it,
+        and ``None`` says the steps are still to insert (and the mark still to write)."""
         claimed = succeeded.claimed
         held = claimed.held
         held.settling = True  # a beat racing the write must not call the refusal a loss
@@ -387,7 +389,7 @@ class Claimer:
             with deadline(held.held_until - time.monotonic()):
                 recorded = self.store.settle_and_insert_steps(
                     claimed.state.run_id, claimed.state.step_name, claimed.state.attempt,
-                    succeeded.result, now_ms, steps, seq=seq)
+                    succeeded.result, now_ms, steps, seq=seq, end_mark=end_mark)
         except WorkflowStepSupersededError:
             held.mark_lost("superseded at settle")
             self._let_go(held)

@@ -226,15 +226,17 @@ class StepExecution:
         return claim
 
     def settle_with_inserts(self, pending: PendingSettle, steps: list[NewStep], now_ms: int,
-                            seq: int) -> list[tuple[StepState, bool]] | None:
+                            seq: int, *, end_mark: bool = False
+                            ) -> list[tuple[StepState, bool]] | None:
         """Write the settle of a step whose pass went on from its result together with the
-        insert of the steps that pass recorded (``Claimer.settle_then_insert``): what
-        ``insert_steps`` returns, or ``None`` when the settle was written alone (the steps
-        are still to insert). ``ContinuationRefused`` when it could not record the result
-        the workflow went on with."""
+        insert of the steps that pass recorded, and the run's end mark when ``end_mark``
+        (``Claimer.settle_then_insert``): what ``insert_steps`` returns, or ``None`` when
+        the settle was written alone (the steps are still to insert, the mark to write).
+        ``ContinuationRefused`` when it could not record the result the workflow went on
+        with."""
         after = _pending(pending)
         return self._write_handed(after, lambda: self.claimer.settle_then_insert(
-            after.succeeded, steps, now_ms, seq=seq))
+            after.succeeded, steps, now_ms, seq=seq, end_mark=end_mark))
 
     def finish_settle(self, pending: PendingSettle) -> StepState:
         """Write the settle of a step run in place alone (the pass is about to make another

@@ -73,16 +73,17 @@ class InPlace:
         if pending is not None:
             self._runner.finish_settle(pending)
 
-    def settle_with(self, steps: list[NewStep], now_ms: int, seq: int
-                    ) -> list[tuple[StepState, bool]] | None:
-        """Write the pending settle and insert ``steps`` in one command: what
-        ``insert_steps`` returns, or ``None`` when nothing was pending or the settle had to
-        be written alone (the steps are still to insert). ``ContinuationRefused`` if the
-        settle was refused."""
+    def settle_with(self, steps: list[NewStep], now_ms: int, seq: int, *,
+                    end_mark: bool = False) -> list[tuple[StepState, bool]] | None:
+        """Write the pending settle and insert ``steps`` in one command (with the run's end
+        mark when ``end_mark``): what ``insert_steps`` returns, or ``None`` when nothing
+        was pending or the settle had to be written alone (the steps are still to insert,
+        the mark to write). ``ContinuationRefused`` if the settle was refused."""
         pending, self.pending = self.pending, None
         if pending is None:
             return None
-        return self._runner.settle_with_inserts(pending, steps, now_ms, seq)
+        return self._runner.settle_with_inserts(pending, steps, now_ms, seq,
+                                                end_mark=end_mark)
 
     def close(self) -> bool:
         """The call ends with a settle still pending (its pass was interrupted, or wrote

@@ -83,6 +83,9 @@ class PassHost(EventWrites):
         # on with a result its settle did not record (``_settle_pending``).
         self.again: set[str] | None = None
         self.void = False
+        # Whether ``flush(ending=True)`` wrote the run's end mark with its last settle: the
+        # end is then written without one (``transition_run``'s ``marked``).
+        self.end_marked = False
 
     def now_ms(self) -> int:
         return _guarded(self._passes.now_ms)
@@ -95,13 +98,20 @@ class PassHost(EventWrites):
         self._view.put(state)
         return state
 
-    def flush(self) -> None:
+    def flush(self, *, ending: bool = False) -> None:
         """Insert what the pass recorded (one command) and send its messages, after the
         settle of the last step run in place (or handed on by a delivered step), if still
         pending, in the same command: every write of a pass comes after it, since the
-        workflow reached them with its result."""
+        workflow reached them with its result. ``ending``: the pass ends the run next; a
+        settle still pending with nothing else to insert carries the end's mark
+        (``end_marked``), the end's own first write, so ending a run after its last step
+        costs one command fewer."""
         if not self._pending:
-            self._settle_pending()
+            if ending:
+                self.end_marked = self._settle_with([], self.now_ms(),
+                                                    end_mark=True) is not None
+            else:
+                self._settle_pending()
             return
         batch, self._pending = self._pending, []
         now_ms = self.now_ms()
@@ -122,11 +132,11 @@ class PassHost(EventWrites):
             for step in sending:
                 send_recorded(self._dispatcher, step, now_ms, self._token)
 
-    def flush_or_error(self) -> dict[str, Any] | None:
+    def flush_or_error(self, *, ending: bool = False) -> dict[str, Any] | None:
         """``flush``; the error that fails the run when a recorded step can never be
         stored (``InvalidInputError``), else ``None``. Other errors interrupt the pass."""
         try:
-            self.flush()
+            self.flush(ending=ending)
         except PassInterrupted as interrupted:
             raise interrupted.__cause__ or RuntimeError("pass interrupted") from None
         except PikkuError as exc:
@@ -139,14 +149,15 @@ class PassHost(EventWrites):
             return
         self._settling(in_place.settle)
 
-    def _settle_with(self, batch: list[NewStep], now_ms: int
+    def _settle_with(self, batch: list[NewStep], now_ms: int, *, end_mark: bool = False
                      ) -> list[tuple[StepState, bool]] | None:
         """The pending settle and ``batch``'s insert in one command (``InPlace.settle_with``);
         ``None`` when nothing was pending, or the settle went alone: insert as usual."""
         in_place = self._in_place
         if in_place is None or in_place.pending is None:
             return None
-        return self._settling(lambda: in_place.settle_with(batch, now_ms, self._token))
+        return self._settling(lambda: in_place.settle_with(batch, now_ms, self._token,
+                                                           end_mark=end_mark))
 
     def _settling(self, write: Callable[[], T]) -> T:
         """A write of the pending settle: refused, the pass is void (``_Void``)."""

@@ -333,24 +333,24 @@ class Passes:
             output = fn(wf, run.input)
         except Pause:
             if (failed := host.flush_or_error()) is not None:
-                return self._finish(view, RUN_FAILED, dispatcher, error=failed)
+                return self._finish(view, host, RUN_FAILED, dispatcher, error=failed)
             return self._paused(view, host)
         except PassInterrupted as interrupted:
             raise interrupted.__cause__ or RuntimeError("pass interrupted") from None
         except WorkflowCancelledError as exc:
-            host.flush_or_error()
-            return self._finish(view, RUN_CANCELLED, dispatcher, error=serialize_error(exc),
-                                reason=exc.reason)
+            host.flush_or_error(ending=True)
+            return self._finish(view, host, RUN_CANCELLED, dispatcher,
+                                error=serialize_error(exc), reason=exc.reason)
         except Exception as exc:
             log.info("pikku: run %s of %s failed: %s", run.run_id, run.workflow, exc)
-            host.flush_or_error()
-            return self._finish(view, RUN_FAILED, dispatcher, error=serialize_error(exc))
-        if (failed := host.flush_or_error()) is not None:
-            return self._finish(view, RUN_FAILED, dispatcher, error=failed)
+            host.flush_or_error(ending=True)
+            return self._finish(view, host, RUN_FAILED, dispatcher, error=serialize_error(exc))
+        if (failed := host.flush_or_error(ending=True)) is not None:
+            return self._finish(view, host, RUN_FAILED, dispatcher, error=failed)
         try:
-            return self._finish(view, RUN_COMPLETED, dispatcher, output=output)
+            return self._finish(view, host, RUN_COMPLETED, dispatcher, output=output)
         except InvalidInputError as exc:
-            return self._finish(view, RUN_FAILED, dispatcher, error=serialize_error(exc))
+            return self._finish(view, host, RUN_FAILED, dispatcher, error=serialize_error(exc))
 
     def _paused(self, view: RunView, host: PassHost) -> str:
         """The run waits on something. The stalled-run sweep looks at runs no pass touched
@@ -367,9 +367,9 @@ class Passes:
             view.run = dataclasses.replace(view.run, status=RUN_CANCELLED)
         return "waiting"
 
-    def _finish(self, view: RunView, status: str, dispatcher: Dispatcher, *,
+    def _finish(self, view: RunView, host: PassHost, status: str, dispatcher: Dispatcher, *,
                 output: Any = None, error: dict[str, Any] | None = None,
                 reason: str | None = None) -> str:
         return self.runs.finish(view.run, status, output=output, error=error,
-                                   dispatcher=dispatcher, reason=reason,
-                                   leftovers=bool(view.unsettled))
+                                dispatcher=dispatcher, reason=reason,
+                                leftovers=bool(view.unsettled), marked=host.end_marked)

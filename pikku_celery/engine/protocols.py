@@ -113,7 +113,8 @@ class RunEnds(Protocol):
 
     def finish(self, run: WorkflowRun, status: str, *, output: Any = None,
                error: dict[str, Any] | None = None, dispatcher: Dispatcher | None = None,
-               reason: str | None = None, leftovers: bool = True) -> str: ...
+               reason: str | None = None, leftovers: bool = True,
+               marked: bool = False) -> str: ...
 
     def fence_leftovers(self, run_id: str, status: str) -> None: ...
 
@@ -157,7 +158,8 @@ class StepRunner(Protocol):
     def finish_settle(self, pending: PendingSettle) -> StepState: ...
 
     def settle_with_inserts(self, pending: PendingSettle, steps: list[NewStep], now_ms: int,
-                            seq: int) -> list[tuple[StepState, bool]] | None: ...
+                            seq: int, *, end_mark: bool = False
+                            ) -> list[tuple[StepState, bool]] | None: ...
 
 
 class Advancer(Protocol):

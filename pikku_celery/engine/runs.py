@@ -144,14 +144,17 @@ class Runs:
 
     def finish(self, run: WorkflowRun, status: str, *, output: Any = None,
                error: dict[str, Any] | None = None, dispatcher: Dispatcher | None = None,
-               reason: str | None = None, leftovers: bool = True) -> str:
+               reason: str | None = None, leftovers: bool = True, marked: bool = False
+               ) -> str:
         """Settle the run (guarded: only a live run moves) and tell a parent run.
         ``leftovers=False``: the caller knows every step of the run settled for good, so
-        there is nothing to fence and the query for unsettled steps is skipped."""
+        there is nothing to fence and the query for unsettled steps is skipped.
+        ``marked``: the caller's last settle wrote the end's mark (``transition_run``)."""
         if error is not None:
             error = self.recorded_error(error)
         wrote = self.store.transition_run(run.run_id, LIVE, status, self.now_ms(),
-                                          output=output, error=error, cancel_reason=reason)
+                                          output=output, error=error, cancel_reason=reason,
+                                          marked=marked)
         if wrote:
             self._emit_finished(run, status, output=output, error=error)
             self.admission.release(run, dispatcher or self.dispatcher)

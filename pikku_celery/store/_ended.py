@@ -12,8 +12,9 @@ fields, before any body runs.
 A step a pass runs in place is inserted already claimed (``claim_new_step``), and a
 separate read of the run after that insert would cost a command per step. So a run's end
 first leaves a mark among the steps (``keys.run_end_mark_id``, written by ``transition_run``
-before the run's own write), and the insert's command checks for the mark in a second
-statement the server runs after the insert. No mark: the run's end, and the fence's read
+before the run's own write, or by the settle of the step the ending pass last ran:
+``settle_and_insert_steps``'s ``end_mark``), and the insert's command checks for the mark
+in a second statement the server runs after the insert. No mark: the run's end, and the fence's read
 after it, come after the insert, so the fence sees the step. A mark (the run is ending, or a
 transition to an end that was refused left it): the run is read, as a claim reads it.
 

@@ -216,12 +216,14 @@ class HandOffStore(Protocol):
         ...
 
     def settle_and_insert_steps(self, run_id: str, step_name: str, attempt: int, result: Any,
-                                now_ms: int, steps: Sequence[NewStep], *, seq: int = 0
-                                ) -> list[tuple[StepState, bool]]:
+                                now_ms: int, steps: Sequence[NewStep], *, seq: int = 0,
+                                end_mark: bool = False) -> list[tuple[StepState, bool]]:
         """``set_result`` then ``insert_steps`` of what the workflow reached with that result,
         in one round trip: what ``insert_steps`` returns. ``WorkflowStepSupersededError``
         (nothing written) when the attempt no longer owns its step. The caller holds the
-        run."""
+        run. ``end_mark``: the pass ends the run next, and the mark its end leaves among the
+        steps (``store._ended``) is written by this command too, after the settle; the end
+        is then written with ``transition_run(..., marked=True)``."""
         ...
 
 
@@ -248,9 +250,12 @@ class WorkflowStore(EventStore, ScheduleStore, SlotStore, ForkStore, EndStore, H
         output: Any = None,
         error: dict[str, Any] | None = None,
         cancel_reason: str | None = None,
+        marked: bool = False,
     ) -> bool:
         """Move a run from one of ``from_statuses`` to ``to_status``; one guarded write.
-        Returns ``False`` (and writes nothing) if the run was in another status."""
+        Returns ``False`` (and writes nothing) if the run was in another status. An end
+        leaves its mark among the steps first (``store._ended``), unless ``marked``: the
+        caller's last settle wrote it (``settle_and_insert_steps``'s ``end_mark``)."""
         ...
 
     def touch_run(self, run_id: str, now_ms: int) -> str | None:

@@ -142,6 +142,40 @@ def test_an_ender_stopped_at_any_write_lets_no_step_run_in_place_on_the_ended_ru
     pytest.fail(f"an end made more than {_MOST_WRITES} writes")
 
 
+@pytest.mark.parametrize("status", sorted(_ENDS))
+def test_an_end_whose_mark_came_with_the_last_settle_lets_no_step_run_in_place_on_it(
+        store: WorkflowStore, status: str) -> None:
+    """A pass that ends its run right after its last step writes the end's mark with that
+    step's settle (``settle_and_insert_steps``'s ``end_mark``) and the end without one
+    (``transition_run``'s ``marked``). Stopped at any write, it must leave what an ender
+    writing its own mark leaves: a live run, or an ended run with its mark."""
+    for writes in range(_MOST_WRITES + 1):
+        run_id = new_run(store)
+        last = NewStep(run_id=run_id, step_name="last", function=FN, data={"n": 0},
+                       max_attempts=3)
+        claimed = store.claim_new_step(last, T0, LEASE).state
+        assert claimed is not None and claimed.attempt == 1
+        stopping = _stopping(store, writes)
+        try:
+            stopping.settle_and_insert_steps(run_id, "last", 1, {"ok": 1}, T0 + 1, [],
+                                             end_mark=True)
+            end = {RUN_COMPLETED: {"output": {"shipped": 1}},
+                   RUN_FAILED: {"error": {"type": "E", "message": "boom"}},
+                   RUN_CANCELLED: {"cancel_reason": "no"}}[status]
+            assert stopping.transition_run(run_id, [RUN_RUNNING], status, T0 + 1,
+                                           marked=True, **end)
+            finished = True
+        except Stopped:
+            finished = False
+        _assert_no_step_runs_on_an_ended_run(store, run_id, T0 + 2)
+        if finished:
+            assert store.get_run(run_id).status == status  # type: ignore[union-attr]
+            settled = store.get_step(run_id, "last")
+            assert settled is not None and settled.status == "succeeded"
+            return
+    pytest.fail(f"an end made more than {_MOST_WRITES} writes")
+
+
 @pytest.mark.parametrize("status", [RUN_COMPLETED, RUN_RUNNING])
 def test_a_refused_retry_leaves_the_end_in_force_for_steps_run_in_place(
         store: WorkflowStore, status: str) -> None:

@@ -201,11 +201,17 @@ def test_on_rabbitmq_steps_run_in_place_are_one_trace_per_run(
 
     def all_run_spans() -> list[dict[str, Any]] | None:
         every = _worker_spans(span_dir)
+        every += [span_line(s) for s in local_spans.get_finished_spans()]
         ended = {s["attributes"].get(t.RUN_ID) for s in every
                  if s["name"] == "pikku.run pipeline"}
-        return every if ended >= set(run_ids) else None
-    every = wait_for(all_run_spans, 15, "every run's run span", c.diagnostics)
-    every += [span_line(s) for s in local_spans.get_finished_spans()]
+        # A run's span ends inside its last pass, whose own span is written once that pass
+        # has handed the run back: wait for the parents of every attempt's span too.
+        parents = {s["parent_id"] for run_id in run_ids
+                   for s in _attempts(_of_run(every, run_id)).values()}
+        found = {s["span_id"] for s in every}
+        return every if ended >= set(run_ids) and parents <= found else None
+    every = wait_for(all_run_spans, 15, "every run's run span and its passes' spans",
+                     c.diagnostics)
     by_id = {s["span_id"]: s for s in every}
     in_place = 0
     for run_id in run_ids:

@@ -57,10 +57,15 @@ class _Calls(InMemoryWorkflowStore):
         return super().insert_steps(*args, **kwargs)
 
     def settle_and_insert_steps(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append("settle_and_insert_steps")
+        self.calls.append("settle_and_insert_steps" + ("+end_mark" if kwargs.get("end_mark")
+                                                       else ""))
         if self.fail_combined:
             raise ConnectionError("MongoDB out")
         return super().settle_and_insert_steps(*args, **kwargs)
+
+    def transition_run(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("transition_run" + ("(marked)" if kwargs.get("marked") else ""))
+        return super().transition_run(*args, **kwargs)
 
 
 def _chain(pikku: Any, steps: int = 3) -> None:
@@ -97,9 +102,10 @@ def test_a_delivered_step_settles_with_the_next_steps_insert() -> None:
     assert pikku.get_run(run_id).output == 3
     assert worker.sent == ["s0", "s1", "s2"]
     # s0's insert by the first pass; s0 and s1 settle with the next insert; s2, the last,
-    # settles alone before the run's end.
+    # settles with the mark of the run's end, which the end's write then does not repeat.
     assert store.calls == ["insert_steps", "settle_and_insert_steps",
-                           "settle_and_insert_steps", "set_result"], store.calls
+                           "settle_and_insert_steps", "settle_and_insert_steps+end_mark",
+                           "transition_run(marked)"], store.calls
     history = [(h.step_name, h.attempt, h.status, h.result)
                for h in pikku.get_history(run_id)]
     assert history == [(f"s{i}", 1, "succeeded", i + 1) for i in range(3)]
@@ -244,8 +250,11 @@ def test_a_failed_combined_write_settles_alone_and_inserts_as_usual() -> None:
     run_id = pikku.start("hs.count", 0)
     worker.drain()
     assert pikku.get_run(run_id).output == 2
+    # The last settle's write with the end's mark failed too: the settle alone, and the
+    # end writes its mark itself.
     assert store.calls == ["insert_steps", "settle_and_insert_steps", "set_result",
-                           "insert_steps", "set_result"], store.calls
+                           "insert_steps", "settle_and_insert_steps+end_mark", "set_result",
+                           "transition_run"], store.calls
 
 
 def test_a_pass_with_nothing_to_write_settles_the_step_alone() -> None:
@@ -258,8 +267,11 @@ def test_a_pass_with_nothing_to_write_settles_the_step_alone() -> None:
     run_id = pikku.start("hs.both", None)
     worker.drain()
     assert pikku.get_run(run_id).output == 3
-    assert store.calls.count("set_result") == 3, store.calls  # the branches: one each
-    assert "settle_and_insert_steps" not in store.calls
+    # The first two branches' passes write nothing (the gather still waits): each settles
+    # alone. The last branch's pass ends the run: its settle carries the end's mark.
+    assert store.calls == ["insert_steps", "set_result", "set_result",
+                           "settle_and_insert_steps+end_mark", "transition_run(marked)"
+                           ], store.calls
 
 
 def test_a_settle_refused_at_the_end_of_its_pass_is_in_no_view_or_note() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from pymongo.errors import OperationFailure
+from pymongo.errors import BulkWriteError, OperationFailure
 
 from pikku_celery import (
     InMemoryLeaseService,
@@ -84,13 +84,28 @@ def test_1_an_outcome_mongodb_refuses_fails_the_attempt_at_once(
     each field passed its own check: no retry can help, so the attempt fails for good now."""
     store = mongo_store
 
+    too_large = "Resulting document after update is larger than 16777216"
+
     def refuse_success(inner: Any, guard: Any, update: Any, **kw: Any) -> Any:
         if update.get("$set", {}).get("status") == "succeeded":
-            raise OperationFailure("Resulting document after update is larger than 16777216",
-                                   code=17419)
+            raise OperationFailure(too_large, code=17419)
         return inner.find_one_and_update(guard, update, **kw)
 
-    store._steps = _Proxy(store._steps, find_one_and_update=refuse_success)
+    def refuse_success_first(inner: Any, requests: Any, **kw: Any) -> Any:
+        # A settle that is the first statement of an ordered command (the pass after the
+        # step writes it with the next insert, or the end's mark): refused there, as a
+        # server refuses it, and nothing after it runs.
+        first = getattr(requests[0], "_doc", None) or {} if requests else {}
+        if first.get("$set", {}).get("status") == "succeeded":
+            raise BulkWriteError({"writeErrors": [{"index": 0, "code": 17419,
+                                                   "errmsg": too_large}],
+                                  "writeConcernErrors": [], "nInserted": 0, "nUpserted": 0,
+                                  "nMatched": 0, "nModified": 0, "nRemoved": 0,
+                                  "upserted": []})
+        return inner.bulk_write(requests, **kw)
+
+    store._steps = _Proxy(store._steps, find_one_and_update=refuse_success,
+                          bulk_write=refuse_success_first)
     pikku = _pikku(store, step_lease=30.0)
     step = pikku.step(name="h1.big", retries=3)(lambda data: "x" * 1000)
 

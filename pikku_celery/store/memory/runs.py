@@ -70,7 +70,8 @@ class MemoryRuns(MemoryStoreBase):
 
     def transition_run(self, run_id: str, from_statuses: Iterable[str], to_status: str,
                        now_ms: int, *, output: Any = None, error: dict[str, Any] | None = None,
-                       cancel_reason: str | None = None) -> bool:
+                       cancel_reason: str | None = None, marked: bool = False) -> bool:
+        # ``marked``: nothing to skip; one lock orders an end and a claim here, no mark.
         check_run_end(run_id, output, error)
         with self._lock:
             doc = self._runs.get(run_id)

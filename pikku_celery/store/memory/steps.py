@@ -76,8 +76,9 @@ class MemorySteps(MemoryStoreBase):
             return self._claim_new(step, now_ms, lease_ms, seq, worker, task_id)
 
     def settle_and_insert_steps(self, run_id: str, step_name: str, attempt: int, result: Any,
-                                now_ms: int, steps: Sequence[NewStep], *, seq: int = 0
-                                ) -> list[tuple[StepState, bool]]:
+                                now_ms: int, steps: Sequence[NewStep], *, seq: int = 0,
+                                end_mark: bool = False) -> list[tuple[StepState, bool]]:
+        # ``end_mark``: no mark to leave; one lock orders an end and a claim here.
         check_value(f"result of step {step_name!r}", result)
         check_new_steps(steps)
         with self._lock:  # one atomic step, as MongoDB's one command

@@ -47,13 +47,20 @@ _AFTER = ReturnDocument.AFTER
 _REPLY: Doc = {S.ATTEMPTS: 0}  # a claim's reply: the step, not its attempts' history
 
 
+def _end_mark(run_id: str) -> UpdateOne:
+    """The write of the mark a run's end leaves among its steps (``store._ended``)."""
+    return UpdateOne({S.ID: keys.run_end_mark_id(run_id)}, {"$setOnInsert": {S.RUN: None}},
+                     upsert=True)
+
+
 class MongoClaims(MongoStoreBase):
     def settle_and_insert_steps(self, run_id: str, step_name: str, attempt: int, result: Any,
-                                now_ms: int, steps: Sequence[NewStep], *, seq: int = 0
-                                ) -> list[tuple[StepState, bool]]:
+                                now_ms: int, steps: Sequence[NewStep], *, seq: int = 0,
+                                end_mark: bool = False) -> list[tuple[StepState, bool]]:
         """One ``update`` command: the settle, guarded as ``settle_and_claim_new``'s (a
         settle that matches nothing stops the ordered command before the inserts), then
-        each step's insert, an upsert that leaves an existing step untouched."""
+        each step's insert, an upsert that leaves an existing step untouched, then (with
+        ``end_mark``) the upsert of the run's end mark, as ``transition_run`` writes it."""
         check_value(f"result of step {step_name!r}", result)
         check_new_steps(steps)
         if not self._indexes_ready:
@@ -66,6 +73,7 @@ class MongoClaims(MongoStoreBase):
                     *(UpdateOne({S.ID: d[S.ID]},
                                 {"$setOnInsert": {k: v for k, v in d.items() if k != S.ID}},
                                 upsert=True) for d in docs),
+                    *([_end_mark(run_id)] if end_mark else []),
                 ], ordered=True, session=self._session)
         except BulkWriteError as exc:
             error = (exc.details.get("writeErrors") or [{}])[0]
@@ -77,7 +85,7 @@ class MongoClaims(MongoStoreBase):
                 raise InvalidInputError(f"{what} of step {step_name!r} or the steps after it "
                                         f"cannot be stored in MongoDB (error {code})") from exc
             raise
-        created = {i - 1 for i in (wrote.upserted_ids or {})}
+        created = {i - 1 for i in (wrote.upserted_ids or {}) if 0 < i <= len(docs)}
         return self._as_recorded(docs, {d[S.ID] for i, d in enumerate(docs)
                                         if i not in created})
 

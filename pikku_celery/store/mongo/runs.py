@@ -78,13 +78,13 @@ class MongoRuns(MongoStoreBase):
 
     def transition_run(self, run_id: str, from_statuses: Iterable[str], to_status: str,
                        now_ms: int, *, output: Any = None, error: dict[str, Any] | None = None,
-                       cancel_reason: str | None = None) -> bool:
+                       cancel_reason: str | None = None, marked: bool = False) -> bool:
         check_run_end(run_id, output, error)
         fields: Doc = {R.STATUS: to_status, R.OUTPUT: output, R.ERROR: error,
                        R.UPDATED: now_ms}
         if cancel_reason is not None:
             fields[R.CANCEL_REASON] = cancel_reason
-        if to_status in RUN_TERMINAL:
+        if to_status in RUN_TERMINAL and not marked:
             # The end's mark first, then the run's write (``store._ended``): a step a pass
             # inserts claimed after this point sees the mark and reads the run.
             self._steps.update_one({S.ID: keys.run_end_mark_id(run_id)},
