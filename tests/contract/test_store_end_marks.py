@@ -125,21 +125,40 @@ _ENDS: dict[str, Callable[[WorkflowStore, str], bool]] = {
 }
 
 
-@pytest.mark.parametrize("status", sorted(_ENDS))
-def test_an_ender_stopped_at_any_write_lets_no_step_run_in_place_on_the_ended_run(
-        store: WorkflowStore, status: str) -> None:
+def _stopped_at_each_write(store: WorkflowStore, status: str,
+                           end: Callable[[WorkflowStore, str], None],
+                           prepare: Callable[[str], None] = lambda run_id: None) -> str:
+    """``end`` a fresh run (``prepare``d) by a writer stopped before its first write, then
+    its second, and so on until it finishes: after each, no step may run in place on an
+    ended run. The run it finished on."""
     for writes in range(_MOST_WRITES + 1):
         run_id = new_run(store)
+        prepare(run_id)
         try:
-            assert _ENDS[status](_stopping(store, writes), run_id)
+            end(_stopping(store, writes), run_id)
             finished = True
         except Stopped:
             finished = False
         _assert_no_step_runs_on_an_ended_run(store, run_id, T0 + 2)
         if finished:
             assert store.get_run(run_id).status == status  # type: ignore[union-attr]
-            return
+            return run_id
     pytest.fail(f"an end made more than {_MOST_WRITES} writes")
+
+
+@pytest.mark.parametrize("status", sorted(_ENDS))
+def test_an_ender_stopped_at_any_write_lets_no_step_run_in_place_on_the_ended_run(
+        store: WorkflowStore, status: str) -> None:
+    def end(writer: WorkflowStore, run_id: str) -> None:
+        assert _ENDS[status](writer, run_id)
+    _stopped_at_each_write(store, status, end)
+
+
+_END_FIELDS: dict[str, dict[str, Any]] = {
+    RUN_COMPLETED: {"output": {"shipped": 1}},
+    RUN_FAILED: {"error": {"type": "E", "message": "boom"}},
+    RUN_CANCELLED: {"cancel_reason": "no"},
+}
 
 
 @pytest.mark.parametrize("status", sorted(_ENDS))
@@ -149,31 +168,21 @@ def test_an_end_whose_mark_came_with_the_last_settle_lets_no_step_run_in_place_o
     step's settle (``settle_and_insert_steps``'s ``end_mark``) and the end without one
     (``transition_run``'s ``marked``). Stopped at any write, it must leave what an ender
     writing its own mark leaves: a live run, or an ended run with its mark."""
-    for writes in range(_MOST_WRITES + 1):
-        run_id = new_run(store)
+    def run_last_step(run_id: str) -> None:
         last = NewStep(run_id=run_id, step_name="last", function=FN, data={"n": 0},
                        max_attempts=3)
         claimed = store.claim_new_step(last, T0, LEASE).state
         assert claimed is not None and claimed.attempt == 1
-        stopping = _stopping(store, writes)
-        try:
-            stopping.settle_and_insert_steps(run_id, "last", 1, {"ok": 1}, T0 + 1, [],
-                                             end_mark=True)
-            end = {RUN_COMPLETED: {"output": {"shipped": 1}},
-                   RUN_FAILED: {"error": {"type": "E", "message": "boom"}},
-                   RUN_CANCELLED: {"cancel_reason": "no"}}[status]
-            assert stopping.transition_run(run_id, [RUN_RUNNING], status, T0 + 1,
-                                           marked=True, **end)
-            finished = True
-        except Stopped:
-            finished = False
-        _assert_no_step_runs_on_an_ended_run(store, run_id, T0 + 2)
-        if finished:
-            assert store.get_run(run_id).status == status  # type: ignore[union-attr]
-            settled = store.get_step(run_id, "last")
-            assert settled is not None and settled.status == "succeeded"
-            return
-    pytest.fail(f"an end made more than {_MOST_WRITES} writes")
+
+    def settle_and_end(writer: WorkflowStore, run_id: str) -> None:
+        writer.settle_and_insert_steps(run_id, "last", 1, {"ok": 1}, T0 + 1, [],
+                                       end_mark=True)
+        assert writer.transition_run(run_id, [RUN_RUNNING], status, T0 + 1, marked=True,
+                                     **_END_FIELDS[status])
+
+    run_id = _stopped_at_each_write(store, status, settle_and_end, run_last_step)
+    settled = store.get_step(run_id, "last")
+    assert settled is not None and settled.status == "succeeded"
 
 
 @pytest.mark.parametrize("status", [RUN_COMPLETED, RUN_RUNNING])
