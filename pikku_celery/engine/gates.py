@@ -17,11 +17,11 @@ from typing import Any
 
 from pikku_celery.engine.protocols import Dispatcher, Settings
 from pikku_celery.engine.reads import get_run
-from pikku_celery.model.clock import Clock, epoch_ms
+from pikku_celery.model.clock import Clock
 from pikku_celery.model.errors import WorkflowApprovalError
 from pikku_celery.model.records import RUN_RUNNING, RUN_SUSPENDED, STEP_SCHEDULED, StepState
 from pikku_celery.model.validate import check_name
-from pikku_celery.model.views import RunView
+from pikku_celery.model.views import RunView, timer_due_ms
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.workflow.replay import APPROVAL_PREFIX, SUSPEND_PREFIX
 
@@ -173,6 +173,6 @@ def rearm_early_wakes(view: RunView, marks: Iterable[str], dispatcher: Dispatche
     a pass with its mark."""
     for name in marks:
         state = view.steps.get(name)
-        if (state is not None and state.status == STEP_SCHEDULED and state.function is None
-                and state.due_at is not None and epoch_ms(state.due_at) > now_ms):
-            dispatcher.arm_timer(view.run.run_id, name, epoch_ms(state.due_at))
+        due_ms = None if state is None else timer_due_ms(state)
+        if due_ms is not None and due_ms > now_ms:
+            dispatcher.arm_timer(view.run.run_id, name, due_ms)

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from pikku_celery.engine.protocols import Dispatcher
 from pikku_celery.leases.base import LeaseService
 from pikku_celery.model import keys
-from pikku_celery.model.clock import epoch_ms
-from pikku_celery.model.records import STEP_SCHEDULED, StepState
+from pikku_celery.model.records import StepState
+from pikku_celery.model.views import timer_due_ms
 from pikku_celery.store.base import WorkflowStore
 
 
@@ -30,8 +30,8 @@ def send_reopened(leases: LeaseService, dispatcher: Dispatcher, run_id: str,
             # A sleep, or a wait with a deadline, waits again until its own time: its timer
             # was spent (or fired on the ended run), so it is armed again; without it only
             # a reaper sweep would end the wait (none at all for an inline run).
-            if state.status == STEP_SCHEDULED and state.due_at is not None:
-                dispatcher.arm_timer(run_id, state.step_name, epoch_ms(state.due_at))
+            if (due_ms := timer_due_ms(state)) is not None:
+                dispatcher.arm_timer(run_id, state.step_name, due_ms)
             continue
         current = leases.get(keys.step_lease_key(run_id, state.step_name))
         if current is not None:

@@ -41,8 +41,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pikku_celery.model._fork import reset_in_forked_child
+from pikku_celery.model.clock import epoch_ms
 from pikku_celery.model.records import (
     STEP_FAILED,
+    STEP_SCHEDULED,
     STEP_SUCCEEDED,
     StepState,
     WorkflowRun,
@@ -60,6 +62,14 @@ def settled_for_good(state: StepState) -> bool:
     """Whether ``state`` can never change again (nothing else may be cached)."""
     return state.status == STEP_SUCCEEDED or (state.status == STEP_FAILED
                                               and state.due_at is None)
+
+
+def timer_due_ms(state: StepState) -> int | None:
+    """When the timer of a sleep or a timed wait (a gate's expiry, an event's timeout) is
+    due, in epoch ms; ``None`` for any other step, or one that waits with no deadline."""
+    if state.status != STEP_SCHEDULED or state.function is not None or state.due_at is None:
+        return None
+    return epoch_ms(state.due_at)
 
 
 @dataclass(eq=False)

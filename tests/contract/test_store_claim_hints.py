@@ -6,7 +6,6 @@ message is untrusted), and keep the claim's half of the Dekker pair with a run's
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,22 +16,10 @@ from pikku_celery.store._claim_hint import MAX_HINT_BYTES, checked_hint, hint_of
 from pikku_celery.store._docs import new_step_doc
 from pikku_celery.store.base import NewStep, WorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
-from tests.contract.test_store import FN, KINDS, LEASE, T0, _make_store, new_run
+from tests.contract.test_store import FN, LEASE, T0, new_run
 from tests.contract.test_store_end_marks import _ENDS, _MOST_WRITES, Stopped, _stopping
 
 DATA = {"order": 7, "lines": [{"sku": "a", "qty": 2.0}], "note": None}
-
-
-@pytest.fixture(params=KINDS)
-def store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
-    yield from _make_store(request)
-
-
-@pytest.fixture(params=[k for k in KINDS if k != "memory"])
-def mongo_store(request: pytest.FixtureRequest) -> Iterator[MongoWorkflowStore]:
-    for made in _make_store(request):
-        assert isinstance(made, MongoWorkflowStore)
-        yield made
 
 
 def _recorded(store: WorkflowStore, run_id: str, name: str = "charge",

@@ -8,7 +8,6 @@ reply carries the history. What the calls return is unchanged, on every store.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,22 +16,10 @@ from pikku_celery.model.keys import StepField as S
 from pikku_celery.model.records import STEP_FAILED, STEP_SUCCEEDED, StepState
 from pikku_celery.store.base import WorkflowStore
 from pikku_celery.store.mongo import MongoWorkflowStore
-from tests.contract.test_store import FN, KINDS, LEASE, T0, _make_store, add_step, new_run
+from tests.contract.test_store import FN, LEASE, T0, add_step, new_run
 
 DATA = {"order": 7, "blob": "x" * 200_000, "lines": [[1, 2], {"sku": "a"}]}
 ERROR = {"type": "ValueError", "message": "declined"}
-
-
-@pytest.fixture(params=KINDS)
-def store(request: pytest.FixtureRequest) -> Iterator[WorkflowStore]:
-    yield from _make_store(request)
-
-
-@pytest.fixture(params=[k for k in KINDS if k != "memory"])
-def mongo_store(request: pytest.FixtureRequest) -> Iterator[MongoWorkflowStore]:
-    for made in _make_store(request):
-        assert isinstance(made, MongoWorkflowStore)
-        yield made
 
 
 class _Replies:

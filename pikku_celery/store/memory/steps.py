@@ -22,7 +22,7 @@ from pikku_celery.store import _docs, _ended, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._decide import Action, claimed_step_doc, decide_claim, running_fields
 from pikku_celery.store._settle import expired_fields, failed_fields, succeeded_fields
-from pikku_celery.store.base import ClaimResult, NewClaim, NewStep
+from pikku_celery.store.base import NOT_GIVEN, ClaimResult, NewClaim, NewStep
 from pikku_celery.store.memory.base import Doc, MemoryStoreBase
 
 
@@ -143,7 +143,7 @@ class MemorySteps(MemoryStoreBase):
             return ClaimResult(_docs.step_from_doc(copy.deepcopy(doc)))
 
     def set_result(self, run_id: str, step_name: str, attempt: int, result: Any,
-                   now_ms: int, *, claimed_data: Any = None) -> StepState:
+                   now_ms: int, *, claimed_data: Any = NOT_GIVEN) -> StepState:
         check_value(f"result of step {step_name!r}", result)
         with self._lock:
             doc = self._fenced(run_id, step_name, attempt)
@@ -152,7 +152,7 @@ class MemorySteps(MemoryStoreBase):
 
     def set_error(self, run_id: str, step_name: str, attempt: int, error: dict[str, Any],
                   now_ms: int, *, retry_at_ms: int | None = None,
-                  final: bool = False, claimed_data: Any = None) -> StepState:
+                  final: bool = False, claimed_data: Any = NOT_GIVEN) -> StepState:
         check_value(f"error of step {step_name!r}", error)
         with self._lock:
             doc = self._fenced(run_id, step_name, attempt)

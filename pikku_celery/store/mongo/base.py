@@ -28,6 +28,9 @@ from pikku_celery.store.mongo.errors import describe_database
 from pikku_celery.store.mongo.session import CausalClock
 
 Doc = dict[str, Any]
+# What a claim's or a settle's reply leaves out: the attempts' history (no ``StepState``
+# field reads it).
+STEP_REPLY: Doc = {S.ATTEMPTS: 0}
 
 # Every index, by collection (see the schema in ``store.mongo``); ``create_indexes`` makes
 # them and ``check_indexes`` reports the missing ones.

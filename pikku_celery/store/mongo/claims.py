@@ -35,7 +35,7 @@ from pikku_celery.store._decide import (
 )
 from pikku_celery.store._settle import expired_fields, succeeded_fields
 from pikku_celery.store.base import ClaimResult, NewClaim, NewStep
-from pikku_celery.store.mongo.base import Doc, MongoStoreBase
+from pikku_celery.store.mongo.base import STEP_REPLY, Doc, MongoStoreBase
 from pikku_celery.store.mongo.errors import (
     DUPLICATE_KEY,
     IMMUTABLE_FIELD,
@@ -44,7 +44,6 @@ from pikku_celery.store.mongo.errors import (
 )
 
 _AFTER = ReturnDocument.AFTER
-_REPLY: Doc = {S.ATTEMPTS: 0}  # a claim's reply: the step, not its attempts' history
 
 
 def _end_mark(run_id: str) -> UpdateOne:
@@ -187,7 +186,7 @@ class MongoClaims(MongoStoreBase):
         claimed = self._steps.find_one_and_update(
             first_claim_filter(step_id, function, now_ms),
             {"$set": running_fields(now_ms, lease_ms, worker, task_id, attempt=1)},
-            projection=_REPLY, return_document=_AFTER, session=self._session)
+            projection=STEP_REPLY, return_document=_AFTER, session=self._session)
         if claimed is not None:
             return self._unless_run_ended(claimed, now_ms)
         doc = self._steps.find_one({S.ID: step_id}, session=self._session)
@@ -206,7 +205,7 @@ class MongoClaims(MongoStoreBase):
         update: Doc = {"$set": fields}
         if decision.action is Action.RECLAIM:
             update["$inc"] = {S.ATTEMPT: 1}
-        claimed = self._steps.find_one_and_update(guard, update, projection=_REPLY,
+        claimed = self._steps.find_one_and_update(guard, update, projection=STEP_REPLY,
                                                   return_document=_AFTER, session=self._session)
         if claimed is None:
             return ClaimResult(None)  # lost the race to another claimer

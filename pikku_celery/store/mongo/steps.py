@@ -23,17 +23,15 @@ from pikku_celery.store import _docs, _retry
 from pikku_celery.store._checks import check_new_steps
 from pikku_celery.store._settle import failed_fields, succeeded_fields
 from pikku_celery.store.base import NOT_GIVEN, NewStep
-from pikku_celery.store.mongo.base import Doc, MongoStoreBase
+from pikku_celery.store.mongo.base import STEP_REPLY, Doc, MongoStoreBase
 from pikku_celery.store.mongo.errors import (
     DUPLICATE_KEY,
     storable,
 )
 
 _AFTER = ReturnDocument.AFTER
-# What a write's reply leaves out: the attempts' history (no ``StepState`` field reads it),
-# and with it the data when the caller already has it.
-_REPLY: Doc = {S.ATTEMPTS: 0}
-_WITHOUT_DATA: Doc = {S.ATTEMPTS: 0, S.DATA: 0}
+# A settle's reply when the caller already has the step's data: that left out too.
+_WITHOUT_DATA: Doc = {**STEP_REPLY, S.DATA: 0}
 
 
 class MongoSteps(MongoStoreBase):
@@ -133,7 +131,7 @@ class MongoSteps(MongoStoreBase):
         known = data is not NOT_GIVEN
         with storable(f"outcome of step {step_name!r}"):
             doc = self._steps.find_one_and_update(
-                guard, {"$set": fields}, projection=_WITHOUT_DATA if known else _REPLY,
+                guard, {"$set": fields}, projection=_WITHOUT_DATA if known else STEP_REPLY,
                 return_document=_AFTER, session=self._session)
         if doc is not None and known:
             doc[S.DATA] = as_stored(data)  # as a read would give it (a tuple as a list)
