@@ -142,8 +142,12 @@ class Workers:
             if extra:
                 parts.append(f"rules in {role}: {extra}")
         for p in self.procs.values():
+            # The log's own lines (each warning, each exception's last line), not the frames
+            # of the last traceback: what the worker went through, not only how it ended.
+            told = [line for line in p.log_tail(5000).splitlines()
+                    if line and not line[0].isspace() and not line.startswith("Traceback")]
             parts.append(f"--- {p.name} (pid {p.pid}, alive={p.alive()}):\n"
-                         f"{p.log_tail(lines)}")
+                         + "\n".join(told[-lines:]))
         return "\n".join(parts)
 
 
